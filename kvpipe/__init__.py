@@ -1,0 +1,3 @@
+"""kvpipe: measure KV-cache strategies for Hugging Face transformers."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,164 @@
+"""Composed config -> validated, typed Plan. Pure Python: no torch, transformers or mlflow.
+
+Every mistake a user can make in a config surfaces here as a one-line ConfigError, in well
+under a second, before any heavy import. Checks that need the model's shape (head_dim,
+sliding-window layers) live in caches.validate_for_model and run before weights load.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from kvpipe import config as schema
+from kvpipe.errors import ConfigError, require_choice
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one job will do: the typed config, validated, plus notes for the user."""
+
+    model: schema.ModelConfig
+    cache: schema.CacheConfig
+    backend: schema.BackendConfig
+    axis: schema.AxisConfig
+    workload: schema.WorkloadConfig
+    quality: schema.QualityConfig
+    tracking: schema.TrackingConfig
+    warnings: tuple[str, ...] = field(default=())
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("warnings")
+        return data
+
+    def flat_params(self) -> dict[str, str]:
+        """The resolved config flattened to dotted keys, as MLflow params."""
+        flat: dict[str, str] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict):
+                for key, sub in value.items():
+                    walk(f"{prefix}.{key}" if prefix else key, sub)
+            else:
+                flat[prefix] = str(value)
+
+        walk("", self.as_dict())
+        return flat
+
+
+def make_plan(cfg: DictConfig | schema.KvpipeConfig) -> Plan:
+    """Validate a composed config; raise ConfigError naming the first bad field."""
+    if isinstance(cfg, DictConfig):
+        _reject_unknown_keys(cfg)
+    typed = OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
+    warnings: list[str] = []
+    _check_model(typed.model)
+    _check_workload(typed.workload)
+    warnings += check_cache(typed.cache, typed.backend, typed.axis, typed.workload)
+    _check_quality(typed.quality)
+    return Plan(
+        model=typed.model,
+        cache=typed.cache,
+        backend=typed.backend,
+        axis=typed.axis,
+        workload=typed.workload,
+        quality=typed.quality,
+        tracking=typed.tracking,
+        warnings=tuple(warnings),
+    )
+
+
+def _reject_unknown_keys(cfg: DictConfig) -> None:
+    """`+group.key=...` adds keys past the schema; OmegaConf would drop them silently."""
+    for group in fields(schema.KvpipeConfig):
+        node = cfg.get(group.name)
+        if not isinstance(node, DictConfig):
+            continue
+        known = {f.name for f in fields(group.type if isinstance(group.type, type) else getattr(schema, group.type))}
+        for key in node.keys():
+            if key not in known:
+                raise ConfigError(f"{group.name}.{key}", node.get(key), "not a known key; " +
+                                  "expected one of: " + ", ".join(sorted(known)))
+
+
+def _check_model(model: schema.ModelConfig) -> None:
+    require_choice("model.source", model.source, schema.MODEL_SOURCES)
+    require_choice("model.dtype", model.dtype, schema.DTYPES)
+    require_choice("model.device", model.device, schema.DEVICES)
+    require_choice("model.attn_implementation", model.attn_implementation, schema.ATTN_IMPLEMENTATIONS)
+    if model.source == "hf":
+        _check_model_location(model.name_or_path)
+    if model.source == "random":
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
+            if getattr(model, name) <= 0:
+                raise ConfigError(f"model.{name}", getattr(model, name), "expected a positive integer")
+        if model.num_attention_heads % model.num_key_value_heads:
+            raise ConfigError(
+                "model.num_key_value_heads", model.num_key_value_heads,
+                f"expected a divisor of model.num_attention_heads={model.num_attention_heads}",
+            )
+
+
+def looks_local(name_or_path: str) -> bool:
+    """A hub id is exactly 'org/name' or 'name'; anything path-like is a local folder."""
+    return (
+        name_or_path.startswith(("/", ".", "~"))
+        or name_or_path.count("/") > 1
+        or os.sep != "/" and os.sep in name_or_path
+        or Path(name_or_path).exists()
+    )
+
+
+def _check_model_location(name_or_path: str | None) -> None:
+    if not name_or_path:
+        raise ConfigError("model.name_or_path", name_or_path, "expected a local model folder or a hub id like org/name")
+    if looks_local(name_or_path):
+        folder = Path(name_or_path).expanduser()
+        if not folder.is_dir():
+            raise ConfigError(
+                "model.name_or_path", name_or_path, "no such folder; expected a local model folder holding config.json"
+            )
+        if not (folder / "config.json").is_file():
+            raise ConfigError(
+                "model.name_or_path", name_or_path, "the folder has no config.json; expected a transformers model folder"
+            )
+
+
+def _check_workload(workload: schema.WorkloadConfig) -> None:
+    require_choice("workload.kind", workload.kind, schema.WORKLOAD_KINDS)
+    for name in ("max_new_tokens", "batch_size", "repeats", "prompt_tokens"):
+        value = getattr(workload, name)
+        if value <= 0:
+            raise ConfigError(f"workload.{name}", value, "expected a positive integer")
+    if workload.warmup < 0:
+        raise ConfigError("workload.warmup", workload.warmup, "expected 0 or more")
+    if workload.kind == "chat" and not workload.prompts:
+        raise ConfigError("workload.prompts", [], "expected at least one prompt for workload=chat")
+
+
+def _check_quality(quality: schema.QualityConfig) -> None:
+    if quality.context_tokens < 2:
+        raise ConfigError("quality.context_tokens", quality.context_tokens, "expected an integer of 2 or more")
+
+
+def check_cache(
+    cache: schema.CacheConfig,
+    backend: schema.BackendConfig,
+    axis: schema.AxisConfig,
+    workload: schema.WorkloadConfig,
+) -> list[str]:
+    """Shape-free cache checks; returns warnings for settings that will be ignored."""
+    require_choice("cache.strategy", cache.strategy, schema.CACHE_STRATEGIES)
+    warnings: list[str] = []
+    if cache.max_cache_len is not None and cache.max_cache_len <= 0:
+        raise ConfigError("cache.max_cache_len", cache.max_cache_len, "expected a positive integer or null")
+    if cache.compile and cache.strategy != "static":
+        raise ConfigError("cache.compile", True, "torch.compile is offered with cache=static only")
+    if cache.max_cache_len is not None and cache.strategy not in ("static", "offloaded_static"):
+        warnings.append(f"cache.max_cache_len is ignored by cache={cache.strategy}")
+    return warnings

@@ -1,0 +1,54 @@
+"""Human-facing output: the compact summary table printed at the end of a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SUMMARY_METRICS = (
+    ("ttft_ms", "TTFT", "ms"),
+    ("tpot_ms", "TPOT", "ms"),
+    ("decode_tokens_per_s", "decode", "tok/s"),
+    ("e2e_ms", "end-to-end", "ms"),
+    ("peak_memory_bytes", "peak memory", "bytes"),
+    ("kv_cache_bytes", "KV cache", "bytes"),
+    ("kv_compression", "vs fp16 KV", "x"),
+    ("compile_ms", "compile", "ms"),
+)
+
+
+def human_bytes(value: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(value)
+
+
+def format_metric(metrics: dict, name: str, unit: str) -> str:
+    value = metrics.get(name)
+    if value is None:
+        return "n/a"
+    std = metrics.get(name + "_std")
+    if unit == "bytes":
+        return human_bytes(value)
+    text = f"{value:.2f}" if unit == "x" else f"{value:.1f}"
+    return text + (f" ± {std:.1f}" if std else "") + ("" if unit == "x" else f" {unit}")
+
+
+def print_summary(document: dict, result_path: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    tags, metrics = document["tags"], document["metrics"]
+    title = f"kvpipe · {document['config']['model']['name']} · cache={tags['cache.effective']} · {tags['device']}"
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, label, unit in SUMMARY_METRICS:
+        if name in metrics:
+            table.add_row(label, format_metric(metrics, name, unit))
+    console = Console()
+    console.print(table)
+    for note in document.get("notes", []):
+        console.print(f"[yellow]note:[/yellow] {note}")
+    console.print(f"result: {result_path}")

@@ -1,0 +1,86 @@
+"""Workloads: the prompts a job generates from, tokenized into batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from kvpipe.config import WorkloadConfig
+
+
+@dataclass
+class Batch:
+    """One generate() call: left-padded input ids, their attention mask and the prompt texts."""
+
+    input_ids: object  # torch.LongTensor [batch, prompt_len]
+    attention_mask: object
+    texts: list[str]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+
+@lru_cache(maxsize=1)
+def reference_text() -> str:
+    """Real English text that ships with Python: the pydoc topic pages, in a fixed order."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[name] for name in sorted(topics))
+
+
+def build_batches(workload: WorkloadConfig, tokenizer, device: str) -> list[Batch]:
+    """Every batch of the workload, on the device."""
+    if workload.kind == "long_context":
+        return [_long_context_batch(workload, tokenizer, device)]
+    return _chat_batches(workload, tokenizer, device)
+
+
+def _chat_batches(workload: WorkloadConfig, tokenizer, device: str) -> list[Batch]:
+    prompts = list(workload.prompts)
+    size = workload.batch_size
+    # Cycle the prompts so that every batch is full: a short last batch would change the shapes.
+    count = -(-len(prompts) // size) * size
+    prompts = [prompts[i % len(prompts)] for i in range(count)]
+    batches = []
+    for start in range(0, count, size):
+        texts = [_chat_text(tokenizer, prompt) for prompt in prompts[start : start + size]]
+        encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        batches.append(Batch(encoded["input_ids"].to(device), encoded["attention_mask"].to(device), texts))
+    return batches
+
+
+def _chat_text(tokenizer, prompt: str) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+    return prompt
+
+
+def long_context_ids(tokenizer, tokens: int, offset: int = 0) -> list[int]:
+    """Exactly `tokens` token ids of reference text, starting `offset` tokens in (wrapping around)."""
+    ids = _reference_ids(tokenizer)
+    start = offset % len(ids)
+    window = (ids[start:] + ids) [:tokens]
+    while len(window) < tokens:
+        window += ids[: tokens - len(window)]
+    return window
+
+
+def _reference_ids(tokenizer) -> list[int]:
+    cached = getattr(tokenizer, "_kvpipe_reference_ids", None)
+    if cached is None:
+        cached = tokenizer(reference_text(), add_special_tokens=False)["input_ids"]
+        tokenizer._kvpipe_reference_ids = cached
+    return cached
+
+
+def _long_context_batch(workload: WorkloadConfig, tokenizer, device: str) -> Batch:
+    import torch
+
+    # Each row starts at a different place in the text, so a batch is not B copies of one prompt.
+    rows = [long_context_ids(tokenizer, workload.prompt_tokens, offset=i * 7919) for i in range(workload.batch_size)]
+    input_ids = torch.tensor(rows, dtype=torch.long, device=device)
+    texts = [tokenizer.decode(row) for row in rows]
+    return Batch(input_ids, torch.ones_like(input_ids), texts)

@@ -1,0 +1,49 @@
+"""Shared fixtures: Hydra composition, a scratch launch dir, and plans for tiny models."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+
+from kvpipe.config import register_schemas
+from kvpipe.plan import Plan, make_plan
+
+register_schemas()
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def compose_config(overrides: list[str] | None = None):
+    """Compose conf/config.yaml with overrides, as `python -m kvpipe` would."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="kvpipe.conf", version_base="1.3"):
+            return compose(config_name="config", overrides=overrides or [])
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def plan_for(*overrides: str) -> Plan:
+    return make_plan(compose_config(list(overrides)))
+
+
+TINY = ("model=tiny_random", "workload.max_new_tokens=6", "workload.warmup=0", "tracking=off")
+
+
+@pytest.fixture
+def tiny_plan():
+    return lambda *extra: plan_for(*TINY, *extra)
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `python -m kvpipe ARGS` in cwd, as a user would."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, "-m", "kvpipe", *args], cwd=cwd, env=env, text=True,
+                          capture_output=True, timeout=timeout)

@@ -1,0 +1,51 @@
+"""The bad-input catalogue: one line naming the field and the valid choices, exit 2,
+no traceback, nothing recorded, well within 2 s (validation precedes heavy imports)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import run_cli
+
+CATALOGUE = {
+    "unknown group option": (["cache=fastest"], "cache=fastest", "dynamic"),
+    "unknown key": (["model.colour=red"], "model.colour", "dtype"),
+    "appended unknown key": (["+workload.speed=3"], "workload.speed", "max_new_tokens"),
+    "wrong type": (["workload.batch_size=two"], "workload.batch_size", "Integer"),
+    "non-positive max_new_tokens": (["workload.max_new_tokens=0"], "workload.max_new_tokens=0", "positive"),
+    "missing local model folder": (["model=hf", "model.name_or_path=/no/such/model"], "model.name_or_path",
+                                   "config.json"),
+    "unknown dtype": (["model.dtype=float8"], "model.dtype='float8'", "bfloat16"),
+    "unknown workload": (["workload=essay"], "workload=essay", "long_context"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CATALOGUE))
+def test_bad_input_gets_one_line_error_and_exit_2(case, tmp_path):
+    args, field, hint = CATALOGUE[case]
+    started = time.perf_counter()
+    proc = run_cli(args, cwd=tmp_path, timeout=60)
+    elapsed = time.perf_counter() - started
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("kvpipe: error: ")
+    assert field in lines[0] and hint in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "outputs" / "mlflow.db").exists()  # no MLflow run left behind
+    assert elapsed < 5, f"validation took {elapsed:.1f}s"  # ~0.5 s here; slack for loaded CI machines
+
+
+def test_validation_does_not_import_heavy_libraries():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from conftest import plan_for; plan_for('workload.max_new_tokens=3'); "
+        "print(sorted(m for m in ('torch', 'transformers', 'mlflow') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=__import__("pathlib").Path(__file__).parent, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,63 @@
+"""Config composition: every group option composes into a valid plan; the schema is strict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from conftest import REPO, compose_config, plan_for
+from kvpipe.errors import ConfigError
+
+GROUPS = ("model", "cache", "backend", "axis", "workload", "quality", "tracking")
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in group_options(g)])
+def test_every_group_option_composes_into_a_plan(group, option):
+    overrides = [f"{group}={option}"]
+    if option == "hf":
+        overrides.append(f"model.name_or_path={REPO}/tests/data/tiny_llama")
+    plan = plan_for(*overrides)
+    assert plan.workload.max_new_tokens > 0
+
+
+def test_default_config_is_embedded_model_dynamic_cache_and_sqlite_tracking():
+    plan = plan_for()
+    assert (plan.model.source, plan.cache.strategy, plan.tracking.enabled) == ("embedded", "dynamic", True)
+    assert plan.workload.do_sample is False  # greedy by default
+    assert plan.model.trust_remote_code is False
+
+
+def test_misspelt_key_is_an_error_not_ignored():
+    with pytest.raises(ConfigCompositionException, match="max_new_token"):
+        compose_config(["workload.max_new_token=5"])
+
+
+def test_wrong_type_is_an_error():
+    with pytest.raises(ConfigCompositionException, match="batch_size"):
+        compose_config(["workload.batch_size=two"])
+
+
+def test_appended_unknown_key_is_rejected_by_the_plan():
+    with pytest.raises(ConfigError, match="model.colour"):
+        plan_for("+model.colour=red")
+
+
+def test_flat_params_are_dotted_and_complete():
+    params = plan_for().flat_params()
+    assert params["cache.strategy"] == "dynamic"
+    assert params["workload.max_new_tokens"] == "32"
+    assert "model.dtype" in params
+
+
+def test_conf_ships_inside_the_package():
+    import importlib.resources
+
+    files = importlib.resources.files("kvpipe.conf")
+    assert (files / "config.yaml").is_file()
+    assert (files / "model" / "smollm2_135m.yaml").is_file()
