@@ -38,7 +38,7 @@ class ModelConfig:
     attn_implementation: str = field(default="sdpa", metadata=_help("sdpa | eager"))
     seed: int = 0
     # Only for source=random: the shape of the seeded tiny Llama.
-    vocab_size: int = 512
+    vocab_size: int = 49152  # the embedded tokenizer's, which random models borrow
     hidden_size: int = 64
     intermediate_size: int = 128
     num_hidden_layers: int = 2

@@ -1,0 +1,52 @@
+"""Models: loaded once per process, seeded random models, the embedded model's conversion cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpipe import models
+from kvpipe.config import ModelConfig
+
+TINY = ModelConfig(name="tiny_random", source="random", dtype="float32")
+
+
+def test_model_loads_at_most_once_per_process():
+    assert models.load(TINY) is models.load(TINY)
+
+
+def test_tiny_random_is_seeded():
+    import torch
+
+    first = models._build_random(TINY, torch.float32)[0].state_dict()
+    second = models._build_random(TINY, torch.float32)[0].state_dict()
+    other = models._build_random(ModelConfig(**{**TINY.__dict__, "seed": 1}), torch.float32)[0].state_dict()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    assert not torch.equal(first["model.embed_tokens.weight"], other["model.embed_tokens.weight"])
+
+
+def test_cache_dir_follows_the_environment_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv(models.CACHE_DIR_ENV, str(tmp_path))
+    assert models.cache_dir() == tmp_path
+
+
+def test_embedded_gguf_is_found_without_importing_the_package():
+    import sys
+
+    path = models.embedded_gguf()
+    assert path.name == models.EMBEDDED_GGUF and path.stat().st_size > 50_000_000
+    assert models.EMBEDDED_PACKAGE not in sys.modules
+
+
+def test_describe_reads_the_shape_without_weights():
+    shape = models.describe(ModelConfig())
+    assert (shape.num_layers, shape.num_kv_heads, shape.head_dim) == (30, 3, 64)
+    assert shape.has_sliding_layers is False
+
+
+@pytest.mark.slow
+def test_embedded_model_loads_from_the_converted_safetensors_folder():
+    folder = models.embedded_folder()
+    assert (folder / "model.safetensors").is_file()
+    loaded = models._load_uncached(ModelConfig())
+    assert loaded.load_s < 15  # the GGUF path takes ~20 s; safetensors ~1 s
+    assert loaded.weights_bytes > 100_000_000

@@ -1,0 +1,110 @@
+"""The default pipeline end to end: generation, result.json, and the MLflow run read back."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from conftest import plan_for, run_cli
+from kvpipe.pipeline import run_pipeline
+
+CONTRACT_METRICS = ("ttft_ms", "tpot_ms", "decode_tokens_per_s", "e2e_ms", "peak_memory_bytes", "kv_cache_bytes")
+
+
+def tracked_tiny_plan(tmp_path, *extra):
+    plan = plan_for("model=tiny_random", "workload.max_new_tokens=5", "workload.warmup=0", *extra)
+    return replace(plan, tracking=replace(plan.tracking, uri=f"sqlite:///{tmp_path}/mlflow.db"))
+
+
+def test_tiny_random_pipeline_writes_result_json_with_contract_metrics(tmp_path, tiny_plan):
+    document = run_pipeline(tiny_plan(), tmp_path / "run", tmp_path, print_table=False)
+    on_disk = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert on_disk["status"] == "FINISHED"
+    for name in CONTRACT_METRICS:
+        assert on_disk["metrics"][name] > 0, name
+    assert on_disk["metrics"]["new_tokens"] == 6
+    assert len(on_disk["texts"]) == len(tiny_plan().workload.prompts)
+    assert document["tags"]["cache.effective"] == "dynamic"
+
+
+def test_mlflow_run_reads_back_with_params_metrics_tags_and_artifacts(tmp_path):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    plan = tracked_tiny_plan(tmp_path)
+    document = run_pipeline(plan, tmp_path / "run", tmp_path, print_table=False)
+    mlflow.set_tracking_uri(plan.tracking.uri)
+    client = MlflowClient()
+    run = client.get_run(document["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["cache.strategy"] == "dynamic"
+    assert run.data.params["model.name"] == "tiny_random"
+    for name in CONTRACT_METRICS:
+        assert run.data.metrics[name] == pytest.approx(document["metrics"][name])
+    tags = run.data.tags
+    assert tags["kvpipe.cache.requested"] == "dynamic" and tags["kvpipe.cache.effective"] == "dynamic"
+    assert tags["kvpipe.device"] == "cpu"
+    assert tags["kvpipe.torch_version"] and tags["kvpipe.transformers_version"]
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "texts.json", "result.json"} <= artifacts
+
+
+def test_default_store_is_absolute_sqlite_under_outputs(tmp_path):
+    from kvpipe.config import TrackingConfig
+    from kvpipe.tracking import store_paths
+
+    uri, artifacts = store_paths(TrackingConfig(), tmp_path)
+    assert uri == f"sqlite:///{tmp_path}/outputs/mlflow.db"
+    assert artifacts == (tmp_path / "outputs" / "mlartifacts").as_uri()
+
+
+def test_cli_default_run_on_tiny_model_prints_table_and_records_run(tmp_path):
+    proc = run_cli(["model=tiny_random", "workload.max_new_tokens=4", "workload.warmup=0"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "TPOT" in proc.stdout and "KV cache" in proc.stdout
+    results = list((tmp_path / "outputs" / "runs").glob("*/*/result.json"))
+    assert len(results) == 1
+    assert (tmp_path / "outputs" / "mlflow.db").is_file()
+
+
+def test_tracking_off_still_writes_result_json(tmp_path):
+    proc = run_cli(["model=tiny_random", "workload.max_new_tokens=3", "workload.warmup=0", "tracking=off"],
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert list((tmp_path / "outputs" / "runs").glob("*/*/result.json"))
+    assert not (tmp_path / "outputs" / "mlflow.db").exists()
+
+
+def test_hf_model_from_a_local_folder(tmp_path, tiny_plan):
+    from kvpipe import models
+
+    loaded = models.load(tiny_plan().model)
+    folder = tmp_path / "my-model"
+    loaded.model.save_pretrained(folder)
+    loaded.tokenizer.save_pretrained(folder)
+    plan = plan_for("model=hf", f"model.name_or_path={folder}", "workload.max_new_tokens=3", "workload.warmup=0",
+                    "tracking=off")
+    document = run_pipeline(plan, tmp_path / "run", tmp_path, print_table=False)
+    assert document["metrics"]["new_tokens"] == 3
+
+
+def test_long_context_prompts_have_exactly_the_requested_tokens(tmp_path, tiny_plan):
+    plan = tiny_plan("workload=long_context", "workload.prompt_tokens=333", "workload.max_new_tokens=2",
+                     "workload.batch_size=2", "workload.warmup=0")
+    document = run_pipeline(plan, tmp_path / "run", tmp_path, print_table=False)
+    assert document["metrics"]["prompt_tokens"] == 333
+    assert document["metrics"]["batch_size"] == 2
+    assert document["metrics"]["kv_cache_tokens"] == 333 + 2 - 1
+
+
+@pytest.mark.slow
+def test_cli_default_run_on_the_embedded_model(tmp_path):
+    proc = run_cli(["workload.max_new_tokens=4", "workload.warmup=0", "workload.prompts=[Say hello.]"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (result,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
+    document = json.loads(result.read_text())
+    assert document["config"]["model"]["name"] == "smollm2_135m"
+    assert document["metrics"]["decode_tokens_per_s"] > 0
+    assert document["texts"][0]["completion"].strip()
