@@ -19,7 +19,8 @@ hqq, hqq.core.quantize.Quantizer.quantize (min/max over `axis` of the reshaped t
            nbits 3 fails on 4-D tensors (Quantizer.dequantize slices shape[0]*shape[1]//G rows).
   axis 0   reshape(G, -1): a group is G elements N/G apart in memory: one channel (iff T % G == 0, else
            channels mix) sampled every T/G-th row of T, i.e. strided across ALL heads and batch rows, so one
-           sequence's error depends on its batch neighbours. Per-channel only if T == G: mapped to None.
+           sequence's error depends on its batch neighbours. Within one head only if batch*heads == 1
+           (and consecutive only if also seq == G): mapped to None.
   Both axes: AssertionError "group_size should be divisble by the total tensor dimensions. ..." if N % G.
 
 HQQChannelwiseLayer (below) is the fix: axis 0 transposes to [batch, heads, head_dim, seq], pads seq to a

@@ -28,7 +28,7 @@ def _hydra_app(cfg: DictConfig) -> None:
     from kvpipe.plan import make_plan
 
     try:
-        plan = make_plan(cfg)  # validated before torch, transformers or mlflow are imported
+        plan = make_plan(cfg, HydraConfig.get().overrides.task)  # validated before torch, transformers or mlflow are imported
         from kvpipe.pipeline import run_pipeline
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)

@@ -51,15 +51,19 @@ class Plan:
         return flat
 
 
-def make_plan(cfg: DictConfig | schema.KvpipeConfig) -> Plan:
-    """Validate a composed config; raise ConfigError naming the first bad field."""
+def make_plan(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) -> Plan:
+    """Validate a composed config; raise ConfigError naming the first bad field.
+
+    `overrides` are the user's command-line overrides, used only to warn about settings
+    that the chosen strategy ignores."""
     if isinstance(cfg, DictConfig):
         _reject_unknown_keys(cfg)
     typed = OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
     warnings: list[str] = []
     _check_model(typed.model)
     _check_workload(typed.workload)
-    warnings += check_cache(typed.cache, typed.backend, typed.axis, typed.workload)
+    overridden = frozenset(o.lstrip("+~").split("=")[0].split(".")[0] for o in overrides)
+    warnings += check_cache(typed.cache, typed.backend, typed.axis, typed.workload, overridden)
     _check_quality(typed.quality)
     return Plan(
         model=typed.model,
@@ -151,6 +155,7 @@ def check_cache(
     backend: schema.BackendConfig,
     axis: schema.AxisConfig,
     workload: schema.WorkloadConfig,
+    overridden: frozenset[str] = frozenset(),
 ) -> list[str]:
     """Shape-free cache checks; returns warnings for settings that will be ignored."""
     require_choice("cache.strategy", cache.strategy, schema.CACHE_STRATEGIES)
@@ -161,4 +166,32 @@ def check_cache(
         raise ConfigError("cache.compile", True, "torch.compile is offered with cache=static only")
     if cache.max_cache_len is not None and cache.strategy not in ("static", "offloaded_static"):
         warnings.append(f"cache.max_cache_len is ignored by cache={cache.strategy}")
+    if cache.strategy == "quantized":
+        _check_backend(backend, axis)
+    elif overridden & {"backend", "axis"}:
+        warnings.append(
+            f"backend/axis settings apply to cache=quantized only; cache={cache.strategy} ignores them"
+        )
     return warnings
+
+
+# Bit widths each backend's transformers cache layer accepts (QuantoQuantizedLayer, HQQQuantizedLayer).
+BACKEND_NBITS = {"quanto": (2, 4), "hqq": (1, 2, 3, 4, 8), "fp8": (8,)}
+
+
+def _check_backend(backend: schema.BackendConfig, axis: schema.AxisConfig) -> None:
+    from kvpipe.axes import VALID_AXES
+
+    require_choice("backend.name", backend.name, schema.BACKENDS)
+    require_choice(f"backend.nbits (backend={backend.name})", backend.nbits, BACKEND_NBITS[backend.name])
+    if backend.name == "fp8":
+        return
+    if backend.q_group_size <= 0:
+        raise ConfigError("backend.q_group_size", backend.q_group_size, "expected a positive integer")
+    if backend.residual_length < 0:
+        raise ConfigError("backend.residual_length", backend.residual_length, "expected 0 or more")
+    require_choice("axis.layout", axis.layout, schema.AXIS_LAYOUTS)
+    for name in ("key", "value"):
+        value = getattr(axis, name)
+        if value is not None:
+            require_choice(f"axis.{name} (backend={backend.name})", value, VALID_AXES[backend.name])
