@@ -23,13 +23,14 @@ hqq, hqq.core.quantize.Quantizer.quantize (min/max over `axis` of the reshaped t
            (and consecutive only if also seq == G): mapped to None.
   Both axes: AssertionError "group_size should be divisble by the total tensor dimensions. ..." if N % G.
 
-HQQChannelwiseLayer (below) is the fix: axis 0 transposes to [batch, heads, head_dim, seq], pads seq to a
-multiple of G by repeating the last token, and quantizes G consecutive tokens of one channel of one head.
+kvpipe therefore builds its own layers (kvpipe/quant_layers.py): QuantoKVLayer pads tokens so axis -1 is
+per-channel of one head at any length; HQQKVLayer makes axis 0 per-channel of one head (transpose + pad) and
+keeps axis 1 per-token. The numbers below are those layers' numbers, which match the stock ones wherever the
+stock ones are clean.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 from kvpipe.errors import ConfigError, choices
@@ -39,12 +40,10 @@ LAYOUTS = ("per_token", "per_channel", "kivi")  # kivi: keys per-channel, values
 
 AXIS_NUMBERS: dict[str, dict[str, tuple[Optional[int], Optional[int]]]] = {
     "quanto": {"per_token": (0, 0), "per_channel": (-1, -1), "kivi": (-1, 0)},
-    # None: hqq has no axis number that groups one channel of one head (see axis 0 above).
-    "hqq": {"per_token": (1, 1), "per_channel": (None, None), "kivi": (None, 1)},
+    # Axis 0 is per-channel through kvpipe's HQQKVLayer; stock hqq axis 0 is strided (see above).
+    "hqq": {"per_token": (1, 1), "per_channel": (0, 0), "kivi": (0, 1)},
 }
 
-_NO_HQQ_CHANNEL = ("hqq has no per-channel axis: its axis 0 groups a channel strided across all heads and "
-                   "batch rows; use axis.layout=per_token, backend=quanto, or set axis.key/axis.value=0 explicitly")
 
 
 def backend_axes(backend: str, layout: str, key_override: Optional[int] = None,
@@ -58,57 +57,4 @@ def backend_axes(backend: str, layout: str, key_override: Optional[int] = None,
         if value is not None and value not in VALID_AXES[backend]:
             raise ConfigError(field, value, choices(VALID_AXES[backend]))
     key, value = AXIS_NUMBERS[backend][layout]
-    key = key if key_override is None else key_override
-    value = value if value_override is None else value_override
-    if key is None or value is None:
-        raise ConfigError("axis.layout", layout, _NO_HQQ_CHANNEL)
-    return key, value
-
-
-def quantizable(backend: str, axis: int, shape: tuple[int, int, int, int], group_size: int, nbits: int) -> bool:
-    """True iff the raw backend layer can quantize and dequantize a [batch, heads, seq, head_dim] tensor."""
-    batch, heads, seq, head_dim = shape
-    n = batch * heads * seq * head_dim
-    if backend == "quanto":
-        per_feature = n // head_dim if axis == -1 else n // batch  # numel per index of the kept axis
-        return group_size <= per_feature and per_feature % group_size == 0
-    if n % group_size:
-        return False
-    if nbits == 3:  # hqq's 3-bit dequantize slices shape[0] * shape[1] // G rows: wrong for 4-D on axis 1
-        return axis == 0
-    packed_rows = n // group_size if axis == 1 else group_size  # packing splits rows into 8 // nbits slices
-    return nbits == 8 or packed_rows % (8 // nbits) == 0
-
-
-@functools.lru_cache(maxsize=None)
-def hqq_channelwise_layer():
-    """HQQQuantizedLayer whose axis 0 is truly per-channel (axis 1 is unchanged, per-token).
-
-    Use with (axis_key, axis_value) = (0, 0) for per_channel or (0, 1) for kivi, in place of the layers
-    QuantizedCache(backend="hqq") builds. Defined lazily so that this module does not import torch.
-    """
-    import torch
-    from transformers.cache_utils import HQQQuantizedLayer
-
-    class HQQChannelwiseLayer(HQQQuantizedLayer):
-        def _quantize(self, tensor, axis):
-            if axis != 0:
-                return super()._quantize(tensor, axis)
-            b, h, s, d = tensor.shape
-            g, pad = self.q_group_size, (-tensor.shape[2]) % self.q_group_size
-            t = tensor.transpose(2, 3)  # [b, h, d, s]: a channel's tokens are now consecutive
-            if pad:  # repeat the last token, which keeps every group's min and max
-                t = torch.cat([t, t[..., -1:].expand(b, h, d, pad)], dim=-1)
-            # 2-D [b*h*d*(s+pad)/g, g]: row count is a multiple of head_dim, so bit packing fits
-            qtensor, meta = super()._quantize(t.reshape(-1, g).contiguous(), 1)
-            meta["kv_shape"] = (b, h, d, s + pad, s)
-            return qtensor, meta
-
-        def _dequantize(self, qtensor):
-            out = super()._dequantize(qtensor)
-            if "kv_shape" not in qtensor[1]:
-                return out
-            b, h, d, padded, s = qtensor[1]["kv_shape"]
-            return out.reshape(b, h, d, padded)[..., :s].transpose(2, 3).contiguous()
-
-    return HQQChannelwiseLayer
+    return (key if key_override is None else key_override), (value if value_override is None else value_override)

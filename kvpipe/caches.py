@@ -112,6 +112,7 @@ def _quantized(plan: Plan, loaded: LoadedModel, offloading: bool) -> CacheSetup:
     from transformers import QuantizedCache
 
     from kvpipe.axes import backend_axes
+    from kvpipe.quant_layers import LAYER_CLASSES
 
     backend = plan.backend
     if backend.name == "fp8":
@@ -123,7 +124,11 @@ def _quantized(plan: Plan, loaded: LoadedModel, offloading: bool) -> CacheSetup:
                        q_group_size=backend.q_group_size, residual_length=backend.residual_length)
 
     def make(batch_size: int, prompt_tokens: int):
-        return QuantizedCache(backend=backend.name, config=loaded.model.config, **options)
+        cache = QuantizedCache(backend=backend.name, config=loaded.model.config, **options)
+        if backend.name in LAYER_CLASSES:
+            # kvpipe's layers group as the axis names say at every length (see quant_layers.py)
+            cache.layers = [LAYER_CLASSES[backend.name](**options) for _ in cache.layers]
+        return cache
 
     label = f"quantized:{backend.name}" + (f":int{backend.nbits}:{plan.axis.layout}" if options else "")
     return CacheSetup(requested="quantized", effective=label, make_cache=make)
@@ -162,10 +167,15 @@ def kv_cache_bytes(cache) -> int:
 
     Dense layers count keys and values (a static layer's whole allocation); quantized layers
     count the packed integers, scales and zero points, and the full-precision residual.
-    Each storage is counted once, even when several views share it.
+    Each storage is counted once, even when several views share it. Bookkeeping tensors
+    (a static layer's position counter) are not KV data and are left out.
     """
     seen: set[tuple[int, int]] = set()
-    return sum(_tensor_bytes(vars(layer), seen) for layer in cache.layers)
+    return sum(_tensor_bytes(getattr(layer, name, None), seen) for layer in cache.layers for name in KV_ATTRIBUTES)
+
+
+# Where transformers' cache layers keep key/value data: dense or residual states, and quantized states.
+KV_ATTRIBUTES = ("keys", "values", "_quantized_keys", "_quantized_values")
 
 
 def _tensor_bytes(obj, seen: set) -> int:

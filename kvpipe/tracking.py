@@ -16,6 +16,8 @@ ARTIFACT_DIR = "mlartifacts"
 def store_paths(tracking: TrackingConfig, launch_dir: Path) -> tuple[str, str | None]:
     """(tracking URI, artifact root). The default store is absolute, whatever the working dir."""
     if tracking.uri:
+        if tracking.uri.startswith("sqlite:///"):  # keep artifacts beside the database, not in ./mlruns
+            return tracking.uri, (Path(tracking.uri.removeprefix("sqlite:///")).parent / ARTIFACT_DIR).as_uri()
         return tracking.uri, None
     store = (launch_dir / tracking.store_dir).resolve()
     store.mkdir(parents=True, exist_ok=True)

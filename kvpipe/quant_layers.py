@@ -1,0 +1,70 @@
+"""Quantized cache layers that group as their axis names say, for every sequence length.
+
+The stock transformers layers group the flattened [batch, heads, seq, head_dim] tensor in
+memory order (proof in kvpipe/axes.py and tests/test_axis_semantics.py). That breaks two ways:
+  * quanto axis -1 (per-channel) raises unless batch*heads*seq is a multiple of the group size,
+    and its groups straddle heads when seq is not;
+  * hqq axis 0 groups a channel strided across all heads and batch rows; hqq axis 1 fails at
+    bit packing for odd row counts, and at 3 bits for every 4-D tensor.
+Both fixes pad the sequence by repeating its last token, which leaves every group's min and max
+unchanged, and cut the padding off again on dequantize. The padding is real storage, so
+kv_cache_bytes counts it.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import HQQQuantizedLayer, QuantoQuantizedLayer
+
+# hqq packs 8 // nbits rows into one byte: 8 padded tokens fit every bit width.
+_HQQ_TOKEN_MULTIPLE = 8
+
+
+def pad_tokens(tensor: torch.Tensor, multiple: int, dim: int = -2) -> torch.Tensor:
+    """Pad `dim` up to a multiple by repeating its last slice."""
+    pad = (-tensor.shape[dim]) % multiple
+    if not pad:
+        return tensor
+    last = tensor.narrow(dim, tensor.shape[dim] - 1, 1)
+    return torch.cat([tensor, last.expand(*[pad if d == dim % tensor.dim() else -1 for d in range(tensor.dim())])],
+                     dim=dim)
+
+
+class QuantoKVLayer(QuantoQuantizedLayer):
+    """Axis -1 groups q_group_size consecutive tokens of one channel of one head, at any length."""
+
+    def _quantize(self, tensor, axis):
+        if axis != -1:
+            return super()._quantize(tensor, axis)
+        return super()._quantize(pad_tokens(tensor, self.q_group_size).contiguous(), axis), tensor.shape[-2]
+
+    def _dequantize(self, qtensor):
+        if isinstance(qtensor, tuple):
+            qtensor, tokens = qtensor
+            return qtensor.dequantize()[..., :tokens, :]
+        return qtensor.dequantize()
+
+
+class HQQKVLayer(HQQQuantizedLayer):
+    """Axis 0: q_group_size consecutive tokens of one channel of one head. Axis 1: q_group_size
+    consecutive channels of one token. Quantizes a 2-D view, which also makes 3-bit work."""
+
+    def _quantize(self, tensor, axis):
+        tokens = tensor.shape[-2]
+        if axis == 0:
+            grouped = pad_tokens(tensor, self.q_group_size).transpose(2, 3)  # a channel's tokens now adjacent
+        else:
+            grouped = pad_tokens(tensor, _HQQ_TOKEN_MULTIPLE)
+        qtensor, meta = super()._quantize(grouped.reshape(-1, self.q_group_size).contiguous(), 1)
+        meta["kv_layout"] = (axis, tuple(grouped.shape), tokens)
+        return qtensor, meta
+
+    def _dequantize(self, qtensor):
+        axis, shape, tokens = qtensor[1]["kv_layout"]
+        out = super()._dequantize(qtensor).reshape(shape)
+        if axis == 0:
+            out = out.transpose(2, 3)
+        return out[..., :tokens, :].contiguous()
+
+
+LAYER_CLASSES = {"quanto": QuantoKVLayer, "hqq": HQQKVLayer}
