@@ -22,7 +22,7 @@ class CacheSetup:
 
     requested: str
     effective: str
-    make_cache: Callable[[int, int], Any]  # (batch_size, prompt_tokens) -> Cache
+    make_cache: Callable[[], Any]  # -> a fresh Cache
     generate_kwargs: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -58,8 +58,11 @@ def validate_for_model(plan: Plan, shape: ModelShape, prompt_tokens: int) -> Non
         )
 
 
-def build(plan: Plan, loaded: LoadedModel) -> CacheSetup:
-    """Turn the plan's cache choice into a CacheSetup for this model and device."""
+def build(plan: Plan, loaded: LoadedModel, longest_prompt: int) -> CacheSetup:
+    """Turn the plan's cache choice into a CacheSetup for this model and device.
+
+    Static caches are sized once for the longest prompt, so every call of a job (and of later
+    jobs with the same size) shares one shape: torch.compile then compiles once."""
     strategy = plan.cache.strategy
     offload = strategy.startswith("offloaded")
     if offload and loaded.device != "cuda":
@@ -67,16 +70,16 @@ def build(plan: Plan, loaded: LoadedModel) -> CacheSetup:
         note = (f"cache={strategy} offloads from an accelerator to the host; on {loaded.device} there is "
                 f"nothing to offload from, so it runs as cache={base} with offloading off")
         log.warning(note)
-        setup = BUILDERS[base](plan, loaded, offloading=False)
+        setup = BUILDERS[base](plan, loaded, longest_prompt, offloading=False)
         setup.requested, setup.notes = strategy, [note, *setup.notes]
         return setup
-    return BUILDERS[strategy](plan, loaded, offloading=offload)
+    return BUILDERS[strategy](plan, loaded, longest_prompt, offloading=offload)
 
 
-def _dynamic(plan: Plan, loaded: LoadedModel, offloading: bool) -> CacheSetup:
+def _dynamic(plan: Plan, loaded: LoadedModel, longest_prompt: int, offloading: bool) -> CacheSetup:
     from transformers import DynamicCache
 
-    def make(batch_size: int, prompt_tokens: int):
+    def make():
         return DynamicCache(config=loaded.model.config, offloading=offloading)
 
     name = "offloaded" if offloading else "dynamic"
@@ -87,12 +90,13 @@ def static_len(plan: Plan, prompt_tokens: int) -> int:
     return plan.cache.max_cache_len or prompt_tokens + plan.workload.max_new_tokens
 
 
-def _static(plan: Plan, loaded: LoadedModel, offloading: bool) -> CacheSetup:
+def _static(plan: Plan, loaded: LoadedModel, longest_prompt: int, offloading: bool) -> CacheSetup:
     from transformers import StaticCache
 
-    def make(batch_size: int, prompt_tokens: int):
-        return StaticCache(config=loaded.model.config, max_cache_len=static_len(plan, prompt_tokens),
-                           offloading=offloading)
+    max_cache_len = static_len(plan, longest_prompt)
+
+    def make():
+        return StaticCache(config=loaded.model.config, max_cache_len=max_cache_len, offloading=offloading)
 
     name = "offloaded_static" if offloading else "static"
     kwargs: dict = {}
@@ -101,14 +105,16 @@ def _static(plan: Plan, loaded: LoadedModel, offloading: bool) -> CacheSetup:
 
         # CUDA graphs pay off on GPU only; transformers compiles on CUDA by itself, elsewhere on request.
         mode = "reduce-overhead" if loaded.device == "cuda" else "default"
-        kwargs["compile_config"] = CompileConfig(mode=mode, _compile_all_devices=True)
+        compile_config = CompileConfig(mode=mode)
+        compile_config._compile_all_devices = True  # transformers' own switch for compiling off CUDA
+        kwargs["compile_config"] = compile_config
     else:
         kwargs["disable_compile"] = True  # eager static stays eager on CUDA too, so the two can be compared
     return CacheSetup(requested=name, effective=name + ("+compile" if plan.cache.compile else ""),
                       make_cache=make, generate_kwargs=kwargs)
 
 
-def _quantized(plan: Plan, loaded: LoadedModel, offloading: bool) -> CacheSetup:
+def _quantized(plan: Plan, loaded: LoadedModel, longest_prompt: int, offloading: bool) -> CacheSetup:
     from transformers import QuantizedCache
 
     from kvpipe.axes import backend_axes
@@ -123,7 +129,7 @@ def _quantized(plan: Plan, loaded: LoadedModel, offloading: bool) -> CacheSetup:
         options = dict(nbits=backend.nbits, axis_key=key_axis, axis_value=value_axis,
                        q_group_size=backend.q_group_size, residual_length=backend.residual_length)
 
-    def make(batch_size: int, prompt_tokens: int):
+    def make():
         cache = QuantizedCache(backend=backend.name, config=loaded.model.config, **options)
         if backend.name in LAYER_CLASSES:
             # kvpipe's layers group as the axis names say at every length (see quant_layers.py)

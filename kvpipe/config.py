@@ -115,3 +115,18 @@ class KvpipeConfig:
 def register_schemas() -> None:
     """Store the schema under `kvpipe_schema`, the first entry of conf/config.yaml's defaults."""
     ConfigStore.instance().store(name="kvpipe_schema", node=KvpipeConfig)
+
+
+def compose(overrides: list[str] | tuple[str, ...] = ()):
+    """Compose conf/config.yaml with overrides, as `python -m kvpipe` would (for tests and benchmarks)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_schemas()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="kvpipe.conf", version_base="1.3"):
+            return hydra_compose(config_name="config", overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()

@@ -45,10 +45,11 @@ def run_job(plan: Plan) -> JobResult:
     tokenizer = models.load_tokenizer(plan.model)
     device = models.resolve_device(plan.model.device)
     batches = workloads.build_batches(plan.workload, tokenizer, device)
-    caches.validate_for_model(plan, shape, max(b.prompt_tokens for b in batches))
+    longest_prompt = max(b.prompt_tokens for b in batches)
+    caches.validate_for_model(plan, shape, longest_prompt)
 
     loaded = models.load(plan.model)
-    setup = caches.build(plan, loaded)
+    setup = caches.build(plan, loaded, longest_prompt)
     if plan.cache.compile and plan.workload.warmup == 0:
         setup.notes.append("cache.compile needs a warm-up call to compile outside the timings; ran 1")
     warmup_calls = max(plan.workload.warmup, 1 if plan.cache.compile else 0)
@@ -82,7 +83,7 @@ def _generate(plan: Plan, loaded: models.LoadedModel, setup: caches.CacheSetup, 
     import torch
 
     workload = plan.workload
-    cache = setup.make_cache(batch.input_ids.shape[0], batch.prompt_tokens)
+    cache = setup.make_cache()
     clock = TokenClock(sync_cuda=loaded.device == "cuda")
     _release_freed_memory(loaded.device)
     torch.manual_seed(workload.seed)

@@ -8,10 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
-
-from kvpipe.config import register_schemas
+from kvpipe.config import compose, register_schemas
 from kvpipe.plan import Plan, make_plan
 
 register_schemas()
@@ -21,12 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def compose_config(overrides: list[str] | None = None):
     """Compose conf/config.yaml with overrides, as `python -m kvpipe` would."""
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_module(config_module="kvpipe.conf", version_base="1.3"):
-            return compose(config_name="config", overrides=overrides or [])
-    finally:
-        GlobalHydra.instance().clear()
+    return compose(overrides or [])
 
 
 def plan_for(*overrides: str) -> Plan:
