@@ -22,7 +22,7 @@ class CacheSetup:
 
     requested: str
     effective: str
-    make_cache: Callable[[], Any]  # -> a fresh Cache
+    make_cache: Callable[..., Any]  # (capacity=0) -> a fresh Cache holding at least `capacity` tokens
     generate_kwargs: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -79,7 +79,7 @@ def build(plan: Plan, loaded: LoadedModel, longest_prompt: int) -> CacheSetup:
 def _dynamic(plan: Plan, loaded: LoadedModel, longest_prompt: int, offloading: bool) -> CacheSetup:
     from transformers import DynamicCache
 
-    def make():
+    def make(capacity: int = 0):
         return DynamicCache(config=loaded.model.config, offloading=offloading)
 
     name = "offloaded" if offloading else "dynamic"
@@ -95,8 +95,9 @@ def _static(plan: Plan, loaded: LoadedModel, longest_prompt: int, offloading: bo
 
     max_cache_len = static_len(plan, longest_prompt)
 
-    def make():
-        return StaticCache(config=loaded.model.config, max_cache_len=max_cache_len, offloading=offloading)
+    def make(capacity: int = 0):
+        return StaticCache(config=loaded.model.config, max_cache_len=max(max_cache_len, capacity),
+                           offloading=offloading)
 
     name = "offloaded_static" if offloading else "static"
     kwargs: dict = {}
@@ -129,7 +130,7 @@ def _quantized(plan: Plan, loaded: LoadedModel, longest_prompt: int, offloading:
         options = dict(nbits=backend.nbits, axis_key=key_axis, axis_value=value_axis,
                        q_group_size=backend.q_group_size, residual_length=backend.residual_length)
 
-    def make():
+    def make(capacity: int = 0):
         cache = QuantizedCache(backend=backend.name, config=loaded.model.config, **options)
         if backend.name in LAYER_CLASSES:
             # kvpipe's layers group as the axis names say at every length (see quant_layers.py)

@@ -87,8 +87,9 @@ class WorkloadConfig:
 
 @dataclass
 class QualityConfig:
-    enabled: bool = False
-    context_tokens: int = 512
+    enabled: bool = True
+    context_tokens: int = field(default=512, metadata=_help("teacher-forced text length in tokens"))
+    scored_tokens: int = field(default=64, metadata=_help("last tokens fed one by one through the cache and scored"))
 
 
 @dataclass

@@ -181,3 +181,31 @@ class _RssSampler:
         self._stop.set()
         self._thread.join()
         return max(self._peak, _rss_bytes())
+
+
+# ---- memory bandwidth, for the roofline ---------------------------------------------------
+
+_BANDWIDTH: dict[str, float] = {}
+
+
+def memory_bandwidth_bytes_per_s(device: str, size_bytes: int = 256 * 2**20, trials: int = 5) -> float:
+    """Best-of-N large tensor copy on this device, counting bytes read plus bytes written.
+    Measured once per process and device."""
+    if device not in _BANDWIDTH:
+        import torch
+
+        src = torch.empty(size_bytes // 4, dtype=torch.float32, device=device).uniform_()  # never zeros
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # warm-up: page in both buffers
+        best = float("inf")
+        for _ in range(trials):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            dst.copy_(src)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - started)
+        _BANDWIDTH[device] = 2 * size_bytes / best
+        del src, dst
+    return _BANDWIDTH[device]

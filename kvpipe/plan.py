@@ -146,8 +146,11 @@ def _check_workload(workload: schema.WorkloadConfig) -> None:
 
 
 def _check_quality(quality: schema.QualityConfig) -> None:
-    if quality.context_tokens < 2:
-        raise ConfigError("quality.context_tokens", quality.context_tokens, "expected an integer of 2 or more")
+    if quality.scored_tokens < 1:
+        raise ConfigError("quality.scored_tokens", quality.scored_tokens, "expected a positive integer")
+    if quality.context_tokens <= quality.scored_tokens:
+        raise ConfigError("quality.context_tokens", quality.context_tokens,
+                          f"expected more than quality.scored_tokens={quality.scored_tokens} (the rest is the prefix)")
 
 
 def check_cache(

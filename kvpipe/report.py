@@ -13,6 +13,10 @@ SUMMARY_METRICS = (
     ("kv_cache_bytes", "KV cache", "bytes"),
     ("kv_compression", "vs fp16 KV", "x"),
     ("compile_ms", "compile", "ms"),
+    ("roofline_fraction", "of memory roofline", "x"),
+    ("token_agreement", "token agreement", "x"),
+    ("kl_vs_reference", "KL vs reference", "nats"),
+    ("ppl", "perplexity", "x"),
 )
 
 
@@ -31,6 +35,8 @@ def format_metric(metrics: dict, name: str, unit: str) -> str:
     std = metrics.get(name + "_std")
     if unit == "bytes":
         return human_bytes(value)
+    if unit == "nats":
+        return f"{value:.2e} nats"
     text = f"{value:.2f}" if unit == "x" else f"{value:.1f}"
     return text + (f" ± {std:.1f}" if std else "") + ("" if unit == "x" else f" {unit}")
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpipe import caches, models, workloads
-from kvpipe.measure import PeakMemory, Timing, TokenClock, mean_std, percentile
+from kvpipe.measure import PeakMemory, Timing, TokenClock, mean_std, memory_bandwidth_bytes_per_s, percentile
 from kvpipe.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -57,9 +57,9 @@ def run_job(plan: Plan) -> JobResult:
     warmup_ms: list[float] = []
     for _ in range(warmup_calls):
         for batch in batches:
-            warmup_ms.append(_generate(plan, loaded, setup, batch).timing.e2e_ms)
+            warmup_ms.append(measured_generate(plan, loaded, setup, batch).timing.e2e_ms)
 
-    calls = [_generate(plan, loaded, setup, batch) for _ in range(plan.workload.repeats) for batch in batches]
+    calls = [measured_generate(plan, loaded, setup, batch) for _ in range(plan.workload.repeats) for batch in batches]
     metrics = _summarise(calls, loaded, shape)
     metrics["warmup_ms"] = sum(warmup_ms)
     metrics["load_ms"] = loaded.load_s * 1e3
@@ -75,11 +75,20 @@ def run_job(plan: Plan) -> JobResult:
         "peak_memory_source": calls[0].peak.source,
         **_versions(),
     }
+    if plan.quality.enabled:
+        from kvpipe import quality
+
+        started = time.perf_counter()
+        generated = [c.new_tokens for c in calls[: len(batches)]]
+        metrics.update(quality.measure(loaded, plan.model, plan.workload, plan.quality, batches, generated,
+                                       setup.make_cache))
+        metrics["quality_ms"] = (time.perf_counter() - started) * 1e3
     texts = _texts(loaded.tokenizer, batches, calls[: len(batches)])
     return JobResult(metrics=metrics, tags=tags, texts=texts, notes=[*plan.warnings, *setup.notes])
 
 
-def _generate(plan: Plan, loaded: models.LoadedModel, setup: caches.CacheSetup, batch) -> _Call:
+def measured_generate(plan: Plan, loaded: models.LoadedModel, setup: caches.CacheSetup, batch) -> _Call:
+    """One generate() call with a fresh cache, timed per token and memory-probed."""
     import torch
 
     workload = plan.workload
@@ -155,6 +164,13 @@ def _summarise(calls: list[_Call], loaded: models.LoadedModel, shape: models.Mod
     if reserved:
         metrics["peak_reserved_bytes"] = max(reserved)
     metrics["weights_bytes"] = loaded.weights_bytes
+    # Roofline: each decode step reads every weight once and the whole KV cache once (upper bound:
+    # the final cache), so steps/s x bytes/step over the copy bandwidth is the fraction achieved.
+    bandwidth = memory_bandwidth_bytes_per_s(loaded.device)
+    metrics["decode_bytes_per_step"] = loaded.weights_bytes + largest.kv_bytes
+    metrics["memory_bandwidth_bytes_per_s"] = bandwidth
+    steps_per_s = metrics["decode_tokens_per_s"] / largest.batch_size
+    metrics["roofline_fraction"] = metrics["decode_bytes_per_step"] * steps_per_s / bandwidth
     metrics["prompt_tokens"] = statistics_mean([c.prompt_tokens for c in calls])
     metrics["new_tokens"] = statistics_mean([c.timing.steps for c in calls])
     metrics["batch_size"] = calls[0].batch_size

@@ -25,7 +25,7 @@ def plan_for(*overrides: str) -> Plan:
     return make_plan(compose_config(list(overrides)))
 
 
-TINY = ("model=tiny_random", "workload.max_new_tokens=6", "workload.warmup=0", "tracking=off")
+TINY = ("model=tiny_random", "workload.max_new_tokens=6", "workload.warmup=0", "tracking=off", "quality=off")
 
 
 @pytest.fixture

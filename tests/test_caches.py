@@ -16,7 +16,8 @@ from kvpipe.pipeline import run_pipeline
 from kvpipe.runner import run_job
 
 TINY = ("model=tiny_random", "workload=long_context", "workload.max_new_tokens=5", "workload.warmup=0",
-        "tracking=off", "backend.q_group_size=16", "backend.residual_length=4")
+        "tracking=off", "backend.q_group_size=16", "backend.residual_length=4", "quality.context_tokens=96",
+        "quality.scored_tokens=16")
 
 SHIPPED = (
     [("cache=dynamic",), ("cache=static",), ("cache=offloaded",), ("cache=offloaded_static",)]

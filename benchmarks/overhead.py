@@ -1,0 +1,91 @@
+"""Does kvpipe disturb what it measures? kvpipe's measured generation (A) against a bare
+model.generate (B), same model, cache and prompt, in one process, alternating A B A B.
+
+B has no per-token hook, so its decode rate comes from two bare calls:
+(new_tokens - 1) / (e2e(new_tokens) - e2e(1)). The target ratio A/B is >= 0.97.
+Also prints the roofline fraction kvpipe records for each strategy.
+
+    python benchmarks/overhead.py                       # embedded model: dynamic, static, static+compile
+    python benchmarks/overhead.py --model tiny_random --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from kvpipe import caches, models, workloads
+from kvpipe.config import compose
+from kvpipe.plan import make_plan
+from kvpipe.runner import measured_generate, run_job
+
+STRATEGIES = {"dynamic": ["cache=dynamic"], "static": ["cache=static"],
+              "static+compile": ["cache=static", "cache.compile=true"]}
+
+
+def bare_e2e_s(loaded, setup, batch, new_tokens: int) -> float:
+    import torch
+
+    cache = setup.make_cache()
+    started = time.perf_counter()
+    with torch.inference_mode():
+        loaded.model.generate(input_ids=batch.input_ids, attention_mask=batch.attention_mask, cache=cache,
+                              max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                              pad_token_id=loaded.tokenizer.pad_token_id, **setup.generate_kwargs)
+    if loaded.device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+def compare(label: str, overrides: list[str], base: list[str], rounds: int) -> dict:
+    plan = make_plan(compose(base + overrides))
+    loaded = models.load(plan.model)
+    batch = workloads.build_batches(plan.workload, models.load_tokenizer(plan.model), loaded.device)[0]
+    setup = caches.build(plan, loaded, batch.prompt_tokens)
+    new = plan.workload.max_new_tokens
+    for _ in range(2):  # warm-up both paths (and compile, for static+compile)
+        measured_generate(plan, loaded, setup, batch)
+        bare_e2e_s(loaded, setup, batch, new)
+    kvpipe_tps, bare_tps = [], []
+    for _ in range(rounds):
+        call = measured_generate(plan, loaded, setup, batch)  # A
+        kvpipe_tps.append(len(call.timing.itl_ms) / (sum(call.timing.itl_ms) / 1e3))
+        full, first = bare_e2e_s(loaded, setup, batch, new), bare_e2e_s(loaded, setup, batch, 1)  # B
+        bare_tps.append((new - 1) / (full - first))
+    roofline = run_job(plan).metrics["roofline_fraction"]
+    row = {"strategy": label, "kvpipe_decode_tokens_per_s": statistics.median(kvpipe_tps),
+           "bare_decode_tokens_per_s": statistics.median(bare_tps), "roofline_fraction": roofline}
+    row["ratio"] = row["kvpipe_decode_tokens_per_s"] / row["bare_decode_tokens_per_s"]
+    print(f"{label:16s} kvpipe {row['kvpipe_decode_tokens_per_s']:.2f} tok/s  bare "
+          f"{row['bare_decode_tokens_per_s']:.2f} tok/s  ratio {row['ratio']:.3f}  roofline {roofline:.3f}",
+          flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2_135m")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", nargs="*", choices=list(STRATEGIES))
+    parser.add_argument("--out", type=Path, default=Path("outputs/benchmarks/overhead"))
+    args = parser.parse_args()
+    base = [f"model={args.model}", f"workload.max_new_tokens={args.new_tokens}", "workload.warmup=1",
+            "workload.repeats=3", "tracking=off", "quality=off", "workload.prompts=[Tell me about the history of Rome.]"]
+    rows = [compare(label, overrides, base, args.rounds) for label, overrides in STRATEGIES.items()
+            if not args.only or label in args.only]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(rows, indent=2))
+    lines = ["| strategy | kvpipe decode tok/s | bare generate tok/s | ratio | roofline_fraction |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['strategy']} | {r['kvpipe_decode_tokens_per_s']:.2f} | {r['bare_decode_tokens_per_s']:.2f} | "
+              f"{r['ratio']:.3f} | {r['roofline_fraction']:.3f} |" for r in rows]
+    (args.out / "table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
