@@ -38,11 +38,12 @@ def main() -> None:
     base = [f"model={args.model}", "workload=long_context", f"workload.prompt_tokens={args.prompt_tokens}",
             f"workload.max_new_tokens={args.new_tokens}", f"workload.repeats={args.repeats}", "workload.warmup=1",
             "tracking=off"]
+    # Compose every plan before measuring anything: an edit to conf/ mid-run cannot break the run.
+    plans = [(label, make_plan(compose(base + overrides))) for label, overrides in STRATEGIES
+             if not args.only or label in args.only]
     rows = []
-    for label, overrides in STRATEGIES:
-        if args.only and label not in args.only:
-            continue
-        metrics = run_job(make_plan(compose(base + overrides))).metrics
+    for label, plan in plans:
+        metrics = run_job(plan).metrics
         rows.append({"strategy": label, **metrics})
         print(f"{label:28s} kv={human_bytes(metrics['kv_cache_bytes']):>10s} "
               f"x{metrics['kv_compression']:.2f} decode={metrics['decode_tokens_per_s']:.1f} tok/s", flush=True)

@@ -25,10 +25,17 @@ register_schemas()
 def _hydra_app(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
+    from hydra.types import RunMode
+
     from kvpipe.plan import make_plan
 
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        from kvpipe.sweep import run_sweep_job
+
+        return run_sweep_job(cfg, hydra_cfg, Path(hydra.utils.get_original_cwd()))
     try:
-        plan = make_plan(cfg, HydraConfig.get().overrides.task)  # validated before torch, transformers or mlflow are imported
+        plan = make_plan(cfg, hydra_cfg.overrides.task)  # validated before torch, transformers or mlflow are imported
         from kvpipe.pipeline import run_pipeline
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -43,8 +50,27 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+# `kvpipe NAME ...`: decisions over recorded runs; everything else is a Hydra job or sweep.
+SUBCOMMANDS = {
+    "compare": "kvpipe.compare",
+    "recommend": "kvpipe.recommend",
+    "plan": "kvpipe.capacity",
+}
+
+
 def main() -> None:
     """Entry point for `kvpipe` and `python -m kvpipe`."""
+    if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
+        import importlib
+
+        command = importlib.import_module(SUBCOMMANDS[sys.argv[1]])
+        try:
+            sys.exit(command.main(sys.argv[2:]))
+        except KvpipeError as exc:
+            _fail(str(exc))
+    # Hydra's argparse cannot take overrides on both sides of -m; accept them anywhere.
+    flags = [a for a in sys.argv[1:] if a in ("-m", "--multirun")]
+    sys.argv[1:] = flags[:1] + [a for a in sys.argv[1:] if a not in ("-m", "--multirun")]
     # Let composition errors reach us instead of Hydra's multi-line report; we print one line.
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     try:

@@ -199,7 +199,7 @@ def _load_uncached(model_cfg: ModelConfig) -> LoadedModel:
             model = AutoModelForCausalLM.from_pretrained(
                 location, dtype=dtype, attn_implementation=model_cfg.attn_implementation, use_safetensors=None, **common
             )
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             raise KvpipeError(f"model.name_or_path={location!r} could not be loaded: {str(exc).splitlines()[0]}") from exc
     model.to(device).eval()
     load_s = time.perf_counter() - started
@@ -230,7 +230,7 @@ def load_tokenizer(model_cfg: ModelConfig):
             tokenizer = AutoTokenizer.from_pretrained(
                 location, revision=model_cfg.revision, trust_remote_code=model_cfg.trust_remote_code
             )
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             raise KvpipeError(f"model.name_or_path={location!r} has no loadable tokenizer: {str(exc).splitlines()[0]}") from exc
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token

@@ -36,6 +36,22 @@ class Plan:
         data.pop("warnings")
         return data
 
+    def measurement_key(self) -> str:
+        """Hash of what is measured: equal for configs that measure the same thing (settings the
+        strategy ignores, and tracking, are left out). Used to skip duplicates and to resume."""
+        import hashlib
+        import json
+
+        data = self.as_dict()
+        data.pop("tracking")
+        if self.cache.strategy != "quantized":
+            data.pop("backend"), data.pop("axis")
+        elif self.backend.name == "fp8":
+            data.pop("axis"), data["backend"].pop("q_group_size"), data["backend"].pop("residual_length")
+        if self.cache.strategy not in ("static", "offloaded_static"):
+            data["cache"].pop("max_cache_len"), data["cache"].pop("compile")
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
     def flat_params(self) -> dict[str, str]:
         """The resolved config flattened to dotted keys, as MLflow params."""
         flat: dict[str, str] = {}

@@ -19,12 +19,28 @@ def result_document(plan: Plan, result: JobResult, status: str = "FINISHED") -> 
     return {
         "status": status,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "measurement_key": plan.measurement_key(),
         "config": plan.as_dict(),
         "metrics": {k: _json_number(v) for k, v in result.metrics.items()},
         "tags": result.tags,
         "notes": result.notes,
         "texts": result.texts,
     }
+
+
+def unfinished_document(plan_dict: dict, status: str, reason: str, traceback_text: str = "") -> dict:
+    """result.json for a job that did not measure: SKIPPED (with why) or FAILED (with the error)."""
+    document = {
+        "status": status,
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": plan_dict,
+        "reason": reason,
+        "metrics": {},
+        "tags": {},
+    }
+    if traceback_text:
+        document["traceback"] = traceback_text
+    return document
 
 
 def write_result(run_dir: Path, document: dict) -> Path:

@@ -58,3 +58,13 @@ def print_summary(document: dict, result_path: Path) -> None:
     for note in document.get("notes", []):
         console.print(f"[yellow]note:[/yellow] {note}")
     console.print(f"result: {result_path}")
+
+
+def print_sweep_summary(counts: dict[str, int], sweep_dir: Path, parent_run_id: str | None) -> None:
+    from rich.console import Console
+
+    console = Console()
+    style = "red" if counts["failed"] else "green"
+    console.print(f"[{style}]sweep done:[/{style}] {counts['finished']} finished, {counts['skipped']} skipped, "
+                  f"{counts['failed']} failed")
+    console.print(f"results: {sweep_dir}" + (f" · MLflow parent run {parent_run_id}" if parent_run_id else ""))

@@ -37,23 +37,72 @@ def setup(tracking: TrackingConfig, launch_dir: Path) -> str:
                                     f"{artifact_root}/{tracking.experiment}")
 
 
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag: the UI shows children under the parent
+KEY_TAG = "kvpipe.measurement_key"
+
+
 def log_job(tracking: TrackingConfig, launch_dir: Path, run_dir: Path, params: dict[str, str],
-            document: dict, config_yaml: str) -> str:
-    """One MLflow run: params, metrics, tags, and the config, texts and result.json as artifacts."""
+            document: dict, config_yaml: str, parent_run_id: str | None = None, key: str | None = None) -> str:
+    """One MLflow run: params, metrics, tags, and the config, texts and result.json as artifacts.
+
+    A FAILED document becomes a FAILED run with its error and traceback; the context manager
+    also marks the run FAILED if logging itself breaks, so no run is left RUNNING."""
     import mlflow
 
     experiment_id = setup(tracking, launch_dir)
     tags = {f"kvpipe.{k}": v for k, v in document["tags"].items()}
+    tags["kvpipe.status"] = document["status"]
+    if parent_run_id:
+        tags[PARENT_TAG] = parent_run_id
+    if key:
+        tags[KEY_TAG] = key
+    if document.get("reason"):
+        tags["kvpipe.error"] = document["reason"][:5000]
     metrics = {k: float(v) for k, v in document["metrics"].items() if v is not None}
-    with mlflow.start_run(experiment_id=experiment_id, run_name=tracking.run_name or _run_name(document)) as run:
+    status = "FAILED" if document["status"] == "FAILED" else "FINISHED"
+    with mlflow.start_run(experiment_id=experiment_id, run_name=tracking.run_name or _run_name(document),
+                          tags=tags) as run:
         mlflow.log_params(params)
-        mlflow.set_tags(tags)
         mlflow.log_metrics(metrics)
         mlflow.log_text(config_yaml, "config.yaml")
-        mlflow.log_dict({"texts": document["texts"]}, "texts.json")
+        if "texts" in document:
+            mlflow.log_dict({"texts": document["texts"]}, "texts.json")
+        if "traceback" in document:
+            mlflow.log_text(document["traceback"], "traceback.txt")
         mlflow.log_artifact(str(run_dir / "result.json"))
-        return run.info.run_id
+        run_id = run.info.run_id
+    if status == "FAILED":
+        mlflow.tracking.MlflowClient().set_terminated(run_id, status="FAILED")
+    return run_id
 
 
 def _run_name(document: dict) -> str:
-    return document["tags"].get("cache.effective", "job")
+    return document["tags"].get("cache.effective") or document["config"]["cache"]["strategy"]
+
+
+def start_parent(tracking: TrackingConfig, launch_dir: Path, name: str, tags: dict[str, str]) -> str:
+    """The parent run of a multirun; its children carry its id."""
+    from mlflow.tracking import MlflowClient
+
+    experiment_id = setup(tracking, launch_dir)
+    return MlflowClient().create_run(experiment_id, run_name=name, tags={"kvpipe.sweep": "true", **tags}).info.run_id
+
+
+def end_parent(run_id: str, status: str, summary: dict) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    for name, value in summary.items():
+        client.log_metric(run_id, f"jobs_{name}", value)
+    client.set_terminated(run_id, status=status)
+
+
+def finished_run_with_key(tracking: TrackingConfig, launch_dir: Path, key: str) -> str | None:
+    """The id of a FINISHED run in the experiment that measured exactly this, if any."""
+    import mlflow
+
+    experiment_id = setup(tracking, launch_dir)
+    runs = mlflow.search_runs(experiment_ids=[experiment_id], output_format="list", max_results=1,
+                              filter_string=f"tags.`{KEY_TAG}` = '{key}' and attributes.status = 'FINISHED' "
+                                            "and tags.`kvpipe.status` = 'FINISHED'")
+    return runs[0].info.run_id if runs else None

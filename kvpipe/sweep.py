@@ -1,0 +1,196 @@
+"""Multirun: one MLflow parent run per sweep, every job a child, and no job able to stop the rest.
+
+A Hydra callback opens the sweep (parent run, job count, start time, written to kvpipe_sweep.json
+in the sweep dir so that jobs in other processes find it too) and closes it (summary, compare,
+exit status). Each job runs through `run_sweep_job`, which turns every outcome into a record:
+FINISHED, SKIPPED (invalid combination, duplicate, or already done with resume=true) or FAILED.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from kvpipe.errors import ConfigError, KvpipeError
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "kvpipe_sweep.json"
+
+
+@dataclass
+class SweepState:
+    name: str
+    total_jobs: int
+    started_at: float
+    parent_run_id: str | None
+
+    @classmethod
+    def load(cls, sweep_dir: Path) -> "SweepState | None":
+        path = sweep_dir / STATE_FILE
+        return cls(**json.loads(path.read_text())) if path.is_file() else None
+
+    def save(self, sweep_dir: Path) -> None:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / STATE_FILE).write_text(json.dumps(self.__dict__, indent=2))
+
+
+def count_jobs(config: DictConfig) -> int:
+    """How many jobs the sweep makes: command-line overrides plus a preset's hydra.sweeper.params,
+    expanded as Hydra's basic sweeper does (the command line wins over the preset)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    task = parser.parse_overrides(list(config.hydra.overrides.task))
+    given = {o.get_key_element() for o in task}
+    params = config.hydra.sweeper.get("params") or {}
+    preset = parser.parse_overrides([f"{k}={v}" for k, v in params.items()])
+    combined = [o for o in preset if o.get_key_element() not in given] + task
+    return sum(len(batch) for batch in BasicSweeper.split_arguments(combined, None))
+
+
+def sweep_name(config: DictConfig) -> str:
+    if config.get("sweep_name"):
+        return str(config.sweep_name)
+    return " ".join(config.hydra.overrides.task) or "sweep"
+
+
+class SweepCallback(Callback):
+    """Registered in conf/config.yaml under hydra.callbacks."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        from kvpipe import tracking
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        launch_dir = Path(config.hydra.runtime.cwd)
+        total = count_jobs(config)
+        name = sweep_name(config)
+        tracking_cfg = OmegaConf.to_object(config.tracking)
+        parent = None
+        if tracking_cfg.enabled:
+            parent = tracking.start_parent(tracking_cfg, launch_dir, name, {"kvpipe.sweep_dir": str(sweep_dir.resolve()),
+                                                                            "kvpipe.total_jobs": str(total)})
+        SweepState(name=name, total_jobs=total, started_at=time.time(), parent_run_id=parent).save(sweep_dir)
+        log.info("sweep %r: %d jobs%s", name, total, f", MLflow parent run {parent}" if parent else "")
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from kvpipe import tracking
+        from kvpipe.report import print_sweep_summary
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        state = SweepState.load(sweep_dir)
+        counts = outcome_counts(sweep_dir)
+        if state and state.parent_run_id:
+            tracking.end_parent(state.parent_run_id, "FAILED" if counts["failed"] else "FINISHED", counts)
+            _compare(config, state.parent_run_id, sweep_dir)
+        print_sweep_summary(counts, sweep_dir, state.parent_run_id if state else None)
+        if counts["failed"]:
+            sys.exit(1)  # a sweep with failed jobs fails, after every job has had its turn
+
+
+def _compare(config: DictConfig, parent_run_id: str, sweep_dir: Path) -> None:
+    try:
+        from kvpipe import compare
+    except ImportError:
+        return
+    compare.summarise_sweep(config, parent_run_id, sweep_dir)
+
+
+def outcome_counts(sweep_dir: Path) -> dict[str, int]:
+    counts = {"finished": 0, "skipped": 0, "failed": 0}
+    for result in sorted(sweep_dir.glob("*/result.json")):
+        status = json.loads(result.read_text()).get("status", "FAILED").lower()
+        counts[status if status in counts else "failed"] += 1
+    return counts
+
+
+def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str:
+    """One job of a multirun. Never raises for a job's own failure: the sweep goes on."""
+    from kvpipe import record, tracking
+    from kvpipe.plan import make_plan
+
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    sweep_dir = Path(hydra_cfg.sweep.dir)
+    state = SweepState.load(sweep_dir)
+    overrides = list(hydra_cfg.overrides.task)
+    _announce(hydra_cfg.job.num, state, overrides)
+    plan_dict = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        plan = make_plan(cfg, overrides)
+    except KvpipeError as exc:
+        return _skip(run_dir, plan_dict, str(exc))
+    key = plan.measurement_key()
+    earlier = _earlier_job_with_key(sweep_dir, run_dir, key)
+    if earlier:
+        return _skip(run_dir, plan.as_dict(), f"measures the same as job {earlier} "
+                                               "(settings this strategy ignores differ)", key)
+    if cfg.get("resume") and plan.tracking.enabled:
+        done = tracking.finished_run_with_key(plan.tracking, launch_dir, key)
+        if done:
+            return _skip(run_dir, plan.as_dict(), f"already FINISHED as MLflow run {done} (resume=true)", key)
+    from kvpipe.pipeline import config_yaml, run_pipeline
+
+    try:
+        run_pipeline(plan, run_dir, launch_dir, print_table=False, parent_run_id=state and state.parent_run_id)
+        return "FINISHED"
+    except ConfigError as exc:  # found once the model's shape is known: an invalid combination
+        return _skip(run_dir, plan.as_dict(), str(exc), key)
+    except Exception as exc:  # noqa: BLE001 - recorded as FAILED, and the sweep goes on
+        log.error("job %s failed: %s", hydra_cfg.job.num, exc)
+        document = record.unfinished_document(plan.as_dict(), "FAILED", f"{type(exc).__name__}: {exc}",
+                                              traceback.format_exc())
+        record.write_result(run_dir, document)
+        if plan.tracking.enabled:
+            tracking.log_job(plan.tracking, launch_dir, run_dir, plan.flat_params(), document, config_yaml(plan),
+                             state and state.parent_run_id, key)
+        return "FAILED"
+
+
+def _skip(run_dir: Path, plan_dict: dict, reason: str, key: str | None = None) -> str:
+    from kvpipe import record
+
+    log.warning("skipped: %s", reason)
+    document = record.unfinished_document(plan_dict, "SKIPPED", reason)
+    if key:
+        document["measurement_key"] = key
+    record.write_result(run_dir, document)
+    return "SKIPPED"
+
+
+def _earlier_job_with_key(sweep_dir: Path, run_dir: Path, key: str) -> str | None:
+    for result in sorted(sweep_dir.glob("*/result.json")):
+        if result.parent == run_dir:
+            continue
+        document = json.loads(result.read_text())
+        if document.get("measurement_key") == key and document["status"] == "FINISHED":
+            return result.parent.name
+    return None
+
+
+def _announce(index: int, state: SweepState | None, overrides: list[str]) -> None:
+    total = state.total_jobs if state else "?"
+    eta = ""
+    if state and index:
+        elapsed = time.time() - state.started_at
+        eta = f" · ETA {_duration(elapsed / index * (state.total_jobs - index))}"
+    message = f"job {index + 1}/{total}: {' '.join(overrides) or '(defaults)'}{eta}"
+    if sys.stderr.isatty():
+        from rich.console import Console
+
+        Console(stderr=True).rule(message)
+    else:
+        log.info(message)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
