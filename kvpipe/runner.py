@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,11 +57,16 @@ def run_job(plan: Plan) -> JobResult:
     warmup_calls = max(plan.workload.warmup, 1 if plan.cache.compile else 0)
 
     warmup_ms: list[float] = []
-    for _ in range(warmup_calls):
-        for batch in batches:
-            warmup_ms.append(measured_generate(plan, loaded, setup, batch).timing.e2e_ms)
-
-    calls = [measured_generate(plan, loaded, setup, batch) for _ in range(plan.workload.repeats) for batch in batches]
+    calls: list[_Call] = []
+    with progress_bar(f"{setup.effective}", (warmup_calls + plan.workload.repeats) * len(batches)) as advance:
+        for _ in range(warmup_calls):
+            for batch in batches:
+                warmup_ms.append(measured_generate(plan, loaded, setup, batch).timing.e2e_ms)
+                advance()
+        for _ in range(plan.workload.repeats):
+            for batch in batches:
+                calls.append(measured_generate(plan, loaded, setup, batch))
+                advance()
     metrics = _summarise(calls, loaded, shape)
     metrics["warmup_ms"] = sum(warmup_ms)
     metrics["load_ms"] = loaded.load_s * 1e3
@@ -85,6 +92,20 @@ def run_job(plan: Plan) -> JobResult:
         metrics["quality_ms"] = (time.perf_counter() - started) * 1e3
     texts = _texts(loaded.tokenizer, batches, calls[: len(batches)])
     return JobResult(metrics=metrics, tags=tags, texts=texts, notes=[*plan.warnings, *setup.notes])
+
+
+@contextmanager
+def progress_bar(label: str, total: int):
+    """A rich progress bar with ETA on a terminal; silent otherwise (logs, CI, pipes)."""
+    if not sys.stderr.isatty():
+        yield lambda: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, transient=True) as progress:
+        task = progress.add_task(f"generate · {label}", total=total)
+        yield lambda: progress.advance(task)
 
 
 def measured_generate(plan: Plan, loaded: models.LoadedModel, setup: caches.CacheSetup, batch) -> _Call:
