@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpipe import caches, models, workloads
+from kvpipe.errors import KvpipeError
 from kvpipe.measure import PeakMemory, Timing, TokenClock, mean_std, memory_bandwidth_bytes_per_s, percentile
 from kvpipe.plan import Plan
 
@@ -95,6 +96,28 @@ def run_job(plan: Plan) -> JobResult:
 
 
 @contextmanager
+def _backend_errors(plan: Plan, batch):
+    """A quantization backend that fails for some shape says which combination and shape, in one line."""
+    import torch
+
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        raise  # not a backend bug: the OOM fallback handles it
+    except (RuntimeError, ValueError, AssertionError) as exc:
+        if plan.cache.strategy != "quantized":
+            raise
+        backend, axis = plan.backend, plan.axis
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise KvpipeError(
+            f"cache=quantized backend={backend.name} backend.nbits={backend.nbits} axis={axis.layout} "
+            f"backend.q_group_size={backend.q_group_size} backend.residual_length={backend.residual_length} "
+            f"failed inside the backend for batch {batch.input_ids.shape[0]} x {batch.prompt_tokens} prompt tokens: "
+            f"{type(exc).__name__}: {first_line}"
+        ) from exc
+
+
+@contextmanager
 def progress_bar(label: str, total: int):
     """A rich progress bar with ETA on a terminal; silent otherwise (logs, CI, pipes)."""
     if not sys.stderr.isatty():
@@ -117,7 +140,7 @@ def measured_generate(plan: Plan, loaded: models.LoadedModel, setup: caches.Cach
     clock = TokenClock(sync_cuda=loaded.device == "cuda")
     _release_freed_memory(loaded.device)
     torch.manual_seed(workload.seed)
-    with torch.inference_mode(), PeakMemory(loaded.device) as peak:
+    with torch.inference_mode(), PeakMemory(loaded.device) as peak, _backend_errors(plan, batch):
         clock.begin()
         output = loaded.model.generate(
             input_ids=batch.input_ids,

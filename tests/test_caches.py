@@ -179,3 +179,16 @@ def test_static_offloaded_and_compiled_static_match_dynamic_tokens_on_the_embedd
     for overrides in (("cache=static",), ("cache=offloaded",), ("cache=offloaded_static",),
                       ("cache=static", "cache.compile=true")):
         assert completions(*EMBEDDED, *overrides) == reference, overrides
+
+
+def test_a_backend_failure_names_the_combination_and_shape(monkeypatch):
+    from kvpipe.errors import KvpipeError
+    from kvpipe.quant_layers import QuantoKVLayer
+
+    def broken(self, tensor, axis):
+        raise ValueError("Group size (64) must be a divisor of (111)")
+
+    monkeypatch.setattr(QuantoKVLayer, "_quantize", broken)
+    with pytest.raises(KvpipeError, match=r"backend=quanto backend.nbits=4 axis=kivi .* batch 1 x 37 prompt tokens: "
+                                          r"ValueError: Group size"):
+        run_job(plan_for(*TINY, "workload.prompt_tokens=37", "cache=quantized", "backend=quanto"))
