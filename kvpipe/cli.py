@@ -55,6 +55,7 @@ SUBCOMMANDS = {
     "compare": "kvpipe.compare",
     "recommend": "kvpipe.recommend",
     "plan": "kvpipe.capacity",
+    "sync": "kvpipe.sync",
 }
 
 
@@ -75,6 +76,9 @@ def main() -> None:
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     try:
         _hydra_app()
+    except KeyboardInterrupt:
+        print("kvpipe: interrupted; the current run is recorded as KILLED", file=sys.stderr)
+        sys.exit(130)
     except KvpipeError as exc:
         _fail(str(exc))
     except Exception as exc:  # noqa: BLE001 - sorted into user errors vs our bugs below

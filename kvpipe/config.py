@@ -111,6 +111,8 @@ class KvpipeConfig:
     quality: QualityConfig = field(default_factory=QualityConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     print_table: bool = True
+    fallback: List[str] = field(default_factory=lambda: ["offloaded"],
+                                metadata=_help("strategies to retry with, in order, after an out-of-memory error"))
     resume: bool = field(default=False, metadata=_help("multirun: skip jobs already FINISHED in the experiment"))
     sweep_name: Optional[str] = field(default=None, metadata=_help("multirun: the MLflow parent run's name"))
 

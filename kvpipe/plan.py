@@ -29,6 +29,7 @@ class Plan:
     workload: schema.WorkloadConfig
     quality: schema.QualityConfig
     tracking: schema.TrackingConfig
+    fallback: tuple[str, ...] = ("offloaded",)
     warnings: tuple[str, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
@@ -43,7 +44,7 @@ class Plan:
         import json
 
         data = self.as_dict()
-        data.pop("tracking")
+        data.pop("tracking"), data.pop("fallback")
         if self.cache.strategy != "quantized":
             data.pop("backend"), data.pop("axis")
         elif self.backend.name == "fp8":
@@ -81,6 +82,8 @@ def make_plan(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
     overridden = frozenset(o.lstrip("+~").split("=")[0].split(".")[0] for o in overrides)
     warnings += check_cache(typed.cache, typed.backend, typed.axis, typed.workload, overridden)
     _check_quality(typed.quality)
+    for index, strategy in enumerate(typed.fallback):
+        require_choice(f"fallback[{index}]", strategy, schema.CACHE_STRATEGIES)
     return Plan(
         model=typed.model,
         cache=typed.cache,
@@ -89,6 +92,7 @@ def make_plan(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
         workload=typed.workload,
         quality=typed.quality,
         tracking=typed.tracking,
+        fallback=tuple(typed.fallback),
         warnings=tuple(warnings),
     )
 

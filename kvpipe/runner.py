@@ -10,7 +10,7 @@ import logging
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvpipe import caches, models, workloads
@@ -52,22 +52,7 @@ def run_job(plan: Plan) -> JobResult:
     caches.validate_for_model(plan, shape, longest_prompt)
 
     loaded = models.load(plan.model)
-    setup = caches.build(plan, loaded, longest_prompt)
-    if plan.cache.compile and plan.workload.warmup == 0:
-        setup.notes.append("cache.compile needs a warm-up call to compile outside the timings; ran 1")
-    warmup_calls = max(plan.workload.warmup, 1 if plan.cache.compile else 0)
-
-    warmup_ms: list[float] = []
-    calls: list[_Call] = []
-    with progress_bar(f"{setup.effective}", (warmup_calls + plan.workload.repeats) * len(batches)) as advance:
-        for _ in range(warmup_calls):
-            for batch in batches:
-                warmup_ms.append(measured_generate(plan, loaded, setup, batch).timing.e2e_ms)
-                advance()
-        for _ in range(plan.workload.repeats):
-            for batch in batches:
-                calls.append(measured_generate(plan, loaded, setup, batch))
-                advance()
+    plan, setup, calls, warmup_ms, fallback_tags = _measure_with_fallback(plan, loaded, longest_prompt, batches)
     metrics = _summarise(calls, loaded, shape)
     metrics["warmup_ms"] = sum(warmup_ms)
     metrics["load_ms"] = loaded.load_s * 1e3
@@ -81,6 +66,7 @@ def run_job(plan: Plan) -> JobResult:
         "device": loaded.device,
         "dtype": loaded.dtype,
         "peak_memory_source": calls[0].peak.source,
+        **fallback_tags,
         **_versions(),
     }
     if plan.quality.enabled:
@@ -93,6 +79,54 @@ def run_job(plan: Plan) -> JobResult:
         metrics["quality_ms"] = (time.perf_counter() - started) * 1e3
     texts = _texts(loaded.tokenizer, batches, calls[: len(batches)])
     return JobResult(metrics=metrics, tags=tags, texts=texts, notes=[*plan.warnings, *setup.notes])
+
+
+def _measure_with_fallback(plan: Plan, loaded: models.LoadedModel, longest_prompt: int, batches):
+    """Measure with the planned cache; on out-of-memory, free memory and retry with the next
+    strategy of `fallback` (the guide's resilient-generation pattern, as a policy)."""
+    import torch
+
+    chain = [plan.cache.strategy, *[s for s in plan.fallback if s != plan.cache.strategy]]
+    first_error = None
+    for index, strategy in enumerate(chain):
+        attempt = plan if index == 0 else replace(plan, cache=replace(plan.cache, strategy=strategy, compile=False))
+        setup = caches.build(attempt, loaded, longest_prompt)
+        try:
+            calls, warmup_ms = _measure(attempt, loaded, setup, batches)
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            first_error = first_error or f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            _release_freed_memory(loaded.device)
+            if index == len(chain) - 1:
+                raise
+            log.warning("cache=%s ran out of memory (%s); retrying with cache=%s", strategy, first_error,
+                        chain[index + 1])
+            continue
+        tags = {}
+        if index:
+            tags = {"fallback_from": plan.cache.strategy, "fallback_to": strategy, "fallback_error": first_error}
+            setup.notes.append(f"cache={plan.cache.strategy} ran out of memory; measured cache={strategy} instead")
+            setup.requested = plan.cache.strategy
+        return attempt, setup, calls, warmup_ms, tags
+    raise AssertionError("unreachable: the chain always holds the planned strategy")
+
+
+def _measure(plan: Plan, loaded: models.LoadedModel, setup: caches.CacheSetup, batches):
+    """Warm-up calls (timed, not measured), then the measured calls."""
+    if plan.cache.compile and plan.workload.warmup == 0:
+        setup.notes.append("cache.compile needs a warm-up call to compile outside the timings; ran 1")
+    warmup_calls = max(plan.workload.warmup, 1 if plan.cache.compile else 0)
+    warmup_ms: list[float] = []
+    calls: list[_Call] = []
+    with progress_bar(f"{setup.effective}", (warmup_calls + plan.workload.repeats) * len(batches)) as advance:
+        for _ in range(warmup_calls):
+            for batch in batches:
+                warmup_ms.append(measured_generate(plan, loaded, setup, batch).timing.e2e_ms)
+                advance()
+        for _ in range(plan.workload.repeats):
+            for batch in batches:
+                calls.append(measured_generate(plan, loaded, setup, batch))
+                advance()
+    return calls, warmup_ms
 
 
 @contextmanager

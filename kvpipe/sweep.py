@@ -61,7 +61,9 @@ def count_jobs(config: DictConfig) -> int:
 def sweep_name(config: DictConfig) -> str:
     if config.get("sweep_name"):
         return str(config.sweep_name)
-    return " ".join(config.hydra.overrides.task) or "sweep"
+    # resume=true must not rename the sweep: the name is how a resumed sweep finds its killed parent
+    overrides = [o for o in config.hydra.overrides.task if not o.startswith("resume=")]
+    return " ".join(overrides) or "sweep"
 
 
 class SweepCallback(Callback):
@@ -76,6 +78,10 @@ class SweepCallback(Callback):
         name = sweep_name(config)
         tracking_cfg = OmegaConf.to_object(config.tracking)
         parent = None
+        if tracking_cfg.enabled and config.get("resume"):
+            closed = tracking.close_stale_parents(tracking_cfg, launch_dir, name)
+            if closed:
+                log.info("resume: marked %d interrupted parent run(s) of %r KILLED", closed, name)
         if tracking_cfg.enabled:
             parent = tracking.start_parent(tracking_cfg, launch_dir, name, {"kvpipe.sweep_dir": str(sweep_dir.resolve()),
                                                                             "kvpipe.total_jobs": str(total)})
@@ -90,7 +96,9 @@ class SweepCallback(Callback):
         state = SweepState.load(sweep_dir)
         counts = outcome_counts(sweep_dir)
         if state and state.parent_run_id:
-            tracking.end_parent(state.parent_run_id, "FAILED" if counts["failed"] else "FINISHED", counts)
+            tracking_cfg = OmegaConf.to_object(config.tracking)
+            tracking.end_parent(tracking_cfg, Path(config.hydra.runtime.cwd), state.parent_run_id,
+                                "FAILED" if counts["failed"] else "FINISHED", counts)
             _compare(config, state.parent_run_id, sweep_dir)
         print_sweep_summary(counts, sweep_dir, state.parent_run_id if state else None)
         if counts["failed"]:
@@ -137,21 +145,24 @@ def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str:
         done = tracking.finished_run_with_key(plan.tracking, launch_dir, key)
         if done:
             return _skip(run_dir, plan.as_dict(), f"already FINISHED as MLflow run {done} (resume=true)", key)
-    from kvpipe.pipeline import config_yaml, run_pipeline
+    from kvpipe.pipeline import record_document, run_pipeline
 
+    parent = state.parent_run_id if state else None
     try:
-        run_pipeline(plan, run_dir, launch_dir, print_table=False, parent_run_id=state and state.parent_run_id)
+        run_pipeline(plan, run_dir, launch_dir, print_table=False, parent_run_id=parent)
         return "FINISHED"
     except ConfigError as exc:  # found once the model's shape is known: an invalid combination
         return _skip(run_dir, plan.as_dict(), str(exc), key)
+    except KeyboardInterrupt:  # the job's run is already KILLED; the sweep's parent follows it
+        if parent:
+            tracking.end_parent(plan.tracking, launch_dir, parent, "KILLED", outcome_counts(sweep_dir))
+        raise
     except Exception as exc:  # noqa: BLE001 - recorded as FAILED, and the sweep goes on
         log.error("job %s failed: %s", hydra_cfg.job.num, exc)
         document = record.unfinished_document(plan.as_dict(), "FAILED", f"{type(exc).__name__}: {exc}",
                                               traceback.format_exc())
-        record.write_result(run_dir, document)
-        if plan.tracking.enabled:
-            tracking.log_job(plan.tracking, launch_dir, run_dir, plan.flat_params(), document, config_yaml(plan),
-                             state and state.parent_run_id, key)
+        document["measurement_key"] = key
+        record_document(plan, document, run_dir, launch_dir, parent)
         return "FAILED"
 
 

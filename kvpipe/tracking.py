@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from kvpipe.config import TrackingConfig
+from kvpipe.errors import KvpipeError
 
 log = logging.getLogger(__name__)
 
@@ -24,17 +26,64 @@ def store_paths(tracking: TrackingConfig, launch_dir: Path) -> tuple[str, str | 
     return f"sqlite:///{store / DB_FILE}", (store / ARTIFACT_DIR).as_uri()
 
 
+class TrackingUnavailable(KvpipeError):
+    """The tracking store could not be reached; results stay on disk for `kvpipe sync`."""
+
+
+def writer_lock(tracking: TrackingConfig, launch_dir: Path):
+    """SQLite allows one writer at a time and answers others "database is locked"; parallel
+    jobs (joblib, submitit) therefore take turns through a file lock beside the database.
+    A tracking server serialises writes itself."""
+    uri, _ = store_paths(tracking, launch_dir)
+    if not uri.startswith("sqlite:///"):
+        return nullcontext()
+    from filelock import FileLock
+
+    return FileLock(uri.removeprefix("sqlite:///") + ".lock", timeout=600)
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a tracking server that does not answer, instead of MLflow's minutes of retries."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s).close()
+    except (urllib.error.URLError, OSError) as exc:
+        raise TrackingUnavailable(f"MLflow tracking server {uri} is unreachable ({exc})") from exc
+
+
 def setup(tracking: TrackingConfig, launch_dir: Path) -> str:
     """Point MLflow at the store and make sure the experiment exists; return its id."""
     import mlflow
+    from mlflow.exceptions import MlflowException
 
     uri, artifact_root = store_paths(tracking, launch_dir)
+    check_reachable(uri)
     mlflow.set_tracking_uri(uri)
     experiment = mlflow.get_experiment_by_name(tracking.experiment)
     if experiment is not None:
         return experiment.experiment_id
-    return mlflow.create_experiment(tracking.experiment, artifact_location=artifact_root and
-                                    f"{artifact_root}/{tracking.experiment}")
+    try:
+        return mlflow.create_experiment(tracking.experiment, artifact_location=artifact_root and
+                                        f"{artifact_root}/{tracking.experiment}")
+    except MlflowException:  # another job created it a moment ago
+        return mlflow.get_experiment_by_name(tracking.experiment).experiment_id
+
+
+@contextmanager
+def recording(tracking: TrackingConfig, launch_dir: Path):
+    """Around every write: one writer at a time, and an unreachable store as one clear error."""
+    from mlflow.exceptions import MlflowException
+
+    with writer_lock(tracking, launch_dir):
+        try:
+            yield setup(tracking, launch_dir)
+        except MlflowException as exc:
+            uri = store_paths(tracking, launch_dir)[0]
+            raise TrackingUnavailable(f"MLflow at {uri} failed: {str(exc).splitlines()[0]}") from exc
 
 
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag: the UI shows children under the parent
@@ -47,9 +96,17 @@ def log_job(tracking: TrackingConfig, launch_dir: Path, run_dir: Path, params: d
 
     A FAILED document becomes a FAILED run with its error and traceback; the context manager
     also marks the run FAILED if logging itself breaks, so no run is left RUNNING."""
+    with recording(tracking, launch_dir) as experiment_id:
+        return _log_job(tracking, experiment_id, run_dir, params, document, config_yaml, parent_run_id, key)
+
+
+# MLflow's terminal statuses for kvpipe's own.
+RUN_STATUS = {"FINISHED": "FINISHED", "FAILED": "FAILED", "KILLED": "KILLED"}
+
+
+def _log_job(tracking, experiment_id, run_dir, params, document, config_yaml, parent_run_id, key) -> str:
     import mlflow
 
-    experiment_id = setup(tracking, launch_dir)
     tags = {f"kvpipe.{k}": v for k, v in document["tags"].items()}
     tags["kvpipe.status"] = document["status"]
     if parent_run_id:
@@ -59,7 +116,7 @@ def log_job(tracking: TrackingConfig, launch_dir: Path, run_dir: Path, params: d
     if document.get("reason"):
         tags["kvpipe.error"] = document["reason"][:5000]
     metrics = {k: float(v) for k, v in document["metrics"].items() if v is not None}
-    status = "FAILED" if document["status"] == "FAILED" else "FINISHED"
+    status = RUN_STATUS[document["status"]]
     with mlflow.start_run(experiment_id=experiment_id, run_name=tracking.run_name or _run_name(document),
                           tags=tags) as run:
         mlflow.log_params(params)
@@ -71,8 +128,8 @@ def log_job(tracking: TrackingConfig, launch_dir: Path, run_dir: Path, params: d
             mlflow.log_text(document["traceback"], "traceback.txt")
         mlflow.log_artifact(str(run_dir / "result.json"))
         run_id = run.info.run_id
-    if status == "FAILED":
-        mlflow.tracking.MlflowClient().set_terminated(run_id, status="FAILED")
+    if status != "FINISHED":
+        mlflow.tracking.MlflowClient().set_terminated(run_id, status=status)
     return run_id
 
 
@@ -84,25 +141,42 @@ def start_parent(tracking: TrackingConfig, launch_dir: Path, name: str, tags: di
     """The parent run of a multirun; its children carry its id."""
     from mlflow.tracking import MlflowClient
 
-    experiment_id = setup(tracking, launch_dir)
-    return MlflowClient().create_run(experiment_id, run_name=name, tags={"kvpipe.sweep": "true", **tags}).info.run_id
+    with recording(tracking, launch_dir) as experiment_id:
+        tags = {"kvpipe.sweep": "true", **tags}
+        return MlflowClient().create_run(experiment_id, run_name=name, tags=tags).info.run_id
 
 
-def end_parent(run_id: str, status: str, summary: dict) -> None:
+def end_parent(tracking: TrackingConfig, launch_dir: Path, run_id: str, status: str, summary: dict) -> None:
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient()
-    for name, value in summary.items():
-        client.log_metric(run_id, f"jobs_{name}", value)
-    client.set_terminated(run_id, status=status)
+    with recording(tracking, launch_dir):
+        client = MlflowClient()
+        for name, value in summary.items():
+            client.log_metric(run_id, f"jobs_{name}", value)
+        client.set_terminated(run_id, status=status)
 
 
 def finished_run_with_key(tracking: TrackingConfig, launch_dir: Path, key: str) -> str | None:
     """The id of a FINISHED run in the experiment that measured exactly this, if any."""
     import mlflow
 
-    experiment_id = setup(tracking, launch_dir)
-    runs = mlflow.search_runs(experiment_ids=[experiment_id], output_format="list", max_results=1,
-                              filter_string=f"tags.`{KEY_TAG}` = '{key}' and attributes.status = 'FINISHED' "
-                                            "and tags.`kvpipe.status` = 'FINISHED'")
+    with recording(tracking, launch_dir) as experiment_id:
+        runs = mlflow.search_runs(experiment_ids=[experiment_id], output_format="list", max_results=1,
+                                  filter_string=f"tags.`{KEY_TAG}` = '{key}' and attributes.status = 'FINISHED' "
+                                                "and tags.`kvpipe.status` = 'FINISHED'")
     return runs[0].info.run_id if runs else None
+
+
+def close_stale_parents(tracking: TrackingConfig, launch_dir: Path, name: str) -> int:
+    """Mark KILLED the RUNNING parents of an earlier, killed sweep of this name (a SIGKILL
+    gives no chance to close them); returns how many."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    with recording(tracking, launch_dir) as experiment_id:
+        stale = mlflow.search_runs(experiment_ids=[experiment_id], output_format="list",
+                                   filter_string="tags.`kvpipe.sweep` = 'true' and attributes.status = 'RUNNING'")
+        stale = [run for run in stale if run.info.run_name == name]
+        for run in stale:
+            MlflowClient().set_terminated(run.info.run_id, status="KILLED")
+    return len(stale)

@@ -1,0 +1,140 @@
+"""Nothing lost: OOM fallback, unreachable tracking, sync once, Ctrl-C, SIGKILL + resume, parallel writers."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import plan_for, run_cli
+from kvpipe import runner
+
+TINY = ["model=tiny_random", "workload.max_new_tokens=3", "workload.warmup=0", "quality=off",
+        "workload.prompts=[Hi.]"]
+
+
+def inject_oom(monkeypatch, strategies: set[str], error=torch.OutOfMemoryError):
+    """Make generation run out of memory while the cache is one of `strategies`."""
+    real = runner.measured_generate
+
+    def flaky(plan, loaded, setup, batch):
+        if plan.cache.strategy in strategies:
+            raise error("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+        return real(plan, loaded, setup, batch)
+
+    monkeypatch.setattr(runner, "measured_generate", flaky)
+
+
+def test_out_of_memory_falls_back_to_the_next_strategy_and_records_it(monkeypatch):
+    inject_oom(monkeypatch, {"dynamic"})
+    result = runner.run_job(plan_for(*TINY, "tracking=off"))
+    assert result.tags["fallback_from"] == "dynamic"
+    assert result.tags["fallback_to"] == "offloaded"
+    assert "out of memory" in result.tags["fallback_error"]
+    assert result.tags["cache.requested"] == "dynamic"
+    assert result.metrics["new_tokens"] == 3
+
+
+def test_fallback_chain_goes_on_until_one_fits(monkeypatch):
+    inject_oom(monkeypatch, {"dynamic", "offloaded"}, error=MemoryError)
+    result = runner.run_job(plan_for(*TINY, "tracking=off", "fallback=[offloaded,quantized]"))
+    assert (result.tags["fallback_from"], result.tags["fallback_to"]) == ("dynamic", "quantized")
+    assert result.tags["fallback_error"].startswith("MemoryError")
+
+
+def test_out_of_memory_with_nothing_left_to_try_is_raised(monkeypatch):
+    inject_oom(monkeypatch, {"dynamic", "offloaded"})
+    with pytest.raises(torch.OutOfMemoryError):
+        runner.run_job(plan_for(*TINY, "tracking=off"))
+
+
+def test_unknown_fallback_strategy_is_a_config_error():
+    from kvpipe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"fallback\[0\]"):
+        plan_for("fallback=[paged]")
+
+
+def mlflow_runs(db: Path):
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    return mlflow.search_runs(experiment_names=["kvpipe"], output_format="list")
+
+
+def test_unreachable_server_keeps_the_result_and_sync_uploads_it_once(tmp_path):
+    proc = run_cli([*TINY, "tracking.uri=http://127.0.0.1:9"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "unreachable" in proc.stdout + proc.stderr and "kvpipe sync" in proc.stdout + proc.stderr
+    (result,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
+    document = json.loads(result.read_text())
+    assert document["status"] == "FINISHED" and "mlflow_run_id" not in document
+    db = tmp_path / "synced.db"
+    first = run_cli(["sync", "outputs", f"--tracking-uri=sqlite:///{db}"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = run_cli(["sync", "outputs", f"--tracking-uri=sqlite:///{db}"], cwd=tmp_path)
+    assert "nothing to sync" in second.stdout
+    (run,) = mlflow_runs(db)
+    assert run.info.status == "FINISHED"
+    assert json.loads(result.read_text())["mlflow_run_id"] == run.info.run_id
+
+
+def start_cli(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kvpipe", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(predicate, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_ctrl_c_marks_the_run_killed(tmp_path):
+    proc = start_cli(["model=tiny_random", "workload.max_new_tokens=4000", "workload.repeats=50", "quality=off",
+                      "workload.warmup=0", "workload.prompts=[Hi.]", "model.max_position_embeddings=8192"],
+                     tmp_path)
+    wait_for(lambda: list(tmp_path.glob("outputs/runs/*/*/*.log"))
+             and "loaded tiny_random" in next(tmp_path.glob("outputs/runs/*/*/*.log")).read_text())
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output[-2000:]
+    (result,) = tmp_path.glob("outputs/runs/*/*/result.json")
+    assert json.loads(result.read_text())["status"] == "KILLED"
+    (run,) = mlflow_runs(tmp_path / "outputs" / "mlflow.db")
+    assert run.info.status == "KILLED"
+
+
+def test_sigkilled_sweep_resumes_only_the_missing_jobs(tmp_path):
+    sweep = ["-m", *TINY, "cache=dynamic,static,offloaded_static,quantized"]
+    proc = start_cli(sweep, tmp_path)
+    wait_for(lambda: len(list(tmp_path.glob("outputs/multiruns/*/*/*/result.json"))) >= 1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    done_before = len([r for r in mlflow_runs(tmp_path / "outputs" / "mlflow.db")
+                       if r.data.tags.get("kvpipe.status") == "FINISHED"])  # recorded before the kill
+    assert done_before < 4
+    resumed = run_cli([*sweep[1:], "-m", "resume=true"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    finished = [r for r in mlflow_runs(tmp_path / "outputs" / "mlflow.db")
+                if r.data.tags.get("kvpipe.status") == "FINISHED"]
+    assert len(finished) == 4  # each job exactly once
+    assert f"{4 - done_before} finished, {done_before} skipped" in resumed.stdout
+    statuses = {r.info.status for r in mlflow_runs(tmp_path / "outputs" / "mlflow.db")}
+    assert "RUNNING" not in statuses  # the killed sweep's parent was closed on resume
+
+
+def test_two_concurrent_jobs_on_one_sqlite_store_lose_no_run(tmp_path):
+    procs = [start_cli([*TINY, f"workload.seed={seed}"], tmp_path) for seed in (1, 2)]
+    for proc in procs:
+        output, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, output[-2000:]
+    assert len(mlflow_runs(tmp_path / "outputs" / "mlflow.db")) == 2
