@@ -5,6 +5,7 @@ Adding a strategy means one YAML file in conf/cache/ and one entry in BUILDERS.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -130,6 +131,8 @@ def _quantized(plan: Plan, loaded: LoadedModel, longest_prompt: int, offloading:
         options = dict(nbits=backend.nbits, axis_key=key_axis, axis_value=value_axis,
                        q_group_size=backend.q_group_size, residual_length=backend.residual_length)
 
+    _warm_backend(backend.name, loaded.device, loaded.model.dtype)
+
     def make(capacity: int = 0):
         cache = QuantizedCache(backend=backend.name, config=loaded.model.config, **options)
         if backend.name in LAYER_CLASSES:
@@ -139,6 +142,22 @@ def _quantized(plan: Plan, loaded: LoadedModel, longest_prompt: int, offloading:
 
     label = f"quantized:{backend.name}" + (f":int{backend.nbits}:{plan.axis.layout}" if options else "")
     return CacheSetup(requested="quantized", effective=label, make_cache=make)
+
+
+@functools.lru_cache(maxsize=None)
+def _warm_backend(name: str, device: str, dtype) -> None:
+    """Quantize and dequantize once per process before anything is timed: quanto builds its C++
+    extension on first use (tens of seconds), which must never land inside a measured call."""
+    import torch
+
+    from kvpipe.quant_layers import LAYER_CLASSES
+
+    if name not in LAYER_CLASSES:
+        return
+    layer = LAYER_CLASSES[name](nbits=4, axis_key=0, axis_value=0, q_group_size=64, residual_length=0)
+    states = torch.randn(1, 1, 8, 64, device=device, dtype=dtype)
+    layer.update(states, states)
+    layer._dequantize(layer._quantized_keys)
 
 
 def _require_fp8() -> None:

@@ -108,8 +108,8 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
 def describe(model_cfg: ModelConfig) -> ModelShape:
     """The model's KV-relevant shape from its config alone, without loading weights."""
     if model_cfg.source == "random":
-        return _shape_from_config(_random_config_dict(model_cfg))
-    folder = _local_folder(model_cfg)
+        return _shape_from_config(random_config_dict(model_cfg))
+    folder = local_folder(model_cfg)
     if folder is not None:
         return _shape_from_config(json.loads((folder / "config.json").read_text()))
     from transformers import AutoConfig
@@ -135,7 +135,7 @@ def _shape_from_config(config: dict) -> ModelShape:
     )
 
 
-def _random_config_dict(model_cfg: ModelConfig) -> dict:
+def random_config_dict(model_cfg: ModelConfig) -> dict:
     fields = (
         "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window",
@@ -145,7 +145,7 @@ def _random_config_dict(model_cfg: ModelConfig) -> dict:
     return config
 
 
-def _local_folder(model_cfg: ModelConfig) -> Path | None:
+def local_folder(model_cfg: ModelConfig) -> Path | None:
     if model_cfg.source == "embedded":
         return embedded_folder()
     path = Path(model_cfg.name_or_path or "").expanduser()
@@ -192,7 +192,7 @@ def _load_uncached(model_cfg: ModelConfig) -> LoadedModel:
     if model_cfg.source == "random":
         model, tokenizer = _build_random(model_cfg, dtype)
     else:
-        location = str(_local_folder(model_cfg) or model_cfg.name_or_path)
+        location = str(local_folder(model_cfg) or model_cfg.name_or_path)
         common = dict(revision=model_cfg.revision, trust_remote_code=model_cfg.trust_remote_code)
         tokenizer = load_tokenizer(model_cfg)
         try:
@@ -225,7 +225,7 @@ def load_tokenizer(model_cfg: ModelConfig):
         from transformers import AutoTokenizer
 
         location = model_cfg.name_or_path if model_cfg.source == "hf" else None
-        location = str(_local_folder(model_cfg) or location) if model_cfg.source != "random" else str(embedded_folder())
+        location = str(local_folder(model_cfg) or location) if model_cfg.source != "random" else str(embedded_folder())
         try:
             tokenizer = AutoTokenizer.from_pretrained(
                 location, revision=model_cfg.revision, trust_remote_code=model_cfg.trust_remote_code
@@ -246,7 +246,7 @@ def _build_random(model_cfg: ModelConfig, dtype):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    config_dict = _random_config_dict(model_cfg)
+    config_dict = random_config_dict(model_cfg)
     config = AutoConfig.for_model(**config_dict, attn_implementation=model_cfg.attn_implementation)
     torch.manual_seed(model_cfg.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)

@@ -97,9 +97,13 @@ class SweepCallback(Callback):
         counts = outcome_counts(sweep_dir)
         if state and state.parent_run_id:
             tracking_cfg = OmegaConf.to_object(config.tracking)
-            tracking.end_parent(tracking_cfg, Path(config.hydra.runtime.cwd), state.parent_run_id,
-                                "FAILED" if counts["failed"] else "FINISHED", counts)
-            _compare(config, state.parent_run_id, sweep_dir)
+            try:
+                tracking.end_parent(tracking_cfg, Path(config.hydra.runtime.cwd), state.parent_run_id,
+                                    "FAILED" if counts["failed"] else "FINISHED", counts)
+                _compare(config, state.parent_run_id, sweep_dir)
+            except tracking.TrackingUnavailable as exc:
+                log.warning("%s; the sweep's results are safe in %s; upload them with: kvpipe sync %s",
+                            exc, sweep_dir, sweep_dir)
         print_sweep_summary(counts, sweep_dir, state.parent_run_id if state else None)
         if counts["failed"]:
             sys.exit(1)  # a sweep with failed jobs fails, after every job has had its turn

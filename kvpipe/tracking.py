@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -62,6 +63,9 @@ def setup(tracking: TrackingConfig, launch_dir: Path) -> str:
 
     uri, artifact_root = store_paths(tracking, launch_dir)
     check_reachable(uri)
+    # MLflow's default is 7 retries with exponential backoff (minutes) for a server that went away
+    # mid-run; a few seconds is enough to ride out a blip, and the result is safe on disk anyway.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
     mlflow.set_tracking_uri(uri)
     experiment = mlflow.get_experiment_by_name(tracking.experiment)
     if experiment is not None:

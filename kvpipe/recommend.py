@@ -1,0 +1,181 @@
+"""Recommend: the cache strategy to use under memory, latency and quality limits, from measured runs.
+
+The guide's rules, in order, over the runs that meet every limit: dynamic, which grows only as needed,
+unless static (or static+compile) is at least 10% faster; static when dynamic misses a limit; when memory
+binds (every dense run is over budget), offloaded (lossless) before quantized (fastest within --max-kl).
+Otherwise no recommendation, and the run that comes closest, with the limits it misses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from dataclasses import dataclass
+
+from kvpipe.compare import add_source_arguments, load_runs  # pandas now; mlflow only once the limits are valid
+from kvpipe.errors import ConfigError
+from kvpipe.report import human_bytes
+
+SIZE_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+              "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+PAYS_OFF = 0.10  # static must beat dynamic's TPOT by this much to be worth a fixed, preallocated cache
+KINDS = {"dynamic": "dynamic", "static": "static", "offloaded": "offloaded", "offloaded_static": "offloaded",
+         "quantized": "quantized"}
+
+
+def parse_size(text: str, field: str = "--memory-budget") -> int:
+    """Bytes from '8GiB', '512MiB', '24GB', '1e9'; a one-line ConfigError otherwise."""
+    match = re.fullmatch(r"\s*((?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*([a-z]*)\s*", text, re.IGNORECASE)
+    if not match or match.group(2).lower() not in SIZE_UNITS or float(match.group(1)) <= 0:
+        raise ConfigError(field, text, "expected a positive size like 8GiB, 512MiB, 24GB or 1e9 (bytes)")
+    return int(float(match.group(1)) * SIZE_UNITS[match.group(2).lower()])
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The user's limits; None is no limit."""
+
+    memory_bytes: float | None = None
+    tpot_ms: float | None = None
+    kl: float = 0.05
+
+    def describe(self) -> str:
+        parts = [f"memory ≤ {human_bytes(self.memory_bytes)}" if self.memory_bytes is not None else "",
+                 f"TPOT ≤ {self.tpot_ms:g} ms" if self.tpot_ms is not None else "", f"KL ≤ {self.kl:g} nats"]
+        return " · ".join(p for p in parts if p)
+
+    def misses(self, run) -> dict[str, float]:
+        """Relative overshoot of each limit the run misses; inf where the figure was not measured.
+
+        Memory is compare's memory_bytes, a total: CUDA's allocator peak (weights included), or on CPU
+        the RSS growth during the call plus weights_bytes, since the growth alone would leave the weights out."""
+        overshoot = {}
+        for name, (value, limit) in self.checks(run).items():
+            if limit is None:
+                continue
+            if value is None or math.isnan(value):
+                overshoot[name] = math.inf
+            elif value > limit:
+                overshoot[name] = value / limit - 1 if limit > 0 else math.inf
+        return overshoot
+
+    def checks(self, run) -> dict[str, tuple[float, float | None]]:
+        return {"memory": (run["memory_bytes"], self.memory_bytes), "TPOT": (run["metrics.tpot_ms"], self.tpot_ms),
+                "KL": (run["quality_loss"], self.kl)}
+
+
+def _figure(name: str, value: float) -> str:
+    if name == "memory":
+        return human_bytes(value)
+    return f"{value:.1f} ms" if name == "TPOT" else f"{value:.2g} nats"
+
+
+def _miss_text(run, name: str, overshoot: float, limits: Limits) -> str:
+    value, limit = limits.checks(run)[name]
+    if math.isinf(overshoot):
+        return f"{name} not measured" + (" (run it with quality=on)" if name == "KL" else "")
+    return f"{name} by {overshoot:.0%} ({_figure(name, value)} vs {_figure(name, limit)})"
+
+
+def summary(run, limits: Limits, baseline=None) -> str:
+    """'static+compile: TPOT 31.2 ms vs 40.1 ms for dynamic (-22%), peak 612 MiB within 8 GiB, lossless'."""
+    tpot = run["metrics.tpot_ms"]
+    parts = [f"TPOT {tpot:.1f} ms"]
+    if baseline is not None:
+        base = baseline["metrics.tpot_ms"]
+        parts[0] += f" vs {base:.1f} ms for {baseline['label']} ({tpot / base - 1:+.0%})"
+    elif limits.tpot_ms is not None:
+        parts[0] += f" within {limits.tpot_ms:g} ms"
+    parts.append(f"peak {human_bytes(run['memory_bytes'])}" +
+                 (f" within {human_bytes(limits.memory_bytes)}" if limits.memory_bytes is not None else ""))
+    lossless = KINDS.get(run["strategy"]) != "quantized" and run["quality_loss"] == 0
+    parts.append("lossless" if lossless else f"KL {run['quality_loss']:.2g} nats within {limits.kl:g}")
+    return f"{run['label']}: " + ", ".join(parts)
+
+
+def choose(runs, limits: Limits):
+    """(chosen run or None, why): the guide's rules over measured runs, in order."""
+    runs = runs.assign(kind=runs["strategy"].map(KINDS), tpot=runs["metrics.tpot_ms"])
+    ok = runs[[not limits.misses(run) for _, run in runs.iterrows()]].sort_values(["tpot", "quality_loss"])
+    best = {kind: group.iloc[0] for kind, group in ok.groupby("kind")}
+    dynamic, static = best.get("dynamic"), best.get("static")
+    if dynamic is not None:
+        if static is not None and static["tpot"] <= (1 - PAYS_OFF) * dynamic["tpot"]:
+            return static, (summary(static, limits, dynamic),
+                            f"a fixed cache pays off: at least {PAYS_OFF:.0%} faster than dynamic, both within limits")
+        note = "" if static is None else (f"; {static['label']} is {static['tpot'] / dynamic['tpot'] - 1:+.0%}, "
+                                          f"short of the {PAYS_OFF:.0%} that would pay for a fixed cache")
+        return dynamic, (summary(dynamic, limits), "dynamic meets every limit and grows only as needed" + note)
+    dense = runs[runs["kind"].isin(("dynamic", "static"))]
+    if static is not None:
+        return static, (summary(static, limits, None), _closest_text(dense[dense["kind"] == "dynamic"], limits)
+                        or "no dynamic run was measured")
+    binds = limits.memory_bytes is not None and not dense.empty and (dense["memory_bytes"] > limits.memory_bytes).all()
+    for kind in ("offloaded", "quantized"):  # lossless before lossy, when both fit
+        if kind in best:
+            if binds:
+                why = (f"memory binds: dense caches need at least {human_bytes(dense['memory_bytes'].min())}, over "
+                       f"the {human_bytes(limits.memory_bytes)} budget; {best[kind]['label']} fits")
+            elif dense.empty:
+                why = f"no dynamic or static run was measured; {best[kind]['label']} is the fastest within limits"
+            else:
+                why = "the dense caches miss the limits: " + _closest_text(dense, limits)
+            return best[kind], (summary(best[kind], limits), why)
+    return None, ("no measured run meets the limits", "closest: " + _closest_text(runs, limits))
+
+
+def _closest_text(runs, limits: Limits) -> str:
+    """The run nearest to meeting every limit (smallest worst overshoot), and by how much it misses."""
+    if runs.empty:
+        return ""
+    misses = [(max(m.values()), sorted(m.items(), key=lambda item: item[1]), run)
+              for m, run in ((limits.misses(run), run) for _, run in runs.iterrows())]
+    _, missed, run = min(misses, key=lambda item: item[0])
+    texts = [_miss_text(run, name, overshoot, limits) for name, overshoot in missed]
+    return f"{run['label']} (run {run['run_id'][:8]}) misses {'only ' if len(texts) == 1 else ''}" + " and ".join(texts)
+
+
+def overrides(run) -> str:
+    """The command line that measures this strategy again."""
+    strategy = run.get("params.cache.strategy") or run["strategy"]
+    words = [f"cache={strategy}"]
+    if str(run.get("params.cache.compile")) == "True":
+        words.append("cache.compile=true")
+    if strategy == "quantized" and run.get("params.backend.name") == "fp8":
+        words.append("backend=fp8")
+    elif strategy == "quantized":
+        words += [f"backend={run.get('params.backend.name')}", f"backend.nbits={run.get('params.backend.nbits')}",
+                  f"axis={run.get('params.axis.layout')}"]
+    return "python -m kvpipe " + " ".join(words)
+
+
+def main(argv: list[str]) -> int:
+    """`kvpipe recommend`: 0 and the strategy to use per workload, or 1 and the limit closest to being met."""
+    parser = argparse.ArgumentParser(prog="kvpipe recommend", description=main.__doc__)
+    parser.add_argument("--memory-budget", metavar="SIZE", help="e.g. 8GiB, 512MiB, 24GB, 1e9 (default: none)")
+    parser.add_argument("--max-tpot-ms", type=float, metavar="MS", help="time per output token (default: none)")
+    parser.add_argument("--max-kl", type=float, default=0.05, metavar="NATS",
+                        help="KL divergence vs the full-precision reference (default: 0.05)")
+    parser.add_argument("--all", action="store_true", help="every FINISHED run in the experiment, not one sweep")
+    add_source_arguments(parser)
+    args = parser.parse_args(argv)
+    for name, value in (("--max-tpot-ms", args.max_tpot_ms), ("--max-kl", args.max_kl)):
+        if value is not None and not value >= 0:
+            raise ConfigError(name, value, "expected a number ≥ 0")
+    budget = parse_size(args.memory_budget) if args.memory_budget is not None else None
+    limits = Limits(memory_bytes=budget, tpot_ms=args.max_tpot_ms, kl=args.max_kl)
+    runs, parent_run = load_runs(args.experiment, args.parent, args.tracking_uri, whole_experiment=args.all)
+    source = f"sweep {parent_run.info.run_id[:8]}" if parent_run else f"experiment {args.experiment!r}"
+    print(f"limits: {limits.describe()} · {len(runs)} measured runs from {source}")
+    missing = 0
+    for workload, group in runs.groupby("workload", sort=False):  # strategies compete within one workload
+        if workload:
+            print(f"{workload}:")
+        run, (what, why) = choose(group, limits)
+        if run is None:
+            print(f"{what}\n  {why}")
+            missing += 1
+        else:
+            print(f"recommend: {run['label']} (run {run['run_id']})\n  {what}\n  why: {why}\n  use: {overrides(run)}")
+    return 1 if missing else 0

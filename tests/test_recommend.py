@@ -1,0 +1,142 @@
+"""Recommend: size parsing, each of the guide's rules on made-up runs, and the CLI on a real sweep."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from conftest import run_cli
+from kvpipe.errors import KvpipeError
+from kvpipe import recommend
+from kvpipe.recommend import Limits, choose, parse_size
+from test_compare import MIB, fake_runs, tiny_sweep
+
+GIB = 2**30
+DYNAMIC = {"cache": "dynamic", "tpot_ms": 40.0, "peak_mib": 900}
+STATIC = {"cache": "static", "tpot_ms": 38.0, "peak_mib": 950}
+COMPILED = {"cache": "static+compile", "tpot_ms": 31.2, "peak_mib": 950}
+OFFLOADED = {"cache": "offloaded", "tpot_ms": 70.0, "peak_mib": 400}
+INT4 = {"cache": "quantized:quanto:int4:kivi", "tpot_ms": 55.0, "peak_mib": 500, "kl": 0.006}
+INT4_SLOWER = {"cache": "quantized:hqq:int4:kivi", "tpot_ms": 60.0, "peak_mib": 500, "kl": 0.004}
+INT2 = {"cache": "quantized:quanto:int2:kivi", "tpot_ms": 50.0, "peak_mib": 450, "kl": 0.18}
+
+
+# --- sizes -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, expected", [("8GiB", 8 * GIB), ("512MiB", 512 * MIB), ("24GB", 24 * 10**9),
+                                            ("1e9", 10**9), ("0.5 TiB", 2**39), ("64kb", 64000), ("4096", 4096)])
+def test_sizes_parse_in_binary_and_decimal_units(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["8 gigs", "GiB", "-1GiB", "0", "8e", ""])
+def test_unparseable_size_is_a_one_line_error_naming_what_works(text):
+    with pytest.raises(KvpipeError, match=r"--memory-budget=.* expected a positive size like 8GiB, 512MiB, 24GB"):
+        parse_size(text)
+
+
+# --- the rules ---------------------------------------------------------------------------------------
+
+def test_dynamic_is_the_default_when_it_meets_every_limit():
+    run, (what, why) = choose(fake_runs(DYNAMIC, STATIC, INT4), Limits(8 * GIB, 45, 0.05))
+    assert run["label"] == "dynamic"
+    assert "static is -5%, short of the 10%" in why
+    assert what == "dynamic: TPOT 40.0 ms within 45 ms, peak 900.0 MiB within 8.0 GiB, lossless"
+
+
+def test_static_with_compile_wins_when_it_is_at_least_ten_percent_faster():
+    run, (what, why) = choose(fake_runs(DYNAMIC, STATIC, COMPILED), Limits(8 * GIB, 45, 0.05))
+    assert run["label"] == "static+compile"
+    assert what == "static+compile: TPOT 31.2 ms vs 40.0 ms for dynamic (-22%), peak 950.0 MiB within 8.0 GiB, lossless"
+
+
+def test_static_wins_when_dynamic_misses_a_limit():
+    run, (_, why) = choose(fake_runs(DYNAMIC, STATIC), Limits(8 * GIB, 39, 0.05))
+    assert run["label"] == "static"
+    assert "dynamic (run run00000) misses only TPOT by 3% (40.0 ms vs 39.0 ms)" in why
+
+
+def test_offloaded_when_memory_binds_and_it_fits():
+    run, (_, why) = choose(fake_runs(DYNAMIC, STATIC, OFFLOADED, INT4), Limits(800 * MIB, 80, 0.05))
+    assert run["label"] == "offloaded"
+    assert "memory binds: dense caches need at least 900.0 MiB, over the 800.0 MiB budget" in why
+
+
+def test_quantized_when_memory_binds_and_its_loss_is_within_max_kl():
+    run, (what, _) = choose(fake_runs(DYNAMIC, STATIC, INT4, INT4_SLOWER, INT2), Limits(800 * MIB, 60, 0.05))
+    assert run["label"] == "quantized:quanto:int4:kivi"  # int2 is faster but loses too much; hqq is slower
+    assert "KL 0.006 nats within 0.05" in what
+
+
+def test_quantized_runs_equally_fast_are_split_by_lower_loss():
+    tie = {**INT4, "cache": "quantized:hqq:int4:kivi", "kl": 0.001}
+    run, _ = choose(fake_runs(DYNAMIC, INT4, tie), Limits(800 * MIB, 60, 0.05))
+    assert run["label"] == "quantized:hqq:int4:kivi"
+
+
+def test_lossy_run_without_quality_metrics_is_never_recommended():
+    unmeasured = {key: value for key, value in INT4.items() if key != "kl"}
+    run, (what, why) = choose(fake_runs(DYNAMIC, unmeasured), Limits(800 * MIB, 60, 0.05))
+    assert run is None
+    assert "KL not measured" not in why  # dynamic, 12% over on memory, is closer than "unknown"
+
+
+def test_nothing_meets_the_limits_names_the_closest_run_and_limit():
+    run, (what, why) = choose(fake_runs(DYNAMIC, INT4, INT2), Limits(400 * MIB, 45, 0.05))
+    assert run is None and what == "no measured run meets the limits"
+    # int4: memory +25% and TPOT +22%; int2: memory +12%, TPOT +11% but KL 3.6x over; dynamic: memory +125%
+    assert why == ("closest: quantized:quanto:int4:kivi (run run00001) misses TPOT by 22% (55.0 ms vs 45.0 ms) "
+                   "and memory by 25% (500.0 MiB vs 400.0 MiB)")
+
+
+def test_each_workload_gets_its_own_answer_and_exit_1_when_any_has_none(monkeypatch, capsys):
+    runs = fake_runs({**DYNAMIC, "params": {"workload.batch_size": 1}},
+                     {**DYNAMIC, "peak_mib": 5000, "params": {"workload.batch_size": 8}})
+    monkeypatch.setattr(recommend, "load_runs", lambda *args, **kwargs: (runs, None))
+    assert recommend.main(["--memory-budget", "1GiB"]) == 1
+    out = capsys.readouterr().out
+    assert "workload.batch_size=1:\nrecommend: dynamic" in out
+    assert "workload.batch_size=8:\nno measured run meets the limits" in out
+
+
+def test_the_command_line_to_use_names_every_setting_of_a_quantized_cache():
+    runs = fake_runs({**INT4, "cache": "quantized:hqq:int4:kivi",
+                      "params": {"backend.name": "hqq", "backend.nbits": 4, "axis.layout": "kivi"}})
+    assert recommend.overrides(runs.iloc[0]) == "python -m kvpipe cache=quantized backend=hqq backend.nbits=4 axis=kivi"
+
+
+def test_overshoot_is_infinite_for_a_figure_that_was_not_measured():
+    runs = fake_runs({key: value for key, value in INT4.items() if key != "kl"})
+    assert Limits(kl=0.05).misses(runs.iloc[0]) == {"KL": math.inf}
+
+
+# --- the CLI ----------------------------------------------------------------------------------------
+
+def test_bad_budget_is_one_line_with_exit_2(tmp_path):
+    proc = run_cli(["recommend", "--memory-budget", "8 gigs"], cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == ["kvpipe: error: --memory-budget='8 gigs' is not valid: "
+                                        "expected a positive size like 8GiB, 512MiB, 24GB or 1e9 (bytes)"]
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    return tiny_sweep(tmp_path_factory)
+
+
+def test_recommend_exits_0_with_a_measured_choice_and_the_command_to_use_it(sweep_dir):
+    proc = run_cli(["recommend", "--memory-budget", "8GiB", "--max-kl", "0.05"], cwd=sweep_dir)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("limits: memory ≤ 8.0 GiB · KL ≤ 0.05 nats · 4 measured runs from sweep ")
+    assert lines[1].startswith(("recommend: dynamic", "recommend: static"))  # lossless, and nothing binds
+    assert lines[-1].startswith("  use: python -m kvpipe cache=")
+
+
+def test_recommend_exits_1_when_no_run_fits_and_says_which_limit_is_closest(sweep_dir, monkeypatch, capsys):
+    monkeypatch.chdir(sweep_dir)  # in-process: the CLI dispatch is covered above, this saves a start-up
+    assert recommend.main(["--memory-budget", "1MiB", "--all"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:] == ["no measured run meets the limits", lines[2]]
+    assert lines[2].startswith("  closest: ") and "misses only memory by" in lines[2]
