@@ -16,6 +16,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 MODEL_SOURCES = ("embedded", "random", "hf")
+DEVICE_MAPS = ("auto", "balanced", "sequential")
 CACHE_STRATEGIES = ("dynamic", "static", "offloaded", "offloaded_static", "quantized")
 BACKENDS = ("quanto", "hqq", "fp8")
 AXIS_LAYOUTS = ("per_token", "per_channel", "kivi")
@@ -36,6 +37,8 @@ class ModelConfig:
     dtype: str = field(default="auto", metadata=_help("auto | float32 | bfloat16 | float16"))
     device: str = field(default="auto", metadata=_help("auto (cuda when available) | cpu | cuda"))
     attn_implementation: str = field(default="sdpa", metadata=_help("sdpa | eager"))
+    device_map: Optional[str] = field(default=None, metadata=_help("hf only: auto | balanced | sequential "
+                                                                    "(accelerate) for models larger than one GPU"))
     seed: int = 0
     # Only for source=random: the shape of the seeded tiny Llama.
     vocab_size: int = 49152  # the embedded tokenizer's, which random models borrow

@@ -196,12 +196,19 @@ def _load_uncached(model_cfg: ModelConfig) -> LoadedModel:
         common = dict(revision=model_cfg.revision, trust_remote_code=model_cfg.trust_remote_code)
         tokenizer = load_tokenizer(model_cfg)
         try:
+            # device_map spreads a model too big for one GPU over GPUs (and CPU) through accelerate
+            placement = {"device_map": model_cfg.device_map} if model_cfg.device_map else {}
             model = AutoModelForCausalLM.from_pretrained(
-                location, dtype=dtype, attn_implementation=model_cfg.attn_implementation, use_safetensors=None, **common
+                location, dtype=dtype, attn_implementation=model_cfg.attn_implementation, use_safetensors=None,
+                **placement, **common
             )
         except (OSError, ValueError) as exc:
             raise KvpipeError(f"model.name_or_path={location!r} could not be loaded: {str(exc).splitlines()[0]}") from exc
-    model.to(device).eval()
+    if model_cfg.device_map:
+        device = str(model.device.type)  # where the first layers (and the inputs) live
+        model.eval()
+    else:
+        model.to(device).eval()
     load_s = time.perf_counter() - started
     weights_bytes = sum(t.numel() * t.element_size() for t in {p.data_ptr(): p for p in model.parameters()}.values())
     weights_bytes += sum(b.numel() * b.element_size() for b in model.buffers())

@@ -117,6 +117,10 @@ def _check_model(model: schema.ModelConfig) -> None:
     require_choice("model.attn_implementation", model.attn_implementation, schema.ATTN_IMPLEMENTATIONS)
     if model.source == "hf":
         _check_model_location(model.name_or_path)
+    if model.device_map is not None:
+        require_choice("model.device_map", model.device_map, schema.DEVICE_MAPS)
+        if model.source != "hf":
+            raise ConfigError("model.device_map", model.device_map, "only for model=hf (a model too big for one GPU)")
     if model.source == "random":
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
             if getattr(model, name) <= 0:

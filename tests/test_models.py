@@ -50,3 +50,25 @@ def test_embedded_model_loads_from_the_converted_safetensors_folder():
     loaded = models._load_uncached(ModelConfig())
     assert loaded.load_s < 15  # the GGUF path takes ~20 s; safetensors ~1 s
     assert loaded.weights_bytes > 100_000_000
+
+
+def test_device_map_places_an_hf_model_through_accelerate(tmp_path):
+    from dataclasses import replace
+
+    loaded = models.load(TINY)
+    folder = tmp_path / "m"
+    loaded.model.save_pretrained(folder)
+    loaded.tokenizer.save_pretrained(folder)
+    placed = models._load_uncached(replace(TINY, name="hf", source="hf", name_or_path=str(folder), device_map="auto"))
+    cuda = __import__("torch").cuda.is_available()
+    assert placed.device == ("cuda" if cuda else "cpu")
+    if cuda:  # without a GPU accelerate keeps everything on the CPU and records no map
+        assert hasattr(placed.model, "hf_device_map")
+
+
+def test_device_map_is_only_for_hf_models():
+    from conftest import plan_for
+    from kvpipe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model.device_map"):
+        plan_for("model=tiny_random", "model.device_map=auto")
