@@ -11,7 +11,11 @@ PIP         := $(PY) -m pip install --disable-pip-version-check -q
 # system's ninja and the venv's rebuilds it (~40 s) in every process.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv run test test-fast bench clean-venv
+MLFLOW_HOST ?= 127.0.0.1
+MLFLOW_PORT ?= 5000
+MLFLOW_DIR  ?= $(CURDIR)/outputs/mlflow-server
+
+.PHONY: venv run test test-fast mlflow-server clean-venv
 
 venv: $(STAMP)
 
@@ -33,6 +37,13 @@ test: venv
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# A shared tracking server: SQLite backend store and artifact root under outputs/.
+# Use it with: python -m kvpipe tracking=server tracking.uri=http://$(MLFLOW_HOST):$(MLFLOW_PORT)
+mlflow-server: venv
+	mkdir -p $(MLFLOW_DIR)
+	$(PY) -m mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --workers 1 \
+		--backend-store-uri sqlite:///$(MLFLOW_DIR)/mlflow.db --artifacts-destination $(MLFLOW_DIR)/artifacts
 
 clean-venv:
 	rm -rf $(VENV)
