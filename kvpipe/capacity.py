@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import struct
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvpipe.errors import ConfigError, KvpipeError
+from kvpipe.report import parse_bytes
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # safetensors dtypes; from_pretrained(dtype=...) casts the floating ones and keeps the rest as stored
@@ -30,9 +30,6 @@ HQQ_TOKEN_MULTIPLE = 8  # = quant_layers._HQQ_TOKEN_MULTIPLE (that module import
 FP8_SCALE_BYTES = 4  # Fp8QuantizedLayer keeps one float32 scale per tensor
 # Raw axis number -> what one group spans, through kvpipe's layers (kvpipe/axes.py)
 GROUPING = {("quanto", 0): "token", ("quanto", -1): "channel", ("hqq", 1): "token", ("hqq", 0): "channel"}
-UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
 
 @dataclass(frozen=True)
 class KvShape:
@@ -225,14 +222,6 @@ def llama_parameters(config: dict) -> int:
 
 
 # ---- command line ------------------------------------------------------------------------------
-
-
-def parse_bytes(text: str, field: str = "--memory-budget") -> int:
-    """'24GiB', '512MiB', '8GB', '1e9' -> bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?(?:[eE]\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in UNITS or float(match.group(1)) <= 0:
-        raise ConfigError(field, text, "expected a size such as 24GiB, 512MiB, 8GB or 1e9 (bytes)")
-    return int(float(match.group(1)) * UNITS[match.group(2).lower()])
 
 
 def parse_contexts(text: str) -> list[int]:

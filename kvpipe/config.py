@@ -8,7 +8,7 @@ Pure Python: importing this module must not import torch, transformers or mlflow
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
 

@@ -183,8 +183,7 @@ def load(model_cfg: ModelConfig) -> LoadedModel:
 
 
 def _load_uncached(model_cfg: ModelConfig) -> LoadedModel:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     device = resolve_device(model_cfg.device)
     dtype = resolve_dtype(model_cfg.dtype, device)
@@ -251,7 +250,7 @@ _TOKENIZERS: dict[tuple, object] = {}
 
 def _build_random(model_cfg: ModelConfig, dtype):
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     config_dict = random_config_dict(model_cfg)
     config = AutoConfig.for_model(**config_dict, attn_implementation=model_cfg.attn_implementation)

@@ -190,7 +190,7 @@ def check_cache(
     if cache.max_cache_len is not None and cache.max_cache_len <= 0:
         raise ConfigError("cache.max_cache_len", cache.max_cache_len, "expected a positive integer or null")
     if cache.compile and cache.strategy != "static":
-        raise ConfigError("cache.compile", True, f"torch.compile is offered with cache=static only; expected cache=static or cache.compile=false")
+        raise ConfigError("cache.compile", True, "torch.compile is offered with cache=static only; expected cache=static or cache.compile=false")
     if cache.max_cache_len is not None and cache.strategy not in ("static", "offloaded_static"):
         warnings.append(f"cache.max_cache_len is ignored by cache={cache.strategy}")
     if cache.strategy == "quantized":

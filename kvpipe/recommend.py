@@ -10,26 +10,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 from dataclasses import dataclass
 
 from kvpipe.compare import add_source_arguments, load_runs  # pandas now; mlflow only once the limits are valid
 from kvpipe.errors import ConfigError
-from kvpipe.report import human_bytes
+from kvpipe.report import human_bytes, parse_bytes
 
-SIZE_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-              "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 PAYS_OFF = 0.10  # static must beat dynamic's TPOT by this much to be worth a fixed, preallocated cache
 KINDS = {"dynamic": "dynamic", "static": "static", "offloaded": "offloaded", "offloaded_static": "offloaded",
          "quantized": "quantized"}
-
-
-def parse_size(text: str, field: str = "--memory-budget") -> int:
-    """Bytes from '8GiB', '512MiB', '24GB', '1e9'; a one-line ConfigError otherwise."""
-    match = re.fullmatch(r"\s*((?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*([a-z]*)\s*", text, re.IGNORECASE)
-    if not match or match.group(2).lower() not in SIZE_UNITS or float(match.group(1)) <= 0:
-        raise ConfigError(field, text, "expected a positive size like 8GiB, 512MiB, 24GB or 1e9 (bytes)")
-    return int(float(match.group(1)) * SIZE_UNITS[match.group(2).lower()])
 
 
 @dataclass(frozen=True)
@@ -163,7 +152,7 @@ def main(argv: list[str]) -> int:
     for name, value in (("--max-tpot-ms", args.max_tpot_ms), ("--max-kl", args.max_kl)):
         if value is not None and not value >= 0:
             raise ConfigError(name, value, "expected a number ≥ 0")
-    budget = parse_size(args.memory_budget) if args.memory_budget is not None else None
+    budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
     limits = Limits(memory_bytes=budget, tpot_ms=args.max_tpot_ms, kl=args.max_kl)
     runs, parent_run = load_runs(args.experiment, args.parent, args.tracking_uri, whole_experiment=args.all)
     source = f"sweep {parent_run.info.run_id[:8]}" if parent_run else f"experiment {args.experiment!r}"

@@ -13,7 +13,6 @@ import torch
 
 from conftest import REPO, plan_for
 from kvpipe import caches, capacity, models
-from kvpipe.errors import ConfigError
 from kvpipe.runner import run_job
 
 JOB = ("model=tiny_random", "workload=long_context", "tracking=off", "quality=off", "workload.warmup=0")

@@ -9,7 +9,8 @@ import pytest
 from conftest import run_cli
 from kvpipe.errors import KvpipeError
 from kvpipe import recommend
-from kvpipe.recommend import Limits, choose, parse_size
+from kvpipe.recommend import Limits, choose
+from kvpipe.report import parse_bytes as parse_size
 from test_compare import MIB, fake_runs, tiny_sweep
 
 GIB = 2**30
