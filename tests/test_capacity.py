@@ -207,7 +207,7 @@ def test_bad_size_is_one_line_and_a_nonzero_exit(capsys):
     assert capacity.main(["model=tiny_random", "--memory-budget", "lots"]) == 2
     err = capsys.readouterr().err
     assert err.strip().count("\n") == 0
-    assert "--memory-budget='lots'" in err and "24GiB" in err
+    assert "--memory-budget='lots'" in err and "8GiB" in err
 
 
 def test_plan_runs_from_the_command_line_in_any_directory(tmp_path):
