@@ -31,7 +31,7 @@ def timed(args: list[str], cwd: Path) -> float:
 
 def main() -> None:
     extra = sys.argv[1:]
-    caches = str(compose([f"+experiment={PRESET}"]).hydra.sweeper.params.cache).split(",")
+    caches = str(compose([f"+experiment={PRESET}"], with_hydra=True).hydra.sweeper.params.cache).split(",")
     with tempfile.TemporaryDirectory() as scratch:
         sweep_dir, single_dir = Path(scratch, "sweep"), Path(scratch, "single")
         sweep_dir.mkdir(), single_dir.mkdir()

@@ -125,7 +125,7 @@ def register_schemas() -> None:
     ConfigStore.instance().store(name="kvpipe_schema", node=KvpipeConfig)
 
 
-def compose(overrides: list[str] | tuple[str, ...] = ()):
+def compose(overrides: list[str] | tuple[str, ...] = (), with_hydra: bool = False):
     """Compose conf/config.yaml with overrides, as `python -m kvpipe` would (for tests and benchmarks)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
@@ -135,6 +135,6 @@ def compose(overrides: list[str] | tuple[str, ...] = ()):
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module="kvpipe.conf", version_base="1.3"):
-            return hydra_compose(config_name="config", overrides=list(overrides))
+            return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=with_hydra)
     finally:
         GlobalHydra.instance().clear()

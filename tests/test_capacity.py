@@ -250,14 +250,16 @@ def test_context_scaling_preset_composes_and_every_point_fits_the_embedded_model
 
 @pytest.mark.slow
 @pytest.mark.parametrize("prompt_tokens", [256, 1024])
-def test_predictions_equal_measured_bytes_on_the_embedded_model(prompt_tokens):
-    common = ("model=smollm2_135m", "workload=long_context", f"workload.prompt_tokens={prompt_tokens}",
-              "workload.max_new_tokens=4", "workload.warmup=0", "tracking=off", "quality=off")
+def test_predictions_equal_measured_bytes_of_context_scaling_jobs_on_the_embedded_model(prompt_tokens):
+    # The context_scaling preset's own jobs (its workload, new tokens, strategies), at two of its lengths
+    common = ("+experiment=context_scaling", "model=smollm2_135m", f"workload.prompt_tokens={prompt_tokens}",
+              "tracking=off")
     for cache in (("cache=dynamic",), ("cache=static",), ("cache=quantized", "axis=kivi", "backend.nbits=4")):
         plan = plan_for(*common, *cache)
+        new_tokens = plan.workload.max_new_tokens
         metrics = run_job(plan).metrics
         kv = capacity.kv_shape(models.describe(plan.model), 1, models.load(plan.model).dtype)
-        assert capacity.predict_kv_bytes(plan, kv, prompt_tokens, 4) == metrics["kv_cache_bytes"], cache
+        assert capacity.predict_kv_bytes(plan, kv, prompt_tokens, new_tokens) == metrics["kv_cache_bytes"], cache
     # weights from the safetensors headers alone = the loaded parameters (buffers such as RoPE's are not weights)
     loaded = models.load(plan.model)
     parameters = {p.data_ptr(): p for p in loaded.model.parameters()}.values()
