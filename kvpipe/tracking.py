@@ -112,7 +112,6 @@ def _log_job(tracking, experiment_id, run_dir, params, document, config_yaml, pa
     import mlflow
 
     tags = {f"kvpipe.{k}": v for k, v in document["tags"].items()}
-    tags["kvpipe.status"] = document["status"]
     if parent_run_id:
         tags[PARENT_TAG] = parent_run_id
     if key:
@@ -131,6 +130,8 @@ def _log_job(tracking, experiment_id, run_dir, params, document, config_yaml, pa
         if "traceback" in document:
             mlflow.log_text(document["traceback"], "traceback.txt")
         mlflow.log_artifact(str(run_dir / "result.json"))
+        # Last: a run killed while logging never claims to hold a complete result
+        mlflow.set_tag("kvpipe.status", document["status"])
         run_id = run.info.run_id
     if status != "FINISHED":
         mlflow.tracking.MlflowClient().set_terminated(run_id, status=status)
@@ -182,5 +183,11 @@ def close_stale_parents(tracking: TrackingConfig, launch_dir: Path, name: str) -
                                    filter_string="tags.`kvpipe.sweep` = 'true' and attributes.status = 'RUNNING'")
         stale = [run for run in stale if run.info.run_name == name]
         for run in stale:
+            # children caught half-logged by the kill, then the parent
+            children = mlflow.search_runs(experiment_ids=[experiment_id], output_format="list",
+                                          filter_string=f"tags.`{PARENT_TAG}` = '{run.info.run_id}' "
+                                                        "and attributes.status = 'RUNNING'")
+            for child in children:
+                MlflowClient().set_terminated(child.info.run_id, status="KILLED")
             MlflowClient().set_terminated(run.info.run_id, status="KILLED")
     return len(stale)

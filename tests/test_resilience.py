@@ -86,8 +86,11 @@ def test_unreachable_server_keeps_the_result_and_sync_uploads_it_once(tmp_path):
 
 
 def start_cli(args: list[str], cwd: Path) -> subprocess.Popen:
+    # A shell that started us in the background may have set SIGINT to "ignore", which children inherit;
+    # restore the default so that the child's Python turns SIGINT into KeyboardInterrupt, as at a terminal.
     return subprocess.Popen([sys.executable, "-m", "kvpipe", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for(predicate, timeout_s: float = 120) -> None:
@@ -105,12 +108,20 @@ def test_ctrl_c_marks_the_run_killed(tmp_path):
              and "loaded tiny_random" in next(tmp_path.glob("outputs/runs/*/*/*.log")).read_text())
     time.sleep(1)
     proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=120)
+    try:
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # never leave a runaway generation behind for the rest of the suite
     assert proc.returncode == 130, output[-2000:]
     (result,) = tmp_path.glob("outputs/runs/*/*/result.json")
     assert json.loads(result.read_text())["status"] == "KILLED"
     (run,) = mlflow_runs(tmp_path / "outputs" / "mlflow.db")
     assert run.info.status == "KILLED"
+
+
+def finished_runs(tmp_path: Path) -> list:
+    return [r for r in mlflow_runs(tmp_path / "outputs" / "mlflow.db")
+            if r.info.status == "FINISHED" and r.data.tags.get("kvpipe.status") == "FINISHED"]
 
 
 def test_sigkilled_sweep_resumes_only_the_missing_jobs(tmp_path):
@@ -119,17 +130,14 @@ def test_sigkilled_sweep_resumes_only_the_missing_jobs(tmp_path):
     wait_for(lambda: len(list(tmp_path.glob("outputs/multiruns/*/*/*/result.json"))) >= 1)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    done_before = len([r for r in mlflow_runs(tmp_path / "outputs" / "mlflow.db")
-                       if r.data.tags.get("kvpipe.status") == "FINISHED"])  # recorded before the kill
+    done_before = len(finished_runs(tmp_path))  # recorded before the kill
     assert done_before < 4
     resumed = run_cli([*sweep[1:], "-m", "resume=true"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    finished = [r for r in mlflow_runs(tmp_path / "outputs" / "mlflow.db")
-                if r.data.tags.get("kvpipe.status") == "FINISHED"]
-    assert len(finished) == 4  # each job exactly once
+    assert len(finished_runs(tmp_path)) == 4  # each job exactly once
     assert f"{4 - done_before} finished, {done_before} skipped" in resumed.stdout
     statuses = {r.info.status for r in mlflow_runs(tmp_path / "outputs" / "mlflow.db")}
-    assert "RUNNING" not in statuses  # the killed sweep's parent was closed on resume
+    assert "RUNNING" not in statuses  # the killed sweep's parent (and a half-logged child) closed on resume
 
 
 def test_two_concurrent_jobs_on_one_sqlite_store_lose_no_run(tmp_path):
