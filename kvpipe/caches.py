@@ -156,8 +156,14 @@ def _warm_backend(name: str, device: str, dtype) -> None:
         return
     layer = LAYER_CLASSES[name](nbits=4, axis_key=0, axis_value=0, q_group_size=64, residual_length=0)
     states = torch.randn(1, 1, 8, 64, device=device, dtype=dtype)
-    layer.update(states, states)
-    layer._dequantize(layer._quantized_keys)
+    try:
+        layer.update(states, states)
+        layer._dequantize(layer._quantized_keys)
+    except (OSError, RuntimeError, ImportError) as exc:  # e.g. no nvcc to build quanto's CUDA extension
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        other = "hqq" if name == "quanto" else "quanto"
+        raise KvpipeError(f"backend={name} cannot run on {device}: {type(exc).__name__}: {first_line}; "
+                          f"try backend={other} or backend=fp8") from exc
 
 
 def _require_fp8() -> None:

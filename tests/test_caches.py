@@ -190,3 +190,19 @@ def test_a_backend_failure_names_the_combination_and_shape(monkeypatch):
     with pytest.raises(KvpipeError, match=r"backend=quanto backend.nbits=4 axis=kivi .* batch 1 x 37 prompt tokens: "
                                           r"ValueError: Group size"):
         run_job(plan_for(*TINY, "workload.prompt_tokens=37", "cache=quantized", "backend=quanto"))
+
+
+def test_a_backend_that_cannot_start_says_so_in_one_line(monkeypatch):
+    from kvpipe.errors import KvpipeError
+    from kvpipe.quant_layers import QuantoKVLayer
+
+    def no_compiler(self, *args, **kwargs):
+        raise OSError("Error building extension 'quanto_cuda': nvcc not found")
+
+    monkeypatch.setattr(QuantoKVLayer, "update", no_compiler)
+    caches._warm_backend.cache_clear()
+    try:
+        with pytest.raises(KvpipeError, match=r"backend=quanto cannot run on cpu: OSError: .*nvcc.*try backend=hqq"):
+            run_job(plan_for(*TINY, "workload.prompt_tokens=40", "cache=quantized", "backend=quanto"))
+    finally:
+        caches._warm_backend.cache_clear()
