@@ -27,7 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from kvpipe import runner
 from kvpipe.config import compose
-from kvpipe.errors import KvpipeError, from_hydra
+from kvpipe.errors import KvpipeError, first_line, from_hydra
 from kvpipe.plan import make_plan
 from kvpipe.report import human_bytes
 
@@ -79,7 +79,7 @@ def run(plan) -> dict:
     try:
         result = runner.run_job(plan)
     except Exception as exc:  # noqa: BLE001 - a job that cannot run fails its check; the others still run
-        figures = {"error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"}
+        figures = {"error": f"{type(exc).__name__}: {first_line(exc)}"}
     else:
         figures = {**{k: result.metrics[k] for k in METRICS if k in result.metrics},
                    **{k: result.tags[k] for k in TAGS if k in result.tags}}

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from kvpipe.errors import ConfigError, KvpipeError
+from kvpipe.errors import ConfigError, KvpipeError, first_line
 from kvpipe.models import LoadedModel, ModelShape
 from kvpipe.plan import Plan
 
@@ -160,9 +160,8 @@ def _warm_backend(name: str, device: str, dtype) -> None:
         layer.update(states, states)
         layer._dequantize(layer._quantized_keys)
     except (OSError, RuntimeError, ImportError) as exc:  # e.g. no nvcc to build quanto's CUDA extension
-        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         other = "hqq" if name == "quanto" else "quanto"
-        raise KvpipeError(f"backend={name} cannot run on {device}: {type(exc).__name__}: {first_line}; "
+        raise KvpipeError(f"backend={name} cannot run on {device}: {type(exc).__name__}: {first_line(exc)}; "
                           f"try backend={other} or backend=fp8") from exc
 
 
@@ -237,4 +236,6 @@ def cached_tokens(cache) -> int:
 
 def dense_fp16_bytes(shape: ModelShape, tokens: int, batch_size: int) -> int:
     """What a dense 16-bit cache holds for these tokens: 2 (K and V) x layers x kv_heads x head_dim x tokens x batch x 2 bytes."""
-    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * tokens * batch_size * 2
+    from kvpipe.capacity import dense_bytes, kv_shape
+
+    return dense_bytes(kv_shape(shape, batch_size, "float16"), tokens)

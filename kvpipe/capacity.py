@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvpipe.errors import ConfigError, KvpipeError
+from kvpipe.errors import ConfigError, KvpipeError, first_line
 from kvpipe.report import parse_bytes
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -284,7 +284,7 @@ def report(plan, budget: int | None, contexts: list[int] | None, device: str | N
         shape = models.describe(plan.model)
     except OSError as exc:  # a hub id with neither network nor a local copy
         raise KvpipeError(f"model.name_or_path={plan.model.name_or_path!r} has no readable config: "
-                          f"{str(exc).splitlines()[0]}") from exc
+                          f"{first_line(exc)}") from exc
     if device is None and plan.model.device == "auto":
         import torch
 

@@ -20,6 +20,11 @@ class ConfigError(KvpipeError):
         super().__init__(f"{field}={value!r} is not valid: {expected}")
 
 
+def first_line(exc: BaseException) -> str:
+    """The first non-blank line of an exception's message, or its type name when it has none."""
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+
+
 def choices(valid: Iterable[object]) -> str:
     return "expected one of: " + ", ".join(str(v) for v in valid)
 
@@ -62,8 +67,8 @@ def from_hydra(exc: BaseException) -> Optional[str]:
     if bad_override:
         return f"could not parse the override {bad_override.group(1)!r}; expected key=value"
 
-    first_line = next((line for line in text.splitlines() if line.strip()), text)
-    return first_line or None
+    line = next((line for line in text.splitlines() if line.strip()), text)
+    return line or None
 
 
 def _schema_fields(class_name: str) -> list[str]:

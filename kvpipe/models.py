@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpipe.config import ModelConfig
-from kvpipe.errors import KvpipeError
+from kvpipe.errors import KvpipeError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ def _load_uncached(model_cfg: ModelConfig) -> LoadedModel:
                 **placement, **common
             )
         except (OSError, ValueError) as exc:
-            raise KvpipeError(f"model.name_or_path={location!r} could not be loaded: {str(exc).splitlines()[0]}") from exc
+            raise KvpipeError(f"model.name_or_path={location!r} could not be loaded: {first_line(exc)}") from exc
     if model_cfg.device_map:
         device = str(model.device.type)  # where the first layers (and the inputs) live
         model.eval()
@@ -237,7 +237,7 @@ def load_tokenizer(model_cfg: ModelConfig):
                 location, revision=model_cfg.revision, trust_remote_code=model_cfg.trust_remote_code
             )
         except (OSError, ValueError) as exc:
-            raise KvpipeError(f"model.name_or_path={location!r} has no loadable tokenizer: {str(exc).splitlines()[0]}") from exc
+            raise KvpipeError(f"model.name_or_path={location!r} has no loadable tokenizer: {first_line(exc)}") from exc
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "left"  # decoder-only batches pad on the left

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import statistics
 import sys
 import time
 from contextlib import contextmanager
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvpipe import caches, models, workloads
-from kvpipe.errors import KvpipeError
+from kvpipe.errors import KvpipeError, first_line
 from kvpipe.measure import PeakMemory, Timing, TokenClock, mean_std, memory_bandwidth_bytes_per_s, percentile
 from kvpipe.plan import Plan
 
@@ -94,7 +95,7 @@ def _measure_with_fallback(plan: Plan, loaded: models.LoadedModel, longest_promp
         try:
             calls, warmup_ms = _measure(attempt, loaded, setup, batches)
         except (torch.OutOfMemoryError, MemoryError) as exc:
-            first_error = first_error or f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            first_error = first_error or f"{type(exc).__name__}: {first_line(exc)}"
             _release_freed_memory(loaded.device)
             if index == len(chain) - 1:
                 raise
@@ -142,12 +143,11 @@ def _backend_errors(plan: Plan, batch):
         if plan.cache.strategy != "quantized":
             raise
         backend, axis = plan.backend, plan.axis
-        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise KvpipeError(
             f"cache=quantized backend={backend.name} backend.nbits={backend.nbits} axis={axis.layout} "
             f"backend.q_group_size={backend.q_group_size} backend.residual_length={backend.residual_length} "
             f"failed inside the backend for batch {batch.input_ids.shape[0]} x {batch.prompt_tokens} prompt tokens: "
-            f"{type(exc).__name__}: {first_line}"
+            f"{type(exc).__name__}: {first_line(exc)}"
         ) from exc
 
 
@@ -249,14 +249,10 @@ def _summarise(calls: list[_Call], loaded: models.LoadedModel, shape: models.Mod
     metrics["memory_bandwidth_bytes_per_s"] = bandwidth
     steps_per_s = metrics["decode_tokens_per_s"] / largest.batch_size
     metrics["roofline_fraction"] = metrics["decode_bytes_per_step"] * steps_per_s / bandwidth
-    metrics["prompt_tokens"] = statistics_mean([c.prompt_tokens for c in calls])
-    metrics["new_tokens"] = statistics_mean([c.timing.steps for c in calls])
+    metrics["prompt_tokens"] = statistics.fmean(c.prompt_tokens for c in calls)
+    metrics["new_tokens"] = statistics.fmean(c.timing.steps for c in calls)
     metrics["batch_size"] = calls[0].batch_size
     return metrics
-
-
-def statistics_mean(values: list[int]) -> float:
-    return sum(values) / len(values)
 
 
 def _texts(tokenizer, batches, calls: list[_Call]) -> list[dict[str, str]]:

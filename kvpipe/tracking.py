@@ -8,7 +8,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from kvpipe.config import TrackingConfig
-from kvpipe.errors import KvpipeError
+from kvpipe.errors import KvpipeError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def recording(tracking: TrackingConfig, launch_dir: Path):
             yield setup(tracking, launch_dir)
         except MlflowException as exc:
             uri = store_paths(tracking, launch_dir)[0]
-            raise TrackingUnavailable(f"MLflow at {uri} failed: {str(exc).splitlines()[0]}") from exc
+            raise TrackingUnavailable(f"MLflow at {uri} failed: {first_line(exc)}") from exc
 
 
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag: the UI shows children under the parent
