@@ -15,7 +15,7 @@ MLFLOW_HOST ?= 127.0.0.1
 MLFLOW_PORT ?= 5000
 MLFLOW_DIR  ?= $(CURDIR)/outputs/mlflow-server
 
-.PHONY: venv run test test-fast mlflow-server clean-venv
+.PHONY: venv run test test-fast lint format mlflow-server clean-venv
 
 venv: $(STAMP)
 
@@ -37,6 +37,15 @@ test: venv
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# ruff: lint, and check that the code is formatted (CI runs this before the tests)
+lint: venv
+	$(VENV)/bin/ruff check kvpipe tests benchmarks setup.py
+	$(VENV)/bin/ruff format --check kvpipe tests benchmarks setup.py
+
+format: venv
+	$(VENV)/bin/ruff check --fix kvpipe tests benchmarks setup.py
+	$(VENV)/bin/ruff format kvpipe tests benchmarks setup.py
 
 # A shared tracking server: SQLite backend store and artifact root under outputs/.
 # Use it with: python -m kvpipe tracking=server tracking.uri=http://$(MLFLOW_HOST):$(MLFLOW_PORT)

@@ -11,18 +11,27 @@ import argparse
 import json
 from pathlib import Path
 
-from kvpipe.config import compose
-from kvpipe.plan import make_plan
-from kvpipe.report import human_bytes
-from kvpipe.runner import run_job
+import pandas as pd
 
-STRATEGIES = [("dynamic", ["cache=dynamic"]), ("static", ["cache=static"]),
-              ("static+compile", ["cache=static", "cache.compile=true"])]
+from kvpipe.config import compose
+from kvpipe.job.runner import run_job
+from kvpipe.spec import make_spec
+from kvpipe.units import human_bytes
+
+STRATEGIES = [
+    ("dynamic", ["cache=dynamic"]),
+    ("static", ["cache=static"]),
+    ("static+compile", ["cache=static", "cache.compile=true"]),
+]
 for backend in ("quanto", "hqq"):
     for nbits in (4, 2):
         for axis in ("per_token", "per_channel", "kivi"):
-            STRATEGIES.append((f"{backend} int{nbits} {axis}",
-                               ["cache=quantized", f"backend={backend}", f"backend.nbits={nbits}", f"axis={axis}"]))
+            STRATEGIES.append(
+                (
+                    f"{backend} int{nbits} {axis}",
+                    ["cache=quantized", f"backend={backend}", f"backend.nbits={nbits}", f"axis={axis}"],
+                )
+            )
 
 
 def main() -> None:
@@ -35,30 +44,54 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("outputs/benchmarks/cache_strategies"))
     args = parser.parse_args()
 
-    base = [f"model={args.model}", "workload=long_context", f"workload.prompt_tokens={args.prompt_tokens}",
-            f"workload.max_new_tokens={args.new_tokens}", f"workload.repeats={args.repeats}", "workload.warmup=1",
-            "tracking=off"]
-    # Compose every plan before measuring anything: an edit to conf/ mid-run cannot break the run.
-    plans = [(label, make_plan(compose(base + overrides))) for label, overrides in STRATEGIES
-             if not args.only or label in args.only]
+    base = [
+        f"model={args.model}",
+        "workload=long_context",
+        f"workload.prompt_tokens={args.prompt_tokens}",
+        f"workload.max_new_tokens={args.new_tokens}",
+        f"workload.repeats={args.repeats}",
+        "workload.warmup=1",
+        "tracking=off",
+    ]
+    # Compose every spec before measuring anything: an edit to conf/ mid-run cannot break the run.
+    specs = [
+        (label, make_spec(compose(base + overrides)))
+        for label, overrides in STRATEGIES
+        if not args.only or label in args.only
+    ]
     rows = []
-    for label, plan in plans:
-        metrics = run_job(plan).metrics
+    for label, spec in specs:
+        metrics = run_job(spec).metrics
         rows.append({"strategy": label, **metrics})
-        print(f"{label:28s} kv={human_bytes(metrics['kv_cache_bytes']):>10s} "
-              f"x{metrics['kv_compression']:.2f} decode={metrics['decode_tokens_per_s']:.1f} tok/s", flush=True)
+        print(
+            f"{label:28s} kv={human_bytes(metrics['kv_cache_bytes']):>10s} "
+            f"x{metrics['kv_compression']:.2f} decode={metrics['decode_tokens_per_s']:.1f} tok/s",
+            flush=True,
+        )
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(rows, indent=2))
-    lines = [f"Model `{args.model}`, prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens, batch 1, "
-             f"{args.repeats} measured repeats after 1 warm-up.", "",
-             "| strategy | kv_cache_bytes | kv_compression (vs fp16) | decode tok/s | TPOT ms | compile_ms |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for row in rows:
-        compile_ms = f"{row['compile_ms']:.0f}" if "compile_ms" in row else ""
-        lines.append(f"| {row['strategy']} | {row['kv_cache_bytes']:,} ({human_bytes(row['kv_cache_bytes'])}) | "
-                     f"{row['kv_compression']:.2f} | {row['decode_tokens_per_s']:.1f} ± "
-                     f"{row['decode_tokens_per_s_std']:.1f} | {row['tpot_ms']:.1f} | {compile_ms} |")
+    # Cells formatted as text first: to_markdown would otherwise reformat the numbers.
+    table = pd.DataFrame(
+        [
+            {
+                "strategy": row["strategy"],
+                "kv_cache_bytes": f"{row['kv_cache_bytes']:,} ({human_bytes(row['kv_cache_bytes'])})",
+                "kv_compression (vs fp16)": f"{row['kv_compression']:.2f}",
+                "decode tok/s": f"{row['decode_tokens_per_s']:.1f} ± {row['decode_tokens_per_s_std']:.1f}",
+                "TPOT ms": f"{row['tpot_ms']:.1f}",
+                "compile_ms": f"{row['compile_ms']:.0f}" if "compile_ms" in row else "",
+            }
+            for row in rows
+        ],
+        columns=["strategy", "kv_cache_bytes", "kv_compression (vs fp16)", "decode tok/s", "TPOT ms", "compile_ms"],
+    )
+    lines = [
+        f"Model `{args.model}`, prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens, batch 1, "
+        f"{args.repeats} measured repeats after 1 warm-up.",
+        "",
+        table.to_markdown(index=False, disable_numparse=True, colalign=["left"] + ["right"] * 5),
+    ]
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -22,14 +22,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from unittest import mock
 
+import pandas as pd
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from kvpipe import runner
 from kvpipe.config import compose
 from kvpipe.errors import KvpipeError, first_line, from_hydra
-from kvpipe.plan import make_plan
-from kvpipe.report import human_bytes
+from kvpipe.job import runner
+from kvpipe.spec import make_spec
+from kvpipe.units import human_bytes
 
 # (prompt tokens, batch, new tokens, warm-up calls, measured calls) per workload. The memory jobs use a
 # long context and a batch at which the KV cache dominates the peak; the peak comes at prefill, so few new
@@ -50,8 +51,17 @@ JOBS = {  # label -> (workload, cache overrides)
     "speed_dynamic": ("speed", ["cache=dynamic"]),
     "speed_static_compile": ("speed", ["cache=static", "cache.compile=true"]),
 }
-METRICS = ("peak_memory_bytes", "peak_reserved_bytes", "kv_cache_bytes", "decode_tokens_per_s",
-           "decode_tokens_per_s_std", "compile_ms", "new_tokens", "prompt_tokens", "batch_size")
+METRICS = (
+    "peak_memory_bytes",
+    "peak_reserved_bytes",
+    "kv_cache_bytes",
+    "decode_tokens_per_s",
+    "decode_tokens_per_s_std",
+    "compile_ms",
+    "new_tokens",
+    "prompt_tokens",
+    "batch_size",
+)
 TAGS = ("cache.effective", "fallback_from", "fallback_to", "fallback_error", "device", "dtype")
 QUANTO_BUILD_LIMIT_S = 150  # quanto compiles its CUDA extension (nvcc) once per environment, on first use
 
@@ -66,23 +76,34 @@ class Check:
 
 def job_overrides(model: str, workload: tuple, cache: list[str]) -> list[str]:
     prompt_tokens, batch_size, new_tokens, warmup, repeats = workload
-    return [f"model={model}", "workload=long_context", f"workload.prompt_tokens={prompt_tokens}",
-            f"workload.batch_size={batch_size}", f"workload.max_new_tokens={new_tokens}",
-            f"workload.warmup={warmup}", f"workload.repeats={repeats}", "tracking=off", "quality=off", *cache]
+    return [
+        f"model={model}",
+        "workload=long_context",
+        f"workload.prompt_tokens={prompt_tokens}",
+        f"workload.batch_size={batch_size}",
+        f"workload.max_new_tokens={new_tokens}",
+        f"workload.warmup={warmup}",
+        f"workload.repeats={repeats}",
+        "tracking=off",
+        "quality=off",
+        *cache,
+    ]
 
 
-def run(plan) -> dict:
+def run(spec) -> dict:
     """One kvpipe job: its recorded metrics and tags, or the error that stopped it."""
     import torch
 
     started = time.perf_counter()
     try:
-        result = runner.run_job(plan)
+        result = runner.run_job(spec)
     except Exception as exc:  # noqa: BLE001 - a job that cannot run fails its check; the others still run
         figures = {"error": f"{type(exc).__name__}: {first_line(exc)}"}
     else:
-        figures = {**{k: result.metrics[k] for k in METRICS if k in result.metrics},
-                   **{k: result.tags[k] for k in TAGS if k in result.tags}}
+        figures = {
+            **{k: result.metrics[k] for k in METRICS if k in result.metrics},
+            **{k: result.tags[k] for k in TAGS if k in result.tags},
+        }
     gc.collect()  # what one job freed must not count against the next
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -111,18 +132,22 @@ def offload_verdict(figures: dict, claims: bool, device: str):
         expected = ("offloaded", "offloaded_static") if device == "cuda" else ("dynamic", "static")
         why = "reduced jobs are too small to show it" if device == "cuda" else "offloading needs CUDA"
         return None if ran_as == expected else False, (
-            f"not applicable ({why}): cache=offloaded ran as {ran_as[0]} and offloaded_static as {ran_as[1]}")
+            f"not applicable ({why}): cache=offloaded ran as {ran_as[0]} and offloaded_static as {ran_as[1]}"
+        )
     peak = {label: figures[label]["peak_memory_bytes"] for pair in pairs for label in pair}
     return all(peak[off] < peak[base] for off, base in pairs), "; ".join(
-        f"{off} peak {human(peak[off])} vs {base} {human(peak[base])}" for off, base in pairs)
+        f"{off} peak {human(peak[off])} vs {base} {human(peak[base])}" for off, base in pairs
+    )
 
 
 def compile_verdict(figures: dict, claims: bool):
     eager, compiled = figures["speed_dynamic"], figures["speed_static_compile"]
     speedup = compiled["decode_tokens_per_s"] / eager["decode_tokens_per_s"]
     figures["speedup"] = round(speedup, 3)
-    detail = (f"static+compile decodes {compiled['decode_tokens_per_s']:.0f} tok/s vs dynamic "
-              f"{eager['decode_tokens_per_s']:.0f} (x{speedup:.2f}; compile {compiled.get('compile_ms', 0):.0f} ms)")
+    detail = (
+        f"static+compile decodes {compiled['decode_tokens_per_s']:.0f} tok/s vs dynamic "
+        f"{eager['decode_tokens_per_s']:.0f} (x{speedup:.2f}; compile {compiled.get('compile_ms', 0):.0f} ms)"
+    )
     if not claims:
         return None, detail + "; not applicable: the claim is about CUDA graphs on the full-size model"
     return speedup > 1, detail
@@ -132,8 +157,11 @@ def quantized_verdict(figures: dict, claims: bool):
     base = figures["dynamic"]
     keys = ("kv_cache_bytes", "peak_memory_bytes") if claims else ("kv_cache_bytes",)
     passed = all(figures[q][k] < base[k] for q in ("hqq_int4", "quanto_int4") for k in keys)
-    detail = "; ".join(f"{q} " + ", ".join(f"{k.removesuffix('_bytes')} {human(figures[q][k])} vs dynamic "
-                                            f"{human(base[k])}" for k in keys) for q in ("hqq_int4", "quanto_int4"))
+    detail = "; ".join(
+        f"{q} "
+        + ", ".join(f"{k.removesuffix('_bytes')} {human(figures[q][k])} vs dynamic {human(base[k])}" for k in keys)
+        for q in ("hqq_int4", "quanto_int4")
+    )
     if not claims:
         detail += "; peak memory not compared in the reduced form (on CPU, RSS growth is not a clean signal)"
     return passed, detail
@@ -144,7 +172,7 @@ def fallback_verdict(figures: dict, how: str):
     return moved == ("dynamic", "offloaded"), f"{how}; fell back from {moved[0]} to {moved[1]}"
 
 
-def run_under_limit(plan, jobs: dict) -> str:
+def run_under_limit(spec, jobs: dict) -> str:
     """Run the fallback job with the allocator capped between check a's offloaded and dynamic peaks."""
     import torch
 
@@ -157,22 +185,24 @@ def run_under_limit(plan, jobs: dict) -> str:
     fraction = (fits + needs) / 2 / total
     torch.cuda.set_per_process_memory_fraction(fraction)
     try:
-        jobs["fallback"] = run(plan)
+        jobs["fallback"] = run(spec)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     jobs["fallback"].update(memory_fraction=fraction, limit_bytes=int(fraction * total))
-    return (f"real allocator limit {human(fraction * total)} (fraction {fraction:.5f}), between offloaded's "
-            f"{human(fits)} reserved and dynamic's {human(needs)} peak")
+    return (
+        f"real allocator limit {human(fraction * total)} (fraction {fraction:.5f}), between offloaded's "
+        f"{human(fits)} reserved and dynamic's {human(needs)} peak"
+    )
 
 
 def injected_oom(strategy: str):
     """No allocator limit to hit on CPU: raise MemoryError whenever `strategy` generates."""
     real = runner.measured_generate
 
-    def out_of_memory(plan, *args):
-        if plan.cache.strategy == strategy:
+    def out_of_memory(spec, *args):
+        if spec.cache.strategy == strategy:
             raise MemoryError("injected by gpu_check: no real allocator limit here")
-        return real(plan, *args)
+        return real(spec, *args)
 
     return mock.patch.object(runner, "measured_generate", out_of_memory)
 
@@ -180,8 +210,13 @@ def injected_oom(strategy: str):
 def quanto_cuda_unbuildable(limit_s: int) -> str | None:
     """Build quanto's CUDA extension in a child under a time limit: why it could not, or None once built."""
     code = "from optimum.quanto.library.extensions import get_extension; get_extension('quanto_cuda').lib"
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, start_new_session=True)  # its own group: a timeout stops nvcc too
+    child = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )  # its own group: a timeout stops nvcc too
     try:
         output, _ = child.communicate(timeout=limit_s)
     except subprocess.TimeoutExpired:
@@ -197,25 +232,53 @@ def exit_status(checks: list[Check]) -> int:
     return 1 if any(check.passed is False for check in checks) else 0
 
 
+def markdown_table(rows: list[list[str]], columns: list[str], align: str) -> str:
+    """A markdown table of cells already formatted as text; `align` is one l or r per column."""
+    colalign = [{"l": "left", "r": "right"}[a] for a in align]
+    return pd.DataFrame(rows, columns=columns).to_markdown(index=False, disable_numparse=True, colalign=colalign)
+
+
 def write_reports(out: Path, checks: list[Check], meta: dict, jobs: dict | None = None) -> None:
     """gpu_check.json (every figure) and gpu_check.md (a table of the checks, then one of the jobs)."""
     out.mkdir(parents=True, exist_ok=True)
     document = {**meta, "exit_status": exit_status(checks), "checks": [asdict(c) for c in checks]}
     (out / "gpu_check.json").write_text(json.dumps(document, indent=2) + "\n")
     verdict = {True: "pass", False: "**FAIL**", None: "n/a"}
-    header = (f"Device: {meta['device']} · torch {meta['torch_version']} · transformers "
-              f"{meta['transformers_version']} · model `{meta['model']}` · total wall time {meta['wall_s']:.0f} s · "
-              f"exit status {document['exit_status']}")
-    lines = [f"# kvpipe GPU check ({meta['mode']})", "", header, "", "| check | result | detail |", "|---|---|---|"]
-    lines += [f"| {c.name} | {verdict[c.passed]} | {c.detail} |" for c in checks]
-    lines += ["", "| job | cache.effective | peak memory | KV cache | decode tok/s | job s |",
-              "|---|---|---:|---:|---:|---:|"]
+    header = (
+        f"Device: {meta['device']} · torch {meta['torch_version']} · transformers "
+        f"{meta['transformers_version']} · model `{meta['model']}` · total wall time {meta['wall_s']:.0f} s · "
+        f"exit status {document['exit_status']}"
+    )
+    check_rows = [[c.name, verdict[c.passed], c.detail] for c in checks]
+    job_rows = []
     for label, f in (jobs or {}).items():
         tps = f"{f['decode_tokens_per_s']:.0f} ± {f['decode_tokens_per_s_std']:.0f}" if "error" not in f else ""
-        lines.append(f"| {label} | {f.get('cache.effective', f.get('error'))} | {human(f.get('peak_memory_bytes'))} | "
-                     f"{human(f.get('kv_cache_bytes'))} | {tps} | {f.get('job_s', '')} |")
-    lines += ["", "Job sizes as (prompt tokens, batch, new tokens, warm-up calls, measured calls): "
-              + ", ".join(f"{name} {size}" for name, size in meta["sizes"].items())]
+        job_rows.append(
+            [
+                label,
+                str(f.get("cache.effective", f.get("error"))),
+                human(f.get("peak_memory_bytes")),
+                human(f.get("kv_cache_bytes")),
+                tps,
+                str(f.get("job_s", "")),
+            ]
+        )
+    lines = [
+        f"# kvpipe GPU check ({meta['mode']})",
+        "",
+        header,
+        "",
+        markdown_table(check_rows, ["check", "result", "detail"], "lll"),
+        "",
+        markdown_table(
+            job_rows, ["job", "cache.effective", "peak memory", "KV cache", "decode tok/s", "job s"], "llrrrr"
+        ),
+    ]
+    lines += [
+        "",
+        "Job sizes as (prompt tokens, batch, new tokens, warm-up calls, measured calls): "
+        + ", ".join(f"{name} {size}" for name, size in meta["sizes"].items()),
+    ]
     (out / "gpu_check.md").write_text("\n".join(lines) + "\n")
 
 
@@ -233,16 +296,24 @@ def main() -> int:
     claims = mode == "full"  # the GPU claims are judged on full-size jobs on CUDA only
     model = args.model or ("tiny_random" if mode == "reduced" else "smollm2_135m")
     started = time.perf_counter()
-    # Compose every plan before measuring anything: an edit to conf/ mid-run cannot break the run.
+    # Compose every spec before measuring anything: an edit to conf/ mid-run cannot break the run.
     try:
-        plans = {label: make_plan(compose(job_overrides(model, SIZES[mode][workload], cache)))
-                 for label, (workload, cache) in JOBS.items()}
+        specs = {
+            label: make_spec(compose(job_overrides(model, SIZES[mode][workload], cache)))
+            for label, (workload, cache) in JOBS.items()
+        }
     except (KvpipeError, HydraException, OmegaConfBaseException) as exc:  # e.g. --model nosuch: one line
         print(f"gpu_check: error: {exc if isinstance(exc, KvpipeError) else from_hydra(exc)}", file=sys.stderr)
         return 2
-    meta = {"mode": mode, "model": model, "sizes": SIZES[mode], "torch_version": torch.__version__,
-            "transformers_version": transformers.__version__, "wall_s": 0.0,
-            "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({os.cpu_count()} cores, no CUDA)"}
+    meta = {
+        "mode": mode,
+        "model": model,
+        "sizes": SIZES[mode],
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "wall_s": 0.0,
+        "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({os.cpu_count()} cores, no CUDA)",
+    }
     checks: list[Check] = []
     jobs: dict[str, dict] = {}
 
@@ -250,30 +321,45 @@ def main() -> int:
         checks.append(check)
         meta["wall_s"] = time.perf_counter() - started
         write_reports(args.out, checks, meta, jobs)  # after every check: a run stopped midway leaves a report
-        print(f"[{meta['wall_s']:6.1f} s] {({True: 'PASS', False: 'FAIL', None: 'n/a '})[check.passed]} "
-              f"{check.name}: {check.detail}", flush=True)
+        print(
+            f"[{meta['wall_s']:6.1f} s] {({True: 'PASS', False: 'FAIL', None: 'n/a '})[check.passed]} "
+            f"{check.name}: {check.detail}",
+            flush=True,
+        )
 
     print(f"kvpipe GPU check · {mode} · {model} · {meta['device']}", flush=True)
     memory = ("dynamic", "offloaded", "static", "offloaded_static")
-    jobs.update({label: run(plans[label]) for label in memory})
+    jobs.update({label: run(specs[label]) for label in memory})
     device = "cuda" if cuda else "cpu"
     done(judge("offload_cuts_peak_memory", jobs, memory, lambda f: offload_verdict(f, claims, device)))
     # The fallback runs next, before the compiled job's CUDA graphs hold memory of their own.
     if claims:
-        how = run_under_limit(plans["fallback"], jobs)
+        how = run_under_limit(specs["fallback"], jobs)
     else:
         how = "injected MemoryError on cache=dynamic, not a real memory limit"
         with injected_oom("dynamic"):
-            jobs["fallback"] = run(plans["fallback"])
+            jobs["fallback"] = run(specs["fallback"])
     done(judge("oom_fallback_under_limit", jobs, ("fallback",), lambda f: fallback_verdict(f, how)))
-    jobs["hqq_int4"] = run(plans["hqq_int4"])
+    jobs["hqq_int4"] = run(specs["hqq_int4"])
     unbuildable = quanto_cuda_unbuildable(QUANTO_BUILD_LIMIT_S) if cuda else None
-    jobs["quanto_int4"] = {"error": unbuildable} if unbuildable else run(plans["quanto_int4"])
-    done(judge("quantized_cuts_kv_memory", jobs, ("dynamic", "hqq_int4", "quanto_int4"),
-               lambda f: quantized_verdict(f, claims)))
-    jobs.update({label: run(plans[label]) for label in ("speed_dynamic", "speed_static_compile")})
-    done(judge("static_compile_speeds_up_decode", jobs, ("speed_dynamic", "speed_static_compile"),
-               lambda f: compile_verdict(f, claims)))
+    jobs["quanto_int4"] = {"error": unbuildable} if unbuildable else run(specs["quanto_int4"])
+    done(
+        judge(
+            "quantized_cuts_kv_memory",
+            jobs,
+            ("dynamic", "hqq_int4", "quanto_int4"),
+            lambda f: quantized_verdict(f, claims),
+        )
+    )
+    jobs.update({label: run(specs[label]) for label in ("speed_dynamic", "speed_static_compile")})
+    done(
+        judge(
+            "static_compile_speeds_up_decode",
+            jobs,
+            ("speed_dynamic", "speed_static_compile"),
+            lambda f: compile_verdict(f, claims),
+        )
+    )
     status = exit_status(checks)
     print(f"{'all applicable checks passed' if status == 0 else 'FAILED'} in {meta['wall_s']:.0f} s", flush=True)
     return status

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The GPU check as one command: bash benchmarks/gpu_check.sh [--reduced] [--out DIR] [--model NAME]
-# Runs benchmarks/gpu_check.py with the repo's venv when present; the exit status is the check's.
+# Runs benchmarks/gpu_check.py with $PYTHON (default: python3 on PATH, e.g. an activated venv's);
+# the exit status is the check's.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # kvpipe from this checkout, even where it is not installed
-PYTHON=python3
-if [[ -x "$REPO/.venv/bin/python" ]]; then
-  PYTHON="$REPO/.venv/bin/python"
-  # The venv's ninja first: quanto rebuilds its extension whenever another ninja touched it (see Makefile).
-  export PATH="$REPO/.venv/bin:$PATH"
-fi
+PYTHON="${PYTHON:-python3}"
+# That interpreter's scripts folder (its venv's bin) first, for its ninja: quanto rebuilds its extension
+# whenever another ninja touched it (see Makefile).
+PATH="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
+export PATH
 OUT=outputs/gpu_check  # gpu_check.py's default, relative to where you run this
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do

@@ -41,8 +41,14 @@ def main() -> None:
         for cache in caches:
             single_s.append(timed([f"cache={cache}", *extra], single_dir))
             print(f"  separate process cache={cache}: {single_s[-1]:.1f} s", flush=True)
-    result = {"jobs": caches, "overrides": extra, "sweep_s": sweep_s, "separate_processes_s": sum(single_s),
-              "per_process_s": dict(zip(caches, single_s)), "speedup": sum(single_s) / sweep_s}
+    result = {
+        "jobs": caches,
+        "overrides": extra,
+        "sweep_s": sweep_s,
+        "separate_processes_s": sum(single_s),
+        "per_process_s": dict(zip(caches, single_s, strict=True)),
+        "speedup": sum(single_s) / sweep_s,
+    }
     print(f"separate processes: {sum(single_s):.1f} s · sweep: {sweep_s:.1f} s · speed-up {result['speedup']:.2f}x")
     out = Path("outputs/benchmarks/sweep_vs_processes")
     out.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,15 @@
-"""Command line: `kvpipe [overrides]` / `python -m kvpipe` run Hydra jobs.
+"""Command line. `kvpipe [overrides]` and `python -m kvpipe` run a Hydra job (or sweep, with -m);
+`kvpipe compare|recommend|plan|sync ...` are subcommands of one argparse parser.
 
+argparse rather than Typer: Hydra already owns the default command's argv and its --help, so the
+subcommands need only a parser of their own, and argparse adds no dependency and no second style.
 User mistakes print one line and exit 2; our own bugs keep their full traceback.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import logging
 import os
 import sys
@@ -15,32 +20,68 @@ from omegaconf import DictConfig
 
 from kvpipe.config import register_schemas
 from kvpipe.errors import KvpipeError, from_hydra
+from kvpipe.pipeline import run_pipeline
+from kvpipe.spec import make_spec
+from kvpipe.sweep import run_sweep_job
 
 log = logging.getLogger("kvpipe")
 
 register_schemas()
 
+# name -> (module with add_arguments(parser) and run(args), one-line help)
+SUBCOMMANDS = {
+    "compare": ("kvpipe.decide.compare", "a sweep's runs as one table, a Pareto front and plots"),
+    "recommend": ("kvpipe.decide.recommend", "the cache to use under memory, latency and quality limits"),
+    "plan": ("kvpipe.decide.plan", "KV-cache and weight bytes from the config alone, before anything loads"),
+    "sync": ("kvpipe.record.sync", "upload results kept on disk while MLflow was unreachable"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, as every kvpipe user error
+        raise KvpipeError(f"{self.prog}: {message}")
+
+
+def subcommand_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The one parser for every subcommand (or, for speed, just the one being run: each module is
+    imported to add its arguments)."""
+    parser = _Parser(
+        prog="kvpipe",
+        description="Measure KV-cache strategies. Without a subcommand, "
+        "`kvpipe [overrides]` runs a Hydra job; see `kvpipe --help`.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        if only in (None, name):
+            module = importlib.import_module(module_name)
+            command = commands.add_parser(name, help=help_text, description=help_text)
+            module.add_arguments(command)
+            command.set_defaults(run=module.run)
+    return parser
+
+
+def _run_subcommand(argv: list[str]) -> int:
+    parser = subcommand_parser(only=argv[0])
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides"):  # overrides after --flags: argparse leaves them over
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args.run(args)
+
 
 @hydra.main(version_base="1.3", config_path="pkg://kvpipe.conf", config_name="config")
 def _hydra_app(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
-
     from hydra.types import RunMode
 
-    from kvpipe.plan import make_plan
-
     hydra_cfg = HydraConfig.get()
+    launch_dir = Path(hydra.utils.get_original_cwd())
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        from kvpipe.sweep import run_sweep_job
-
-        return run_sweep_job(cfg, hydra_cfg, Path(hydra.utils.get_original_cwd()))
+        return run_sweep_job(cfg, hydra_cfg, launch_dir)
     try:
-        plan = make_plan(cfg, hydra_cfg.overrides.task)  # validated before torch, transformers or mlflow are imported
-        from kvpipe.pipeline import run_pipeline
-
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
-        launch_dir = Path(hydra.utils.get_original_cwd())
-        run_pipeline(plan, run_dir, launch_dir, print_table=cfg.print_table)
+        spec = make_spec(cfg, hydra_cfg.overrides.task)  # validated before torch, transformers or mlflow load
+        run_pipeline(spec, Path(hydra_cfg.runtime.output_dir), launch_dir, print_table=cfg.print_table)
     except KvpipeError as exc:
         _fail(str(exc))  # here, not in main(): Hydra would first print its own "Error executing job" line
 
@@ -50,25 +91,20 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-# `kvpipe NAME ...`: decisions over recorded runs; everything else is a Hydra job or sweep.
-SUBCOMMANDS = {
-    "compare": "kvpipe.compare",
-    "recommend": "kvpipe.recommend",
-    "plan": "kvpipe.capacity",
-    "sync": "kvpipe.sync",
-}
+def subcommand(argv: list[str]) -> int:
+    """Run `kvpipe NAME ...` (argv starts with NAME) and return its exit status; a user mistake is
+    one line on stderr and status 2."""
+    try:
+        return _run_subcommand(argv)
+    except KvpipeError as exc:
+        print(f"kvpipe: error: {exc}", file=sys.stderr)
+        return exc.exit_code
 
 
 def main() -> None:
     """Entry point for `kvpipe` and `python -m kvpipe`."""
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
-        import importlib
-
-        command = importlib.import_module(SUBCOMMANDS[sys.argv[1]])
-        try:
-            sys.exit(command.main(sys.argv[2:]))
-        except KvpipeError as exc:
-            _fail(str(exc))
+        sys.exit(subcommand(sys.argv[1:]))
     # Hydra's argparse cannot take overrides on both sides of -m; accept them anywhere.
     flags = [a for a in sys.argv[1:] if a in ("-m", "--multirun")]
     sys.argv[1:] = flags[:1] + [a for a in sys.argv[1:] if a not in ("-m", "--multirun")]

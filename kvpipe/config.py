@@ -1,44 +1,43 @@
 """Typed schemas for every config group, registered in Hydra's ConfigStore.
 
-The schema is the first entry of `conf/config.yaml`'s defaults list, so a misspelt key
-or a wrong type in any group file or override fails at composition, not silently.
-Pure Python: importing this module must not import torch, transformers or mlflow.
+The schema is the first entry of `conf/config.yaml`'s defaults list, so a misspelt key or a wrong
+type in any group file or override fails at composition, not silently. The `cache` and `backend`
+schemas are the union of what the registered strategies and backends read (each declares its own
+`Settings`), so adding one never edits this file. Pure Python: importing this module must not
+import torch, transformers or mlflow.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
+
+from kvpipe import cache
+from kvpipe.cache import backends
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 MODEL_SOURCES = ("embedded", "random", "hf")
 DEVICE_MAPS = ("auto", "balanced", "sequential")
-CACHE_STRATEGIES = ("dynamic", "static", "offloaded", "offloaded_static", "quantized")
-BACKENDS = ("quanto", "hqq", "fp8")
-AXIS_LAYOUTS = ("per_token", "per_channel", "kivi")
 WORKLOAD_KINDS = ("chat", "long_context")
-
-
-def _help(text: str) -> dict:
-    return {"help": text}
 
 
 @dataclass
 class ModelConfig:
     name: str = "smollm2_135m"
-    source: str = field(default="embedded", metadata=_help("embedded | random | hf"))
-    name_or_path: Optional[str] = field(default=None, metadata=_help("local folder or hub id (source=hf)"))
+    source: str = "embedded"  # embedded | random | hf
+    name_or_path: Optional[str] = None  # source=hf: a local folder or a hub id
     revision: Optional[str] = None
     trust_remote_code: bool = False
-    dtype: str = field(default="auto", metadata=_help("auto | float32 | bfloat16 | float16"))
-    device: str = field(default="auto", metadata=_help("auto (cuda when available) | cpu | cuda"))
-    attn_implementation: str = field(default="sdpa", metadata=_help("sdpa | eager"))
-    device_map: Optional[str] = field(default=None, metadata=_help("hf only: auto | balanced | sequential "
-                                                                    "(accelerate) for models larger than one GPU"))
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA when supported
+    device: str = "auto"  # auto: CUDA when available
+    attn_implementation: str = "sdpa"
+    device_map: Optional[str] = None  # hf only: accelerate's placement for models larger than one GPU
     seed: int = 0
     # Only for source=random: the shape of the seeded tiny Llama.
     vocab_size: int = 49152  # the embedded tokenizer's, which random models borrow
@@ -53,36 +52,21 @@ class ModelConfig:
 
 
 @dataclass
-class CacheConfig:
-    strategy: str = field(default="dynamic", metadata=_help("dynamic | static | offloaded | offloaded_static | quantized"))
-    max_cache_len: Optional[int] = field(default=None, metadata=_help("static caches; default prompt + max_new_tokens"))
-    compile: bool = field(default=False, metadata=_help("static only: torch.compile the forward"))
-
-
-@dataclass
-class BackendConfig:
-    name: str = field(default="quanto", metadata=_help("quanto | hqq | fp8 (quantized cache only)"))
-    nbits: int = 4
-    q_group_size: int = 64
-    residual_length: int = 128
-
-
-@dataclass
 class AxisConfig:
-    layout: str = field(default="kivi", metadata=_help("per_token | per_channel | kivi"))
-    key: Optional[int] = field(default=None, metadata=_help("raw backend axis for keys; overrides layout"))
-    value: Optional[int] = field(default=None, metadata=_help("raw backend axis for values; overrides layout"))
+    layout: str = "kivi"  # per_token | per_channel | kivi
+    key: Optional[int] = None  # raw backend axis for keys; overrides layout
+    value: Optional[int] = None  # raw backend axis for values; overrides layout
 
 
 @dataclass
 class WorkloadConfig:
-    kind: str = field(default="chat", metadata=_help("chat | long_context"))
+    kind: str = "chat"  # chat | long_context
     prompts: List[str] = field(default_factory=list)
-    prompt_tokens: int = field(default=1000, metadata=_help("long_context: tokens per prompt"))
+    prompt_tokens: int = 1000  # long_context: tokens per prompt
     max_new_tokens: int = 32
     batch_size: int = 1
     do_sample: bool = False
-    ignore_eos: bool = field(default=True, metadata=_help("generate exactly max_new_tokens, as benchmarks do"))
+    ignore_eos: bool = True  # generate exactly max_new_tokens, as benchmarks do
     seed: int = 0
     warmup: int = 1
     repeats: int = 1
@@ -91,37 +75,62 @@ class WorkloadConfig:
 @dataclass
 class QualityConfig:
     enabled: bool = True
-    context_tokens: int = field(default=512, metadata=_help("teacher-forced text length in tokens"))
-    scored_tokens: int = field(default=64, metadata=_help("last tokens fed one by one through the cache and scored"))
+    context_tokens: int = 512  # teacher-forced text length in tokens
+    scored_tokens: int = 64  # the last tokens, fed one by one through the cache and scored
 
 
 @dataclass
 class TrackingConfig:
     enabled: bool = True
-    uri: Optional[str] = field(default=None, metadata=_help("MLflow URI; default sqlite:///<store_dir>/mlflow.db"))
-    store_dir: str = field(default="outputs", metadata=_help("where the default store lives, relative to the launch dir"))
+    uri: Optional[str] = None  # default: sqlite:///<launch dir>/<store_dir>/mlflow.db
+    store_dir: str = "outputs"  # where the default store lives, relative to the launch dir
     experiment: str = "kvpipe"
     run_name: Optional[str] = None
+
+
+def _union(name: str, key: str, options: list) -> type:
+    """A dataclass with `key` (the option's name, defaulting to the first option) and every field any
+    option's Settings declares, with the first declaring option's type and default."""
+    found: dict[str, tuple] = {}
+    for option in options:
+        hints = typing.get_type_hints(option.Settings)
+        for setting in dataclasses.fields(option.Settings):
+            found.setdefault(setting.name, (setting.name, hints[setting.name], field(default=setting.default)))
+    schema = dataclasses.make_dataclass(name, [(key, str, field(default=options[0].name)), *found.values()])
+    schema.__module__ = __name__  # picklable by reference: launchers ship configs to other processes
+    return schema
+
+
+def _build_unions() -> None:
+    global CacheConfig, BackendConfig
+    CacheConfig = _union("CacheConfig", "strategy", cache.registered())
+    BackendConfig = _union("BackendConfig", "name", backends.registered())
+
+
+CacheConfig: type
+BackendConfig: type
+_build_unions()
 
 
 @dataclass
 class KvpipeConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
-    cache: CacheConfig = field(default_factory=CacheConfig)
-    backend: BackendConfig = field(default_factory=BackendConfig)
+    cache: CacheConfig = field(default_factory=lambda: CacheConfig())
+    backend: BackendConfig = field(default_factory=lambda: BackendConfig())
     axis: AxisConfig = field(default_factory=AxisConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     print_table: bool = True
-    fallback: List[str] = field(default_factory=lambda: ["offloaded"],
-                                metadata=_help("strategies to retry with, in order, after an out-of-memory error"))
-    resume: bool = field(default=False, metadata=_help("multirun: skip jobs already FINISHED in the experiment"))
-    sweep_name: Optional[str] = field(default=None, metadata=_help("multirun: the MLflow parent run's name"))
+    fallback: List[str] = field(default_factory=list)  # retried in order after out-of-memory (conf/config.yaml)
+    resume: bool = False  # multirun: skip jobs already FINISHED in the experiment
+    sweep_name: Optional[str] = None  # multirun: the MLflow parent run's name
 
 
 def register_schemas() -> None:
-    """Store the schema under `kvpipe_schema`, the first entry of conf/config.yaml's defaults."""
+    """Store the schema under `kvpipe_schema`, the first entry of conf/config.yaml's defaults; the
+    cache and backend unions are rebuilt first, so strategies registered since import count."""
+    _build_unions()
     ConfigStore.instance().store(name="kvpipe_schema", node=KvpipeConfig)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 from typing import Iterable, Optional
 
 
@@ -72,9 +73,7 @@ def from_hydra(exc: BaseException) -> Optional[str]:
 
 
 def _schema_fields(class_name: str) -> list[str]:
-    from dataclasses import fields
-
-    from kvpipe import config
+    from kvpipe import config  # config imports the registries, which import this module
 
     schema = getattr(config, class_name, None)
     return [f.name for f in fields(schema)] if schema else []

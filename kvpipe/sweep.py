@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
 import traceback
@@ -20,6 +21,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from kvpipe.errors import ConfigError, KvpipeError
+from kvpipe.pipeline import run_pipeline
+from kvpipe.record import recorder, tracking
+from kvpipe.record.result import Result, iter_results
+from kvpipe.record.summary import print_sweep_summary
+from kvpipe.spec import make_spec
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +51,19 @@ class SweepState:
 
 def count_jobs(config: DictConfig) -> int:
     """How many jobs the sweep makes: command-line overrides plus a preset's hydra.sweeper.params,
-    expanded as Hydra's basic sweeper does (the command line wins over the preset)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    expanded as Hydra's basic sweeper does (the command line wins over the preset): the product of
+    each key's sweep length, a later override of a key replacing an earlier one."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
     task = parser.parse_overrides(list(config.hydra.overrides.task))
-    given = {o.get_key_element() for o in task}
     params = config.hydra.sweeper.get("params") or {}
     preset = parser.parse_overrides([f"{k}={v}" for k, v in params.items()])
-    combined = [o for o in preset if o.get_key_element() not in given] + task
-    return sum(len(batch) for batch in BasicSweeper.split_arguments(combined, None))
+    lengths = {}
+    for override in [*preset, *task]:
+        swept = override.is_sweep_override() and override.is_discrete_sweep()
+        lengths[override.get_key_element()] = len(list(override.sweep_string_iterator())) if swept else 1
+    return math.prod(lengths.values())
 
 
 def sweep_name(config: DictConfig) -> str:
@@ -70,8 +78,6 @@ class SweepCallback(Callback):
     """Registered in conf/config.yaml under hydra.callbacks."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from kvpipe import tracking
-
         sweep_dir = Path(config.hydra.sweep.dir)
         launch_dir = Path(config.hydra.runtime.cwd)
         total = count_jobs(config)
@@ -83,111 +89,102 @@ class SweepCallback(Callback):
             if closed:
                 log.info("resume: marked %d interrupted parent run(s) of %r KILLED", closed, name)
         if tracking_cfg.enabled:
-            parent = tracking.start_parent(tracking_cfg, launch_dir, name, {"kvpipe.sweep_dir": str(sweep_dir.resolve()),
-                                                                            "kvpipe.total_jobs": str(total)})
+            parent = tracking.start_parent(
+                tracking_cfg,
+                launch_dir,
+                name,
+                {"kvpipe.sweep_dir": str(sweep_dir.resolve()), "kvpipe.total_jobs": str(total)},
+            )
         SweepState(name=name, total_jobs=total, started_at=time.time(), parent_run_id=parent).save(sweep_dir)
         log.info("sweep %r: %d jobs%s", name, total, f", MLflow parent run {parent}" if parent else "")
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from kvpipe import tracking
-        from kvpipe.report import print_sweep_summary
-
         sweep_dir = Path(config.hydra.sweep.dir)
         state = SweepState.load(sweep_dir)
         counts = outcome_counts(sweep_dir)
         if state and state.parent_run_id:
             tracking_cfg = OmegaConf.to_object(config.tracking)
             try:
-                tracking.end_parent(tracking_cfg, Path(config.hydra.runtime.cwd), state.parent_run_id,
-                                    "FAILED" if counts["failed"] else "FINISHED", counts)
-                _compare(config, state.parent_run_id, sweep_dir)
+                tracking.end_parent(
+                    tracking_cfg,
+                    Path(config.hydra.runtime.cwd),
+                    state.parent_run_id,
+                    "FAILED" if counts["failed"] else "FINISHED",
+                    counts,
+                )
+                from kvpipe.decide import compare  # pandas and matplotlib: only when a sweep ends
+
+                compare.summarise_sweep(config, state.parent_run_id, sweep_dir)
             except tracking.TrackingUnavailable as exc:
-                log.warning("%s; the sweep's results are safe in %s; upload them with: kvpipe sync %s",
-                            exc, sweep_dir, sweep_dir)
+                log.warning(
+                    "%s; the sweep's results are safe in %s; upload them with: kvpipe sync %s",
+                    exc,
+                    sweep_dir,
+                    sweep_dir,
+                )
         print_sweep_summary(counts, sweep_dir, state.parent_run_id if state else None)
         if counts["failed"]:
             sys.exit(1)  # a sweep with failed jobs fails, after every job has had its turn
 
 
-def _compare(config: DictConfig, parent_run_id: str, sweep_dir: Path) -> None:
-    try:
-        from kvpipe import compare
-    except ImportError:
-        return
-    compare.summarise_sweep(config, parent_run_id, sweep_dir)
-
-
 def outcome_counts(sweep_dir: Path) -> dict[str, int]:
     counts = {"finished": 0, "skipped": 0, "failed": 0}
-    for result in sorted(sweep_dir.glob("*/result.json")):
-        status = json.loads(result.read_text()).get("status", "FAILED").lower()
+    for _, result in iter_results(sweep_dir):
+        status = result.status.lower()
         counts[status if status in counts else "failed"] += 1
     return counts
 
 
 def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str:
     """One job of a multirun. Never raises for a job's own failure: the sweep goes on."""
-    from kvpipe import record, tracking
-    from kvpipe.plan import make_plan
-
     run_dir = Path(hydra_cfg.runtime.output_dir)
     sweep_dir = Path(hydra_cfg.sweep.dir)
     state = SweepState.load(sweep_dir)
     overrides = list(hydra_cfg.overrides.task)
     _announce(hydra_cfg.job.num, state, overrides)
-    plan_dict = OmegaConf.to_container(cfg, resolve=True)
+    config = OmegaConf.to_container(cfg, resolve=True)
     try:
-        plan = make_plan(cfg, overrides)
+        spec = make_spec(cfg, overrides)
     except KvpipeError as exc:
-        return _skip(run_dir, plan_dict, str(exc))
-    key = plan.measurement_key()
+        return _skip(run_dir, config, str(exc))
+    key = spec.measurement_key()
     earlier = _earlier_job_with_key(sweep_dir, run_dir, key)
     if earlier:
-        return _skip(run_dir, plan.as_dict(), f"measures the same as job {earlier} "
-                                               "(settings this strategy ignores differ)", key)
-    if cfg.get("resume") and plan.tracking.enabled:
-        done = tracking.finished_run_with_key(plan.tracking, launch_dir, key)
+        reason = f"measures the same as job {earlier} (settings this strategy ignores differ)"
+        return _skip(run_dir, spec.as_dict(), reason, key)
+    if cfg.get("resume") and spec.tracking.enabled:
+        done = tracking.finished_run_with_key(spec.tracking, launch_dir, key)
         if done:
-            return _skip(run_dir, plan.as_dict(), f"already FINISHED as MLflow run {done} (resume=true)", key)
-    from kvpipe.pipeline import record_document, run_pipeline
-
+            return _skip(run_dir, spec.as_dict(), f"already FINISHED as MLflow run {done} (resume=true)", key)
     parent = state.parent_run_id if state else None
     try:
-        run_pipeline(plan, run_dir, launch_dir, print_table=False, parent_run_id=parent)
+        run_pipeline(spec, run_dir, launch_dir, print_table=False, parent_run_id=parent)
         return "FINISHED"
     except ConfigError as exc:  # found once the model's shape is known: an invalid combination
-        return _skip(run_dir, plan.as_dict(), str(exc), key)
+        return _skip(run_dir, spec.as_dict(), str(exc), key)
     except KeyboardInterrupt:  # the job's run is already KILLED; the sweep's parent follows it
         if parent:
-            tracking.end_parent(plan.tracking, launch_dir, parent, "KILLED", outcome_counts(sweep_dir))
+            tracking.end_parent(spec.tracking, launch_dir, parent, "KILLED", outcome_counts(sweep_dir))
         raise
     except Exception as exc:  # noqa: BLE001 - recorded as FAILED, and the sweep goes on
         log.error("job %s failed: %s", hydra_cfg.job.num, exc)
-        document = record.unfinished_document(plan.as_dict(), "FAILED", f"{type(exc).__name__}: {exc}",
-                                              traceback.format_exc())
-        document["measurement_key"] = key
-        record_document(plan, document, run_dir, launch_dir, parent)
+        failed = Result.unfinished(
+            spec.as_dict(), "FAILED", f"{type(exc).__name__}: {exc}", traceback.format_exc(), measurement_key=key
+        )
+        recorder.record(spec, failed, run_dir, launch_dir, parent)
         return "FAILED"
 
 
-def _skip(run_dir: Path, plan_dict: dict, reason: str, key: str | None = None) -> str:
-    from kvpipe import record
-
+def _skip(run_dir: Path, config: dict, reason: str, key: str | None = None) -> str:
     log.warning("skipped: %s", reason)
-    document = record.unfinished_document(plan_dict, "SKIPPED", reason)
-    if key:
-        document["measurement_key"] = key
-    record.write_result(run_dir, document)
+    Result.unfinished(config, "SKIPPED", reason, measurement_key=key).save(run_dir)
     return "SKIPPED"
 
 
 def _earlier_job_with_key(sweep_dir: Path, run_dir: Path, key: str) -> str | None:
-    for result in sorted(sweep_dir.glob("*/result.json")):
-        if result.parent == run_dir:
-            continue
-        document = json.loads(result.read_text())
-        if document.get("measurement_key") == key and document["status"] == "FINISHED":
-            return result.parent.name
+    for path, result in iter_results(sweep_dir):
+        if path.parent != run_dir and result.measurement_key == key and result.status == "FINISHED":
+            return path.parent.name
     return None
 
 

@@ -13,9 +13,9 @@ pytest.importorskip("optimum.quanto")
 pytest.importorskip("hqq")
 from transformers.cache_utils import HQQQuantizedLayer, QuantoQuantizedLayer  # noqa: E402
 
-from kvpipe.axes import AXIS_NUMBERS, VALID_AXES, backend_axes  # noqa: E402
+from kvpipe.cache.backends import axis_numbers, backend_axes, get  # noqa: E402
+from kvpipe.cache.backends._layers import HQQKVLayer, QuantoKVLayer  # noqa: E402
 from kvpipe.errors import ConfigError  # noqa: E402
-from kvpipe.quant_layers import HQQKVLayer, QuantoKVLayer  # noqa: E402
 
 warnings.filterwarnings("ignore", module="hqq")
 LAYERS = {"quanto": QuantoQuantizedLayer, "hqq": HQQQuantizedLayer}
@@ -62,21 +62,25 @@ def rel_error(layer_class, axis, x, nbits):
 
 
 def test_axis_table_and_overrides():
-    assert VALID_AXES == {"quanto": (0, -1), "hqq": (0, 1)}
-    assert AXIS_NUMBERS["quanto"] == {"per_token": (0, 0), "per_channel": (-1, -1), "kivi": (-1, 0)}
-    assert AXIS_NUMBERS["hqq"] == {"per_token": (1, 1), "per_channel": (0, 0), "kivi": (0, 1)}
+    assert {name: get(name).valid_axes() for name in axis_numbers()} == {"quanto": (-1, 0), "hqq": (0, 1)}
+    assert axis_numbers()["quanto"] == {"per_token": (0, 0), "per_channel": (-1, -1), "kivi": (-1, 0)}
+    assert axis_numbers()["hqq"] == {"per_token": (1, 1), "per_channel": (0, 0), "kivi": (0, 1)}
     assert backend_axes("quanto", "kivi", None, None) == (-1, 0)
     assert backend_axes("quanto", "kivi", 0, None) == (0, 0)
     assert backend_axes("hqq", "kivi", None, None) == (0, 1)
     assert backend_axes("hqq", "per_token", 0, None) == (0, 1)
-    for bad in [("hqq", "per_token", -1, None),
-                ("quanto", "per_token", None, 1), ("quanto", "diagonal", None, None), ("gguf", "kivi", None, None)]:
+    for bad in [
+        ("hqq", "per_token", -1, None),
+        ("quanto", "per_token", None, 1),
+        ("quanto", "diagonal", None, None),
+        ("gguf", "kivi", None, None),
+    ]:
         with pytest.raises(ConfigError):
             backend_axes(*bad)
 
 
 def test_axes_module_imports_without_torch():
-    code = "import sys, kvpipe.axes; assert 'torch' not in sys.modules"
+    code = "import sys, kvpipe.cache.backends; assert 'torch' not in sys.modules"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env={**os.environ, "PYTHONPATH": root})
 
@@ -91,8 +95,12 @@ def test_hqq_axis1_groups_consecutive_channels_of_one_token():
 
 @pytest.mark.parametrize("backend, axis", [("quanto", 0), ("hqq", 1)])
 def test_per_token_axis_spans_several_tokens_when_head_dim_below_group_size(backend, axis):
-    assert group_of(LAYERS[backend], axis, (1, 2, 8, 2), (0, 0, 2, 0)) == {(0, 0, 2, 0), (0, 0, 2, 1),
-                                                                           (0, 0, 3, 0), (0, 0, 3, 1)}
+    assert group_of(LAYERS[backend], axis, (1, 2, 8, 2), (0, 0, 2, 0)) == {
+        (0, 0, 2, 0),
+        (0, 0, 2, 1),
+        (0, 0, 3, 0),
+        (0, 0, 3, 1),
+    }
 
 
 def test_quanto_axis_minus1_groups_one_channel_across_consecutive_tokens():
@@ -100,14 +108,22 @@ def test_quanto_axis_minus1_groups_one_channel_across_consecutive_tokens():
 
 
 def test_quanto_axis_minus1_groups_straddle_heads_when_seq_not_multiple_of_group():
-    assert group_of(QuantoQuantizedLayer, -1, (1, 2, 6, 4), (0, 0, 4, 1)) == {(0, 0, 4, 1), (0, 0, 5, 1),
-                                                                               (0, 1, 0, 1), (0, 1, 1, 1)}
+    assert group_of(QuantoQuantizedLayer, -1, (1, 2, 6, 4), (0, 0, 4, 1)) == {
+        (0, 0, 4, 1),
+        (0, 0, 5, 1),
+        (0, 1, 0, 1),
+        (0, 1, 1, 1),
+    }
 
 
 def test_hqq_axis0_groups_one_channel_strided_across_heads_and_batch_rows():
     # T = 2*3*8 = 48 rows of (batch, head, token), G = 4: every 12th row of channel 0
-    assert group_of(HQQQuantizedLayer, 0, (2, 3, 8, 4), (0, 0, 0, 0)) == {(0, 0, 0, 0), (0, 1, 4, 0),
-                                                                          (1, 0, 0, 0), (1, 1, 4, 0)}
+    assert group_of(HQQQuantizedLayer, 0, (2, 3, 8, 4), (0, 0, 0, 0)) == {
+        (0, 0, 0, 0),
+        (0, 1, 4, 0),
+        (1, 0, 0, 0),
+        (1, 1, 4, 0),
+    }
 
 
 def test_hqq_axis0_mixes_channels_when_rows_not_multiple_of_group():
@@ -149,22 +165,49 @@ def test_kvpipe_quanto_layer_accepts_any_seq_len(shape, axis):
         assert out.shape == x.shape and ((out - x).norm() / x.norm()) < (0.6 if nbits == 2 else 0.15)
 
 
-@pytest.mark.parametrize("backend, axis, shape, group_size, nbits, error, message", [
-    ("quanto", 0, (1, 1, 1, 16), 32, 4, ValueError, r"^Group size \(32\) must be a divisor of \(16\)$"),
-    ("quanto", -1, (1, 3, 37, 64), 64, 4, ValueError, r"^Group size \(64\) must be a divisor of \(111\)$"),
-    ("hqq", 0, (1, 1, 1, 16), 32, 4, AssertionError, r"^group_size should be divisble by the total tensor "
-     r"dimensions. shape: torch.Size\(\[1, 1, 1, 16\]\), group_size: 32$"),
-    ("hqq", 1, (1, 3, 7, 64), 64, 4, RuntimeError, r"size of tensor a \(10\) must match the size of tensor b \(11\)"),
-    ("hqq", 1, (1, 1, 1, 64), 64, 4, RuntimeError, r"shape '\[1, 1, 1, 64\]' is invalid for input of size 0"),
-    ("hqq", 1, (1, 3, 2, 64), 64, 2, RuntimeError, r"size of tensor a \(12\) must match the size of tensor b \(6\)"),
-])
+@pytest.mark.parametrize(
+    "backend, axis, shape, group_size, nbits, error, message",
+    [
+        ("quanto", 0, (1, 1, 1, 16), 32, 4, ValueError, r"^Group size \(32\) must be a divisor of \(16\)$"),
+        ("quanto", -1, (1, 3, 37, 64), 64, 4, ValueError, r"^Group size \(64\) must be a divisor of \(111\)$"),
+        (
+            "hqq",
+            0,
+            (1, 1, 1, 16),
+            32,
+            4,
+            AssertionError,
+            r"^group_size should be divisble by the total tensor "
+            r"dimensions. shape: torch.Size\(\[1, 1, 1, 16\]\), group_size: 32$",
+        ),
+        (
+            "hqq",
+            1,
+            (1, 3, 7, 64),
+            64,
+            4,
+            RuntimeError,
+            r"size of tensor a \(10\) must match the size of tensor b \(11\)",
+        ),
+        ("hqq", 1, (1, 1, 1, 64), 64, 4, RuntimeError, r"shape '\[1, 1, 1, 64\]' is invalid for input of size 0"),
+        (
+            "hqq",
+            1,
+            (1, 3, 2, 64),
+            64,
+            2,
+            RuntimeError,
+            r"size of tensor a \(12\) must match the size of tensor b \(6\)",
+        ),
+    ],
+)
 def test_backend_errors(backend, axis, shape, group_size, nbits, error, message):
     assert not quantizable(backend, axis, shape, group_size, nbits)
     with pytest.raises(error, match=message):
         roundtrip(LAYERS[backend], axis, torch.randn(shape), nbits, group_size)
 
 
-@pytest.mark.parametrize("backend, axis", [(b, a) for b, axes in VALID_AXES.items() for a in axes])
+@pytest.mark.parametrize("backend, axis", [(b, a) for b in axis_numbers() for a in get(b).valid_axes()])
 def test_quantizable_predicts_exactly_which_shapes_fail(backend, axis):
     for shape in itertools.product((1, 2), (1, 3), (1, 7, 37, 64), (16, 32)):
         for group_size, nbits in itertools.product((32, 64), (2, 4)):

@@ -15,8 +15,11 @@ CATALOGUE = {
     "appended unknown key": (["+workload.speed=3"], "workload.speed", "max_new_tokens"),
     "wrong type": (["workload.batch_size=two"], "workload.batch_size", "Integer"),
     "non-positive max_new_tokens": (["workload.max_new_tokens=0"], "workload.max_new_tokens=0", "positive"),
-    "missing local model folder": (["model=hf", "model.name_or_path=/no/such/model"], "model.name_or_path",
-                                   "config.json"),
+    "missing local model folder": (
+        ["model=hf", "model.name_or_path=/no/such/model"],
+        "model.name_or_path",
+        "config.json",
+    ),
     "unknown dtype": (["model.dtype=float8"], "model.dtype='float8'", "bfloat16"),
     "unknown workload": (["workload=essay"], "workload=essay", "long_context"),
 }
@@ -43,9 +46,26 @@ def test_validation_does_not_import_heavy_libraries():
     import sys
 
     code = (
-        "import sys; from conftest import plan_for; plan_for('workload.max_new_tokens=3'); "
+        "import sys; from conftest import spec_for; spec_for('workload.max_new_tokens=3'); "
         "print(sorted(m for m in ('torch', 'transformers', 'mlflow') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=__import__("pathlib").Path(__file__).parent, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=__import__("pathlib").Path(__file__).parent,
+        check=True,
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_sync_does_not_import_the_measuring_engine():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, kvpipe.record.sync; "
+        "print(sorted(m for m in sys.modules if m.startswith(('kvpipe.job', 'kvpipe.measure', 'torch', 'transformers'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -8,16 +8,28 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import run_cli
-from kvpipe import compare
+from kvpipe.decide import compare
+from kvpipe.decide import runs as recorded
 from kvpipe.errors import KvpipeError
+
+from conftest import run_cli
 
 MIB = 2**20
 # hqq rather than quanto: quanto JIT-builds a C++ extension in a process's first quantized job (~40 s
 # on 2 cores, again whenever another ninja version has touched its build dir).
-SWEEP = ["-m", "model=tiny_random", "workload.max_new_tokens=3", "workload.warmup=0", "quality=on",
-         "quality.context_tokens=96", "quality.scored_tokens=16", "workload.prompts=[Hi.]",
-         "cache=dynamic,static,quantized", "backend=hqq", "backend.nbits=2,4"]
+SWEEP = [
+    "-m",
+    "model=tiny_random",
+    "workload.max_new_tokens=3",
+    "workload.warmup=0",
+    "quality=on",
+    "quality.context_tokens=96",
+    "quality.scored_tokens=16",
+    "workload.prompts=[Hi.]",
+    "cache=dynamic,static,quantized",
+    "backend=hqq",
+    "backend.nbits=2,4",
+]
 CACHES = ["dynamic", "static", "quantized:hqq:int2:kivi", "quantized:hqq:int4:kivi"]
 
 
@@ -26,54 +38,68 @@ def fake_runs(*rows: dict) -> pd.DataFrame:
     records = []
     for i, row in enumerate(rows):
         cache = row.get("cache", "dynamic")
-        record = {"run_id": f"run{i:05d}xyz", "start_time": pd.Timestamp(2026, 1, 1) + pd.Timedelta(seconds=i),
-                  "params.cache.strategy": row.get("strategy", cache.split(":")[0].split("+")[0]),
-                  "tags.kvpipe.cache.requested": row.get("strategy", cache.split(":")[0].split("+")[0]),
-                  "tags.kvpipe.cache.effective": cache,
-                  "tags.kvpipe.peak_memory_source": row.get("source", "cuda_max_memory_allocated"),
-                  "metrics.tpot_ms": row.get("tpot_ms", 40.0), "metrics.tpot_ms_std": 1.0,
-                  "metrics.peak_memory_bytes": row.get("peak_mib", 1000) * MIB,
-                  "metrics.weights_bytes": row.get("weights_mib", 500) * MIB}
+        record = {
+            "run_id": f"run{i:05d}xyz",
+            "start_time": pd.Timestamp(2026, 1, 1) + pd.Timedelta(seconds=i),
+            "params.cache.strategy": row.get("strategy", cache.split(":")[0].split("+")[0]),
+            "tags.kvpipe.cache.requested": row.get("strategy", cache.split(":")[0].split("+")[0]),
+            "tags.kvpipe.cache.effective": cache,
+            "tags.kvpipe.peak_memory_source": row.get("source", "cuda_max_memory_allocated"),
+            "metrics.tpot_ms": row.get("tpot_ms", 40.0),
+            "metrics.tpot_ms_std": 1.0,
+            "metrics.peak_memory_bytes": row.get("peak_mib", 1000) * MIB,
+            "metrics.weights_bytes": row.get("weights_mib", 500) * MIB,
+        }
         if row.get("kl") is not None:
             record["metrics.kl_vs_reference"] = row["kl"]
         record.update({f"params.{k}": str(v) for k, v in row.get("params", {}).items()})
         records.append(record)
-    return compare.with_derived(pd.DataFrame(records))
+    return recorded.with_derived(pd.DataFrame(records))
 
 
 # --- Pareto front ------------------------------------------------------------------------------------
 
+
 def test_run_worse_on_every_axis_is_off_the_front():
-    runs = fake_runs({"cache": "dynamic", "tpot_ms": 40, "peak_mib": 900},
-                     {"cache": "static", "tpot_ms": 30, "peak_mib": 800})
+    runs = fake_runs(
+        {"cache": "dynamic", "tpot_ms": 40, "peak_mib": 900}, {"cache": "static", "tpot_ms": 30, "peak_mib": 800}
+    )
     assert list(runs["pareto"]) == [False, True]
 
 
 def test_trade_offs_between_memory_speed_and_quality_all_stay_on_the_front():
-    runs = fake_runs({"cache": "static", "tpot_ms": 30, "peak_mib": 900},
-                     {"cache": "quantized:quanto:int4:kivi", "tpot_ms": 50, "peak_mib": 600, "kl": 0.01},
-                     {"cache": "quantized:quanto:int2:kivi", "tpot_ms": 50, "peak_mib": 600, "kl": 0.2})
+    runs = fake_runs(
+        {"cache": "static", "tpot_ms": 30, "peak_mib": 900},
+        {"cache": "quantized:quanto:int4:kivi", "tpot_ms": 50, "peak_mib": 600, "kl": 0.01},
+        {"cache": "quantized:quanto:int2:kivi", "tpot_ms": 50, "peak_mib": 600, "kl": 0.2},
+    )
     assert list(runs["pareto"]) == [True, True, False]  # int2: same memory and speed as int4, more loss
 
 
 def test_lossy_run_without_quality_metrics_is_left_off_the_front():
-    runs = fake_runs({"cache": "dynamic", "tpot_ms": 40, "peak_mib": 900},
-                     {"cache": "quantized:quanto:int4:kivi", "tpot_ms": 10, "peak_mib": 100})
+    runs = fake_runs(
+        {"cache": "dynamic", "tpot_ms": 40, "peak_mib": 900},
+        {"cache": "quantized:quanto:int4:kivi", "tpot_ms": 10, "peak_mib": 100},
+    )
     assert list(runs["pareto"]) == [True, False]
     assert pd.isna(runs["quality_loss"][1])
 
 
 def test_lossless_run_without_quality_metrics_counts_as_no_loss():
-    runs = fake_runs({"cache": "static", "tpot_ms": 30, "peak_mib": 800},
-                     {"cache": "quantized:quanto:int4:kivi", "tpot_ms": 30, "peak_mib": 800, "kl": 0.01})
+    runs = fake_runs(
+        {"cache": "static", "tpot_ms": 30, "peak_mib": 800},
+        {"cache": "quantized:quanto:int4:kivi", "tpot_ms": 30, "peak_mib": 800, "kl": 0.01},
+    )
     assert list(runs["quality_loss"]) == [0.0, 0.01]
     assert list(runs["pareto"]) == [True, False]
 
 
 def test_front_is_drawn_within_each_workload_not_across_them():
-    runs = fake_runs({"cache": "dynamic", "tpot_ms": 40, "peak_mib": 900, "params": {"workload.batch_size": 1}},
-                     {"cache": "static", "tpot_ms": 45, "peak_mib": 950, "params": {"workload.batch_size": 1}},
-                     {"cache": "static", "tpot_ms": 80, "peak_mib": 1900, "params": {"workload.batch_size": 8}})
+    runs = fake_runs(
+        {"cache": "dynamic", "tpot_ms": 40, "peak_mib": 900, "params": {"workload.batch_size": 1}},
+        {"cache": "static", "tpot_ms": 45, "peak_mib": 950, "params": {"workload.batch_size": 1}},
+        {"cache": "static", "tpot_ms": 80, "peak_mib": 1900, "params": {"workload.batch_size": 8}},
+    )
     assert list(runs["workload"]) == ["workload.batch_size=1"] * 2 + ["workload.batch_size=8"]
     assert list(runs["pareto"]) == [True, False, True]  # batch 8 is slower than batch 1, yet the best at batch 8
 
@@ -85,9 +111,12 @@ def test_identical_runs_are_both_on_the_front():
 
 # --- derived columns ---------------------------------------------------------------------------------
 
+
 def test_cpu_growth_figure_gets_the_weights_added_and_cuda_peak_does_not():
-    runs = fake_runs({"peak_mib": 100, "weights_mib": 500, "source": "linux_vmhwm_growth"},
-                     {"peak_mib": 600, "weights_mib": 500, "source": "cuda_max_memory_allocated"})
+    runs = fake_runs(
+        {"peak_mib": 100, "weights_mib": 500, "source": "linux_vmhwm_growth"},
+        {"peak_mib": 600, "weights_mib": 500, "source": "cuda_max_memory_allocated"},
+    )
     assert list(runs["memory_bytes"]) == [600 * MIB, 600 * MIB]
 
 
@@ -99,23 +128,30 @@ def test_offloaded_that_ran_as_dynamic_is_labelled_as_both():
 
 # --- varying columns ---------------------------------------------------------------------------------
 
+
 def test_only_params_that_vary_become_columns():
-    runs = fake_runs({"params": {"model.name": "tiny", "workload.batch_size": 1}},
-                     {"params": {"model.name": "tiny", "workload.batch_size": 4}})
-    assert compare.varying_params(runs) == ["workload.batch_size"]
+    runs = fake_runs(
+        {"params": {"model.name": "tiny", "workload.batch_size": 1}},
+        {"params": {"model.name": "tiny", "workload.batch_size": 4}},
+    )
+    assert recorded.varying_params(runs) == ["workload.batch_size"]
 
 
 def test_params_a_strategy_ignores_are_blank_and_do_not_count_as_varying():
-    runs = fake_runs({"cache": "dynamic", "params": {"backend.q_group_size": 32}},
-                     {"cache": "quantized:quanto:int4:kivi", "params": {"backend.q_group_size": 64}})
-    assert compare.param_values(runs, "backend.q_group_size") == ["", "64"]
-    assert compare.varying_params(runs) == []
+    runs = fake_runs(
+        {"cache": "dynamic", "params": {"backend.q_group_size": 32}},
+        {"cache": "quantized:quanto:int4:kivi", "params": {"backend.q_group_size": 64}},
+    )
+    assert recorded.param_values(runs, "backend.q_group_size") == ["", "64"]
+    assert recorded.varying_params(runs) == []
 
 
 def test_params_in_the_cache_label_or_bookkeeping_are_not_columns():
-    runs = fake_runs({"cache": "quantized:quanto:int2:kivi", "params": {"backend.nbits": 2, "tracking.run_name": "a"}},
-                     {"cache": "quantized:quanto:int4:kivi", "params": {"backend.nbits": 4, "tracking.run_name": "b"}})
-    assert compare.varying_params(runs) == []
+    runs = fake_runs(
+        {"cache": "quantized:quanto:int2:kivi", "params": {"backend.nbits": 2, "tracking.run_name": "a"}},
+        {"cache": "quantized:quanto:int4:kivi", "params": {"backend.nbits": 4, "tracking.run_name": "b"}},
+    )
+    assert recorded.varying_params(runs) == []
     assert list(compare.display_table(runs)["cache"]) == ["quantized:quanto:int2:kivi", "quantized:quanto:int4:kivi"]
 
 
@@ -150,13 +186,13 @@ def test_sweep_ends_with_compare_files_in_its_dir_and_as_artifacts_of_its_parent
     (multirun,) = (sweep_dir / "outputs" / "multiruns").glob("*/*")
     for name in compare.OUTPUT_FILES:
         assert (multirun / name).stat().st_size > 0, name
-    _, parent = compare.load_runs("kvpipe", None, store(sweep_dir))
+    _, parent = recorded.load_runs("kvpipe", None, store(sweep_dir))
     logged = {a.path for a in MlflowClient().list_artifacts(parent.info.run_id, "compare")}
     assert logged == {f"compare/{name}" for name in compare.OUTPUT_FILES}
 
 
 def test_latest_sweep_loads_its_finished_runs_once_each(sweep_dir):
-    runs, parent = compare.load_runs("kvpipe", None, store(sweep_dir))
+    runs, parent = recorded.load_runs("kvpipe", None, store(sweep_dir))
     assert sorted(runs["label"]) == sorted(CACHES)
     assert set(runs["tags.mlflow.parentRunId"]) == {parent.info.run_id}
 
@@ -174,7 +210,7 @@ def test_compare_prints_one_table_of_the_cache_and_figures_only(sweep_dir, tmp_p
 
 
 def test_markdown_and_csv_hold_one_row_per_run(sweep_dir, tmp_path):
-    runs, _ = compare.load_runs("kvpipe", None, store(sweep_dir))
+    runs, _ = recorded.load_runs("kvpipe", None, store(sweep_dir))
     compare.write_outputs(runs, tmp_path, "title")
     assert sum(line.startswith("| ") for line in (tmp_path / "compare.md").read_text().splitlines()) == 1 + 4
     csv = pd.read_csv(tmp_path / "compare.csv")
@@ -183,12 +219,12 @@ def test_markdown_and_csv_hold_one_row_per_run(sweep_dir, tmp_path):
 
 def test_unknown_experiment_names_the_experiments_that_exist(sweep_dir):
     with pytest.raises(KvpipeError, match=r"--experiment='nope'.*expected one of: .*kvpipe"):
-        compare.load_runs("nope", None, store(sweep_dir))
+        recorded.load_runs("nope", None, store(sweep_dir))
 
 
 def test_experiment_without_a_sweep_says_how_to_make_one(sweep_dir):
     with pytest.raises(KvpipeError, match=r"--experiment='Default'.*no sweep.*python -m kvpipe -m"):
-        compare.load_runs("Default", None, store(sweep_dir))
+        recorded.load_runs("Default", None, store(sweep_dir))
 
 
 def test_unknown_parent_is_a_one_line_error_with_exit_2(sweep_dir):
@@ -196,30 +232,31 @@ def test_unknown_parent_is_a_one_line_error_with_exit_2(sweep_dir):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"kvpipe: error: --parent='0123456789abcdef' is not valid: no such run in {store(sweep_dir)}; "
-        "expected a sweep's parent run id, or no --parent for the latest sweep"]
+        "expected a sweep's parent run id, or no --parent for the latest sweep"
+    ]
 
 
 def test_a_single_job_is_not_taken_for_a_sweep(sweep_dir):
-    runs, _ = compare.load_runs("kvpipe", None, store(sweep_dir))
+    runs, _ = recorded.load_runs("kvpipe", None, store(sweep_dir))
     with pytest.raises(KvpipeError, match="one job, not a sweep"):
-        compare.load_runs("kvpipe", runs["run_id"][0], store(sweep_dir))
+        recorded.load_runs("kvpipe", runs["run_id"][0], store(sweep_dir))
 
 
 def test_missing_store_is_an_error_not_a_new_empty_database(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(KvpipeError, match="no MLflow store"):
-        compare.load_runs("kvpipe", None, None)
+        recorded.load_runs("kvpipe", None, None)
     assert not (tmp_path / "outputs").exists()
 
 
 def test_summarise_sweep_of_an_empty_sweep_logs_and_returns(sweep_dir, tmp_path, caplog):
-    from kvpipe import tracking
     from kvpipe.config import TrackingConfig
+    from kvpipe.record import tracking
 
     empty = TrackingConfig(experiment="empty sweeps")  # beside, not in, the experiment other tests read
     parent = tracking.start_parent(empty, sweep_dir, "nothing ran", {})
     config = OmegaConf.create({"tracking": OmegaConf.structured(empty), "hydra": {"runtime": {"cwd": str(sweep_dir)}}})
-    with caplog.at_level("INFO", logger="kvpipe.compare"):
+    with caplog.at_level("INFO", logger="kvpipe.decide.compare"):
         compare.summarise_sweep(config, parent, tmp_path / "sweep")
     assert not (tmp_path / "sweep").exists()
     assert f"sweep {parent} has no FINISHED runs" in caplog.text

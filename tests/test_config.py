@@ -1,13 +1,13 @@
-"""Config composition: every group option composes into a valid plan; the schema is strict."""
+"""Config composition: every group option composes into a valid spec; the schema is strict."""
 
 from __future__ import annotations
-
 
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from conftest import REPO, compose_config, plan_for
 from kvpipe.errors import ConfigError
+
+from conftest import REPO, compose_config, spec_for
 
 GROUPS = ("model", "cache", "backend", "axis", "workload", "quality", "tracking")
 
@@ -21,15 +21,15 @@ def test_every_group_option_composes_into_a_plan(group, option):
     overrides = [f"{group}={option}"]
     if option == "hf":
         overrides.append(f"model.name_or_path={REPO}/tests/data/tiny_llama")
-    plan = plan_for(*overrides)
-    assert plan.workload.max_new_tokens > 0
+    spec = spec_for(*overrides)
+    assert spec.workload.max_new_tokens > 0
 
 
 def test_default_config_is_embedded_model_dynamic_cache_and_sqlite_tracking():
-    plan = plan_for()
-    assert (plan.model.source, plan.cache.strategy, plan.tracking.enabled) == ("embedded", "dynamic", True)
-    assert plan.workload.do_sample is False  # greedy by default
-    assert plan.model.trust_remote_code is False
+    spec = spec_for()
+    assert (spec.model.source, spec.cache.strategy, spec.tracking.enabled) == ("embedded", "dynamic", True)
+    assert spec.workload.do_sample is False  # greedy by default
+    assert spec.model.trust_remote_code is False
 
 
 def test_misspelt_key_is_an_error_not_ignored():
@@ -44,11 +44,11 @@ def test_wrong_type_is_an_error():
 
 def test_appended_unknown_key_is_rejected_by_the_plan():
     with pytest.raises(ConfigError, match="model.colour"):
-        plan_for("+model.colour=red")
+        spec_for("+model.colour=red")
 
 
 def test_flat_params_are_dotted_and_complete():
-    params = plan_for().flat_params()
+    params = spec_for().flat_params()
     assert params["cache.strategy"] == "dynamic"
     assert params["workload.max_new_tokens"] == "32"
     assert "model.dtype" in params

@@ -13,8 +13,14 @@ from conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow  # each starts several Python processes
 
-TINY = ["model=tiny_random", "workload.max_new_tokens=3", "workload.warmup=0", "quality=off",
-        "workload.prompts=[Hi.]", "cache=dynamic,static,quantized"]
+TINY = [
+    "model=tiny_random",
+    "workload.max_new_tokens=3",
+    "workload.warmup=0",
+    "quality=off",
+    "workload.prompts=[Hi.]",
+    "cache=dynamic,static,quantized",
+]
 
 
 def runs_under_one_parent(uri: str) -> tuple:
@@ -47,9 +53,12 @@ def free_port() -> int:
 def mlflow_server(tmp_path):
     """`make mlflow-server` on loopback, with its store in tmp_path; stopped after the test."""
     port = free_port()
-    server = subprocess.Popen(["make", "-s", "-C", str(REPO), "mlflow-server", f"MLFLOW_PORT={port}",
-                               f"MLFLOW_DIR={tmp_path}/server"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    server = subprocess.Popen(
+        ["make", "-s", "-C", str(REPO), "mlflow-server", f"MLFLOW_PORT={port}", f"MLFLOW_DIR={tmp_path}/server"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -68,8 +77,11 @@ def mlflow_server(tmp_path):
 
 
 def test_parallel_sweep_against_a_real_tracking_server(mlflow_server, tmp_path):
-    proc = run_cli(["-m", "hydra/launcher=parallel", "tracking=server", f"tracking.uri={mlflow_server}", *TINY],
-                   cwd=tmp_path, timeout=600)
+    proc = run_cli(
+        ["-m", "hydra/launcher=parallel", "tracking=server", f"tracking.uri={mlflow_server}", *TINY],
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     parents, children = runs_under_one_parent(mlflow_server)
     assert len(parents) == 1 and len(children) == 3

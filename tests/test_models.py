@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvpipe import models
+from kvpipe import model as models
 from kvpipe.config import ModelConfig
+from kvpipe.model import embedded, loading
 
 TINY = ModelConfig(name="tiny_random", source="random", dtype="float32")
 
@@ -17,15 +18,15 @@ def test_model_loads_at_most_once_per_process():
 def test_tiny_random_is_seeded():
     import torch
 
-    first = models._build_random(TINY, torch.float32)[0].state_dict()
-    second = models._build_random(TINY, torch.float32)[0].state_dict()
-    other = models._build_random(ModelConfig(**{**TINY.__dict__, "seed": 1}), torch.float32)[0].state_dict()
+    first = loading._build_random(TINY, torch.float32)[0].state_dict()
+    second = loading._build_random(TINY, torch.float32)[0].state_dict()
+    other = loading._build_random(ModelConfig(**{**TINY.__dict__, "seed": 1}), torch.float32)[0].state_dict()
     assert all(torch.equal(first[k], second[k]) for k in first)
     assert not torch.equal(first["model.embed_tokens.weight"], other["model.embed_tokens.weight"])
 
 
 def test_cache_dir_follows_the_environment_variable(monkeypatch, tmp_path):
-    monkeypatch.setenv(models.CACHE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(embedded.CACHE_DIR_ENV, str(tmp_path))
     assert models.cache_dir() == tmp_path
 
 
@@ -33,8 +34,8 @@ def test_embedded_gguf_is_found_without_importing_the_package():
     import sys
 
     path = models.embedded_gguf()
-    assert path.name == models.EMBEDDED_GGUF and path.stat().st_size > 50_000_000
-    assert models.EMBEDDED_PACKAGE not in sys.modules
+    assert path.name == embedded.EMBEDDED_GGUF and path.stat().st_size > 50_000_000
+    assert embedded.EMBEDDED_PACKAGE not in sys.modules
 
 
 def test_describe_reads_the_shape_without_weights():
@@ -47,7 +48,7 @@ def test_describe_reads_the_shape_without_weights():
 def test_embedded_model_loads_from_the_converted_safetensors_folder():
     folder = models.embedded_folder()
     assert (folder / "model.safetensors").is_file()
-    loaded = models._load_uncached(ModelConfig())
+    loaded = loading._load_uncached(ModelConfig())
     assert loaded.load_s < 15  # the GGUF path takes ~20 s; safetensors ~1 s
     assert loaded.weights_bytes > 100_000_000
 
@@ -59,7 +60,7 @@ def test_device_map_places_an_hf_model_through_accelerate(tmp_path):
     folder = tmp_path / "m"
     loaded.model.save_pretrained(folder)
     loaded.tokenizer.save_pretrained(folder)
-    placed = models._load_uncached(replace(TINY, name="hf", source="hf", name_or_path=str(folder), device_map="auto"))
+    placed = loading._load_uncached(replace(TINY, name="hf", source="hf", name_or_path=str(folder), device_map="auto"))
     cuda = __import__("torch").cuda.is_available()
     assert placed.device == ("cuda" if cuda else "cpu")
     if cuda:  # without a GPU accelerate keeps everything on the CPU and records no map
@@ -67,8 +68,9 @@ def test_device_map_places_an_hf_model_through_accelerate(tmp_path):
 
 
 def test_device_map_is_only_for_hf_models():
-    from conftest import plan_for
     from kvpipe.errors import ConfigError
 
+    from conftest import spec_for
+
     with pytest.raises(ConfigError, match="model.device_map"):
-        plan_for("model=tiny_random", "model.device_map=auto")
+        spec_for("model=tiny_random", "model.device_map=auto")

@@ -7,42 +7,43 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import plan_for, run_cli
 from kvpipe.pipeline import run_pipeline
+
+from conftest import run_cli, spec_for
 
 CONTRACT_METRICS = ("ttft_ms", "tpot_ms", "decode_tokens_per_s", "e2e_ms", "peak_memory_bytes", "kv_cache_bytes")
 
 
-def tracked_tiny_plan(tmp_path, *extra):
-    plan = plan_for("model=tiny_random", "workload.max_new_tokens=5", "workload.warmup=0", *extra)
-    return replace(plan, tracking=replace(plan.tracking, uri=f"sqlite:///{tmp_path}/mlflow.db"))
+def tracked_tiny_spec(tmp_path, *extra):
+    spec = spec_for("model=tiny_random", "workload.max_new_tokens=5", "workload.warmup=0", *extra)
+    return replace(spec, tracking=replace(spec.tracking, uri=f"sqlite:///{tmp_path}/mlflow.db"))
 
 
-def test_tiny_random_pipeline_writes_result_json_with_contract_metrics(tmp_path, tiny_plan):
-    document = run_pipeline(tiny_plan(), tmp_path / "run", tmp_path, print_table=False)
+def test_tiny_random_pipeline_writes_result_json_with_contract_metrics(tmp_path, tiny_spec):
+    result = run_pipeline(tiny_spec(), tmp_path / "run", tmp_path, print_table=False)
     on_disk = json.loads((tmp_path / "run" / "result.json").read_text())
     assert on_disk["status"] == "FINISHED"
     for name in CONTRACT_METRICS:
         assert on_disk["metrics"][name] > 0, name
     assert on_disk["metrics"]["new_tokens"] == 6
-    assert len(on_disk["texts"]) == len(tiny_plan().workload.prompts)
-    assert document["tags"]["cache.effective"] == "dynamic"
+    assert len(on_disk["texts"]) == len(tiny_spec().workload.prompts)
+    assert result.tags["cache.effective"] == "dynamic"
 
 
 def test_mlflow_run_reads_back_with_params_metrics_tags_and_artifacts(tmp_path):
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    plan = tracked_tiny_plan(tmp_path)
-    document = run_pipeline(plan, tmp_path / "run", tmp_path, print_table=False)
-    mlflow.set_tracking_uri(plan.tracking.uri)
+    spec = tracked_tiny_spec(tmp_path)
+    result = run_pipeline(spec, tmp_path / "run", tmp_path, print_table=False)
+    mlflow.set_tracking_uri(spec.tracking.uri)
     client = MlflowClient()
-    run = client.get_run(document["mlflow_run_id"])
+    run = client.get_run(result.mlflow_run_id)
     assert run.info.status == "FINISHED"
     assert run.data.params["cache.strategy"] == "dynamic"
     assert run.data.params["model.name"] == "tiny_random"
     for name in CONTRACT_METRICS:
-        assert run.data.metrics[name] == pytest.approx(document["metrics"][name])
+        assert run.data.metrics[name] == pytest.approx(result.metrics[name])
     tags = run.data.tags
     assert tags["kvpipe.cache.requested"] == "dynamic" and tags["kvpipe.cache.effective"] == "dynamic"
     assert tags["kvpipe.device"] == "cpu"
@@ -53,7 +54,7 @@ def test_mlflow_run_reads_back_with_params_metrics_tags_and_artifacts(tmp_path):
 
 def test_default_store_is_absolute_sqlite_under_outputs(tmp_path):
     from kvpipe.config import TrackingConfig
-    from kvpipe.tracking import store_paths
+    from kvpipe.record.tracking import store_paths
 
     uri, artifacts = store_paths(TrackingConfig(), tmp_path)
     assert uri == f"sqlite:///{tmp_path}/outputs/mlflow.db"
@@ -70,33 +71,40 @@ def test_cli_default_run_on_tiny_model_prints_table_and_records_run(tmp_path):
 
 
 def test_tracking_off_still_writes_result_json(tmp_path):
-    proc = run_cli(["model=tiny_random", "workload.max_new_tokens=3", "workload.warmup=0", "tracking=off"],
-                   cwd=tmp_path)
+    proc = run_cli(
+        ["model=tiny_random", "workload.max_new_tokens=3", "workload.warmup=0", "tracking=off"], cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert list((tmp_path / "outputs" / "runs").glob("*/*/result.json"))
     assert not (tmp_path / "outputs" / "mlflow.db").exists()
 
 
-def test_hf_model_from_a_local_folder(tmp_path, tiny_plan):
-    from kvpipe import models
+def test_hf_model_from_a_local_folder(tmp_path, tiny_spec):
+    from kvpipe import model as models
 
-    loaded = models.load(tiny_plan().model)
+    loaded = models.load(tiny_spec().model)
     folder = tmp_path / "my-model"
     loaded.model.save_pretrained(folder)
     loaded.tokenizer.save_pretrained(folder)
-    plan = plan_for("model=hf", f"model.name_or_path={folder}", "workload.max_new_tokens=3", "workload.warmup=0",
-                    "tracking=off")
-    document = run_pipeline(plan, tmp_path / "run", tmp_path, print_table=False)
-    assert document["metrics"]["new_tokens"] == 3
+    spec = spec_for(
+        "model=hf", f"model.name_or_path={folder}", "workload.max_new_tokens=3", "workload.warmup=0", "tracking=off"
+    )
+    result = run_pipeline(spec, tmp_path / "run", tmp_path, print_table=False)
+    assert result.metrics["new_tokens"] == 3
 
 
-def test_long_context_prompts_have_exactly_the_requested_tokens(tmp_path, tiny_plan):
-    plan = tiny_plan("workload=long_context", "workload.prompt_tokens=333", "workload.max_new_tokens=2",
-                     "workload.batch_size=2", "workload.warmup=0")
-    document = run_pipeline(plan, tmp_path / "run", tmp_path, print_table=False)
-    assert document["metrics"]["prompt_tokens"] == 333
-    assert document["metrics"]["batch_size"] == 2
-    assert document["metrics"]["kv_cache_tokens"] == 333 + 2 - 1
+def test_long_context_prompts_have_exactly_the_requested_tokens(tmp_path, tiny_spec):
+    spec = tiny_spec(
+        "workload=long_context",
+        "workload.prompt_tokens=333",
+        "workload.max_new_tokens=2",
+        "workload.batch_size=2",
+        "workload.warmup=0",
+    )
+    result = run_pipeline(spec, tmp_path / "run", tmp_path, print_table=False)
+    assert result.metrics["prompt_tokens"] == 333
+    assert result.metrics["batch_size"] == 2
+    assert result.metrics["kv_cache_tokens"] == 333 + 2 - 1
 
 
 @pytest.mark.slow
@@ -106,5 +114,5 @@ def test_cli_default_run_on_the_embedded_model(tmp_path):
     (result,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
     document = json.loads(result.read_text())
     assert document["config"]["model"]["name"] == "smollm2_135m"
-    assert document["metrics"]["decode_tokens_per_s"] > 0
+    assert result.metrics["decode_tokens_per_s"] > 0
     assert document["texts"][0]["completion"].strip()

@@ -7,12 +7,22 @@ import math
 import pytest
 import torch
 
-from conftest import plan_for
-from kvpipe import quality
-from kvpipe.runner import run_job
+from kvpipe.job.runner import run_job
+from kvpipe.measure import quality
 
-TINY = ("model=tiny_random", "workload=long_context", "workload.prompt_tokens=41", "workload.max_new_tokens=8",
-        "workload.warmup=0", "tracking=off", "quality=on", "quality.context_tokens=160", "quality.scored_tokens=32")
+from conftest import spec_for
+
+TINY = (
+    "model=tiny_random",
+    "workload=long_context",
+    "workload.prompt_tokens=41",
+    "workload.max_new_tokens=8",
+    "workload.warmup=0",
+    "tracking=off",
+    "quality=on",
+    "quality.context_tokens=160",
+    "quality.scored_tokens=32",
+)
 
 
 def test_identical_tokens_agree_fully_with_no_divergence():
@@ -45,34 +55,47 @@ def test_kl_is_positive_for_a_different_distribution():
 
 @pytest.mark.parametrize("strategy", ["dynamic", "static", "offloaded", "offloaded_static"])
 def test_lossless_strategies_agree_fully_with_kl_near_zero(strategy):
-    metrics = run_job(plan_for(*TINY, f"cache={strategy}")).metrics
+    metrics = run_job(spec_for(*TINY, f"cache={strategy}")).metrics
     assert metrics["token_agreement"] == 1.0
     assert metrics["first_divergence"] == -1
     assert metrics["kl_vs_reference"] < 1e-6
 
 
 def test_int2_quantized_cache_loses_quality_on_tiny_random():
-    metrics = run_job(plan_for(*TINY, "cache=quantized", "backend.nbits=2", "backend.q_group_size=32",
-                               "backend.residual_length=0", "axis=per_token")).metrics
+    metrics = run_job(
+        spec_for(
+            *TINY,
+            "cache=quantized",
+            "backend.nbits=2",
+            "backend.q_group_size=32",
+            "backend.residual_length=0",
+            "axis=per_token",
+        )
+    ).metrics
     assert metrics["kl_vs_reference"] > 1e-4
 
 
 def test_references_are_made_once_per_model_and_workload(monkeypatch):
-    run_job(plan_for(*TINY))  # makes (or reuses) the references
+    run_job(spec_for(*TINY))  # makes (or reuses) the references
     made = []
     original = quality.teacher_forced
     monkeypatch.setattr(quality, "teacher_forced", lambda *a, **k: made.append(1) or original(*a, **k))
-    run_job(plan_for(*TINY, "cache=static"))
+    run_job(spec_for(*TINY, "cache=static"))
     assert len(made) == 1  # the job's own pass; the reference came from the process cache
 
 
-EMBEDDED = ("workload.max_new_tokens=16", "workload.warmup=0", "tracking=off", "quality=on",
-            "workload.prompts=[Explain what a KV cache is in two sentences.]")
+EMBEDDED = (
+    "workload.max_new_tokens=16",
+    "workload.warmup=0",
+    "tracking=off",
+    "quality=on",
+    "workload.prompts=[Explain what a KV cache is in two sentences.]",
+)
 
 
 @pytest.mark.slow
 def test_quanto_int2_is_measurably_worse_than_int4_on_the_embedded_model():
-    int4 = run_job(plan_for(*EMBEDDED, "cache=quantized", "backend=quanto", "backend.nbits=4")).metrics
-    int2 = run_job(plan_for(*EMBEDDED, "cache=quantized", "backend=quanto", "backend.nbits=2")).metrics
+    int4 = run_job(spec_for(*EMBEDDED, "cache=quantized", "backend=quanto", "backend.nbits=4")).metrics
+    int2 = run_job(spec_for(*EMBEDDED, "cache=quantized", "backend=quanto", "backend.nbits=2")).metrics
     assert int2["kl_vs_reference"] > 2 * int4["kl_vs_reference"]
     assert int2["ppl"] > int4["ppl"]

@@ -6,11 +6,13 @@ import math
 
 import pytest
 
-from conftest import run_cli
+from kvpipe import cli
+from kvpipe.decide import recommend
+from kvpipe.decide.recommend import Limits, choose
 from kvpipe.errors import KvpipeError
-from kvpipe import recommend
-from kvpipe.recommend import Limits, choose
-from kvpipe.report import parse_bytes as parse_size
+from kvpipe.units import parse_bytes as parse_size
+
+from conftest import run_cli
 from test_compare import MIB, fake_runs, tiny_sweep
 
 GIB = 2**30
@@ -25,8 +27,19 @@ INT2 = {"cache": "quantized:quanto:int2:kivi", "tpot_ms": 50.0, "peak_mib": 450,
 
 # --- sizes -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, expected", [("8GiB", 8 * GIB), ("512MiB", 512 * MIB), ("24GB", 24 * 10**9),
-                                            ("1e9", 10**9), ("0.5 TiB", 2**39), ("64kb", 64000), ("4096", 4096)])
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("8GiB", 8 * GIB),
+        ("512MiB", 512 * MIB),
+        ("24GB", 24 * 10**9),
+        ("1e9", 10**9),
+        ("0.5 TiB", 2**39),
+        ("64kb", 64000),
+        ("4096", 4096),
+    ],
+)
 def test_sizes_parse_in_binary_and_decimal_units(text, expected):
     assert parse_size(text) == expected
 
@@ -38,6 +51,7 @@ def test_unparseable_size_is_a_one_line_error_naming_what_works(text):
 
 
 # --- the rules ---------------------------------------------------------------------------------------
+
 
 def test_dynamic_is_the_default_when_it_meets_every_limit():
     run, (what, why) = choose(fake_runs(DYNAMIC, STATIC, INT4), Limits(8 * GIB, 45, 0.05))
@@ -87,23 +101,32 @@ def test_nothing_meets_the_limits_names_the_closest_run_and_limit():
     run, (what, why) = choose(fake_runs(DYNAMIC, INT4, INT2), Limits(400 * MIB, 45, 0.05))
     assert run is None and what == "no measured run meets the limits"
     # int4: memory +25% and TPOT +22%; int2: memory +12%, TPOT +11% but KL 3.6x over; dynamic: memory +125%
-    assert why == ("closest: quantized:quanto:int4:kivi (run run00001) misses TPOT by 22% (55.0 ms vs 45.0 ms) "
-                   "and memory by 25% (500.0 MiB vs 400.0 MiB)")
+    assert why == (
+        "closest: quantized:quanto:int4:kivi (run run00001) misses TPOT by 22% (55.0 ms vs 45.0 ms) "
+        "and memory by 25% (500.0 MiB vs 400.0 MiB)"
+    )
 
 
 def test_each_workload_gets_its_own_answer_and_exit_1_when_any_has_none(monkeypatch, capsys):
-    runs = fake_runs({**DYNAMIC, "params": {"workload.batch_size": 1}},
-                     {**DYNAMIC, "peak_mib": 5000, "params": {"workload.batch_size": 8}})
+    runs = fake_runs(
+        {**DYNAMIC, "params": {"workload.batch_size": 1}},
+        {**DYNAMIC, "peak_mib": 5000, "params": {"workload.batch_size": 8}},
+    )
     monkeypatch.setattr(recommend, "load_runs", lambda *args, **kwargs: (runs, None))
-    assert recommend.main(["--memory-budget", "1GiB"]) == 1
+    assert cli.subcommand(["recommend", "--memory-budget", "1GiB"]) == 1
     out = capsys.readouterr().out
     assert "workload.batch_size=1:\nrecommend: dynamic" in out
     assert "workload.batch_size=8:\nno measured run meets the limits" in out
 
 
 def test_the_command_line_to_use_names_every_setting_of_a_quantized_cache():
-    runs = fake_runs({**INT4, "cache": "quantized:hqq:int4:kivi",
-                      "params": {"backend.name": "hqq", "backend.nbits": 4, "axis.layout": "kivi"}})
+    runs = fake_runs(
+        {
+            **INT4,
+            "cache": "quantized:hqq:int4:kivi",
+            "params": {"backend.name": "hqq", "backend.nbits": 4, "axis.layout": "kivi"},
+        }
+    )
     assert recommend.overrides(runs.iloc[0]) == "python -m kvpipe cache=quantized backend=hqq backend.nbits=4 axis=kivi"
 
 
@@ -114,11 +137,14 @@ def test_overshoot_is_infinite_for_a_figure_that_was_not_measured():
 
 # --- the CLI ----------------------------------------------------------------------------------------
 
+
 def test_bad_budget_is_one_line_with_exit_2(tmp_path):
     proc = run_cli(["recommend", "--memory-budget", "8 gigs"], cwd=tmp_path, timeout=60)
     assert proc.returncode == 2
-    assert proc.stderr.splitlines() == ["kvpipe: error: --memory-budget='8 gigs' is not valid: "
-                                        "expected a positive size like 8GiB, 512MiB, 24GB or 1e9 (bytes)"]
+    assert proc.stderr.splitlines() == [
+        "kvpipe: error: --memory-budget='8 gigs' is not valid: "
+        "expected a positive size like 8GiB, 512MiB, 24GB or 1e9 (bytes)"
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +163,7 @@ def test_recommend_exits_0_with_a_measured_choice_and_the_command_to_use_it(swee
 
 def test_recommend_exits_1_when_no_run_fits_and_says_which_limit_is_closest(sweep_dir, monkeypatch, capsys):
     monkeypatch.chdir(sweep_dir)  # in-process: the CLI dispatch is covered above, this saves a start-up
-    assert recommend.main(["--memory-budget", "1MiB", "--all"]) == 1
+    assert cli.subcommand(["recommend", "--memory-budget", "1MiB", "--all"]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[1:] == ["no measured run meets the limits", lines[2]]
     assert lines[2].startswith("  closest: ") and "misses only memory by" in lines[2]

@@ -12,28 +12,28 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import plan_for, run_cli
-from kvpipe import runner
+from kvpipe.job import runner
 
-TINY = ["model=tiny_random", "workload.max_new_tokens=3", "workload.warmup=0", "quality=off",
-        "workload.prompts=[Hi.]"]
+from conftest import run_cli, spec_for
+
+TINY = ["model=tiny_random", "workload.max_new_tokens=3", "workload.warmup=0", "quality=off", "workload.prompts=[Hi.]"]
 
 
 def inject_oom(monkeypatch, strategies: set[str], error=torch.OutOfMemoryError):
     """Make generation run out of memory while the cache is one of `strategies`."""
     real = runner.measured_generate
 
-    def flaky(plan, loaded, setup, batch):
-        if plan.cache.strategy in strategies:
+    def flaky(spec, loaded, setup, batch):
+        if spec.cache.strategy in strategies:
             raise error("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
-        return real(plan, loaded, setup, batch)
+        return real(spec, loaded, setup, batch)
 
     monkeypatch.setattr(runner, "measured_generate", flaky)
 
 
 def test_out_of_memory_falls_back_to_the_next_strategy_and_records_it(monkeypatch):
     inject_oom(monkeypatch, {"dynamic"})
-    result = runner.run_job(plan_for(*TINY, "tracking=off"))
+    result = runner.run_job(spec_for(*TINY, "tracking=off"))
     assert result.tags["fallback_from"] == "dynamic"
     assert result.tags["fallback_to"] == "offloaded"
     assert "out of memory" in result.tags["fallback_error"]
@@ -43,7 +43,7 @@ def test_out_of_memory_falls_back_to_the_next_strategy_and_records_it(monkeypatc
 
 def test_fallback_chain_goes_on_until_one_fits(monkeypatch):
     inject_oom(monkeypatch, {"dynamic", "offloaded"}, error=MemoryError)
-    result = runner.run_job(plan_for(*TINY, "tracking=off", "fallback=[offloaded,quantized]"))
+    result = runner.run_job(spec_for(*TINY, "tracking=off", "fallback=[offloaded,quantized]"))
     assert (result.tags["fallback_from"], result.tags["fallback_to"]) == ("dynamic", "quantized")
     assert result.tags["fallback_error"].startswith("MemoryError")
 
@@ -51,14 +51,14 @@ def test_fallback_chain_goes_on_until_one_fits(monkeypatch):
 def test_out_of_memory_with_nothing_left_to_try_is_raised(monkeypatch):
     inject_oom(monkeypatch, {"dynamic", "offloaded"})
     with pytest.raises(torch.OutOfMemoryError):
-        runner.run_job(plan_for(*TINY, "tracking=off"))
+        runner.run_job(spec_for(*TINY, "tracking=off"))
 
 
 def test_unknown_fallback_strategy_is_a_config_error():
     from kvpipe.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"fallback\[0\]"):
-        plan_for("fallback=[paged]")
+        spec_for("fallback=[paged]")
 
 
 def mlflow_runs(db: Path):
@@ -88,9 +88,14 @@ def test_unreachable_server_keeps_the_result_and_sync_uploads_it_once(tmp_path):
 def start_cli(args: list[str], cwd: Path) -> subprocess.Popen:
     # A shell that started us in the background may have set SIGINT to "ignore", which children inherit;
     # restore the default so that the child's Python turns SIGINT into KeyboardInterrupt, as at a terminal.
-    return subprocess.Popen([sys.executable, "-m", "kvpipe", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        [sys.executable, "-m", "kvpipe", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def wait_for(predicate, timeout_s: float = 120) -> None:
@@ -101,11 +106,24 @@ def wait_for(predicate, timeout_s: float = 120) -> None:
 
 
 def test_ctrl_c_marks_the_run_killed(tmp_path):
-    proc = start_cli(["model=tiny_random", "workload.max_new_tokens=4000", "workload.repeats=50", "quality=off",
-                      "workload.warmup=0", "workload.prompts=[Hi.]", "model.max_position_embeddings=8192"],
-                     tmp_path)
-    wait_for(lambda: list(tmp_path.glob("outputs/runs/*/*/*.log"))
-             and "loaded tiny_random" in next(tmp_path.glob("outputs/runs/*/*/*.log")).read_text())
+    proc = start_cli(
+        [
+            "model=tiny_random",
+            "workload.max_new_tokens=4000",
+            "workload.repeats=50",
+            "quality=off",
+            "workload.warmup=0",
+            "workload.prompts=[Hi.]",
+            "model.max_position_embeddings=8192",
+        ],
+        tmp_path,
+    )
+    wait_for(
+        lambda: (
+            list(tmp_path.glob("outputs/runs/*/*/*.log"))
+            and "loaded tiny_random" in next(tmp_path.glob("outputs/runs/*/*/*.log")).read_text()
+        )
+    )
     time.sleep(1)
     proc.send_signal(signal.SIGINT)
     try:
@@ -120,8 +138,11 @@ def test_ctrl_c_marks_the_run_killed(tmp_path):
 
 
 def finished_runs(tmp_path: Path) -> list:
-    return [r for r in mlflow_runs(tmp_path / "outputs" / "mlflow.db")
-            if r.info.status == "FINISHED" and r.data.tags.get("kvpipe.status") == "FINISHED"]
+    return [
+        r
+        for r in mlflow_runs(tmp_path / "outputs" / "mlflow.db")
+        if r.info.status == "FINISHED" and r.data.tags.get("kvpipe.status") == "FINISHED"
+    ]
 
 
 def test_sigkilled_sweep_resumes_only_the_missing_jobs(tmp_path):

@@ -8,8 +8,7 @@ import pytest
 
 from conftest import run_cli
 
-TINY = ["model=tiny_random", "workload.max_new_tokens=3", "workload.warmup=0", "quality=off",
-        "workload.prompts=[Hi.]"]
+TINY = ["model=tiny_random", "workload.max_new_tokens=3", "workload.warmup=0", "quality=off", "workload.prompts=[Hi.]"]
 
 
 def sweep_results(tmp_path) -> list[dict]:
@@ -21,11 +20,15 @@ def child_runs(tmp_path):
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/outputs/mlflow.db")
-    parents = mlflow.search_runs(experiment_names=["kvpipe"], filter_string="tags.`kvpipe.sweep` = 'true'",
-                                 output_format="list")
+    parents = mlflow.search_runs(
+        experiment_names=["kvpipe"], filter_string="tags.`kvpipe.sweep` = 'true'", output_format="list"
+    )
     assert len(parents) == 1
-    children = mlflow.search_runs(experiment_names=["kvpipe"], output_format="list",
-                                  filter_string=f"tags.`mlflow.parentRunId` = '{parents[0].info.run_id}'")
+    children = mlflow.search_runs(
+        experiment_names=["kvpipe"],
+        output_format="list",
+        filter_string=f"tags.`mlflow.parentRunId` = '{parents[0].info.run_id}'",
+    )
     return parents[0], children
 
 
@@ -72,9 +75,10 @@ def test_failed_job_becomes_a_failed_run_and_the_sweep_goes_on_with_nonzero_exit
 
     from conftest import REPO
 
-    # config.json but no weights: the plan is valid, the load fails
-    proc = run_cli(["-m", *TINY, "model=hf,tiny_random", f"model.name_or_path={REPO}/tests/data/tiny_llama"],
-                   cwd=tmp_path)
+    # config.json but no weights: the spec is valid, the load fails
+    proc = run_cli(
+        ["-m", *TINY, "model=hf,tiny_random", f"model.name_or_path={REPO}/tests/data/tiny_llama"], cwd=tmp_path
+    )
     assert proc.returncode == 1
     assert [r["status"] for r in sweep_results(tmp_path)] == ["FAILED", "FINISHED"]
     assert "1 finished, 0 skipped, 1 failed" in proc.stdout
@@ -95,6 +99,7 @@ def test_resume_skips_jobs_already_finished(tmp_path):
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/outputs/mlflow.db")
-    jobs = mlflow.search_runs(experiment_names=["kvpipe"], output_format="list",
-                              filter_string="tags.`kvpipe.status` = 'FINISHED'")
+    jobs = mlflow.search_runs(
+        experiment_names=["kvpipe"], output_format="list", filter_string="tags.`kvpipe.status` = 'FINISHED'"
+    )
     assert len(jobs) == 3  # no duplicates: dynamic and static once each, quantized once

@@ -14,7 +14,8 @@ import math
 from dataclasses import astuple, dataclass
 
 from kvpipe.config import QualityConfig, WorkloadConfig
-from kvpipe.models import LoadedModel
+from kvpipe.job.workloads import long_context_ids
+from kvpipe.model.loading import LoadedModel
 
 _REFERENCE_TOKENS: dict[tuple, list] = {}
 _REFERENCE_LOGPROBS: dict[tuple, object] = {}
@@ -47,17 +48,28 @@ def reference_tokens(loaded: LoadedModel, model_key: tuple, workload: WorkloadCo
     import torch
     from transformers import DynamicCache
 
-    key = (model_key, workload.kind, tuple(workload.prompts), workload.prompt_tokens, workload.max_new_tokens,
-           workload.batch_size, workload.ignore_eos)
+    key = (
+        model_key,
+        workload.kind,
+        tuple(workload.prompts),
+        workload.prompt_tokens,
+        workload.max_new_tokens,
+        workload.batch_size,
+        workload.ignore_eos,
+    )
     if key not in _REFERENCE_TOKENS:
         outputs = []
         with torch.inference_mode():
             for batch in batches:
                 out = loaded.model.generate(
-                    input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                    cache=DynamicCache(config=loaded.model.config), max_new_tokens=workload.max_new_tokens,
-                    min_new_tokens=workload.max_new_tokens if workload.ignore_eos else None, do_sample=False,
-                    pad_token_id=loaded.tokenizer.pad_token_id)
+                    input_ids=batch.input_ids,
+                    attention_mask=batch.attention_mask,
+                    cache=DynamicCache(config=loaded.model.config),
+                    max_new_tokens=workload.max_new_tokens,
+                    min_new_tokens=workload.max_new_tokens if workload.ignore_eos else None,
+                    do_sample=False,
+                    pad_token_id=loaded.tokenizer.pad_token_id,
+                )
                 outputs.append(out[:, batch.prompt_tokens :].cpu())
         _REFERENCE_TOKENS[key] = outputs
     return _REFERENCE_TOKENS[key]
@@ -68,8 +80,6 @@ def teacher_forced(loaded: LoadedModel, make_cache, quality: QualityConfig):
     and the true next tokens they should predict."""
     import torch
 
-    from kvpipe.workloads import long_context_ids
-
     ids = torch.tensor([long_context_ids(loaded.tokenizer, quality.context_tokens + 1)], device=loaded.device)
     prefix_len = quality.context_tokens - quality.scored_tokens
     cache = make_cache(capacity=quality.context_tokens)
@@ -77,8 +87,12 @@ def teacher_forced(loaded: LoadedModel, make_cache, quality: QualityConfig):
     with torch.inference_mode():
         loaded.model(input_ids=ids[:, :prefix_len], cache=cache, use_cache=True)
         for position in range(prefix_len, quality.context_tokens):
-            out = loaded.model(input_ids=ids[:, position : position + 1], cache=cache, use_cache=True,
-                               cache_position=torch.tensor([position], device=loaded.device))
+            out = loaded.model(
+                input_ids=ids[:, position : position + 1],
+                cache=cache,
+                use_cache=True,
+                cache_position=torch.tensor([position], device=loaded.device),
+            )
             logprobs.append(torch.log_softmax(out.logits[0, -1].float(), dim=-1))
     targets = ids[0, prefix_len + 1 : quality.context_tokens + 1]
     return torch.stack(logprobs), targets
@@ -91,7 +105,8 @@ def reference_logprobs(loaded: LoadedModel, model_key: tuple, quality: QualityCo
     key = (model_key, quality.context_tokens, quality.scored_tokens)
     if key not in _REFERENCE_LOGPROBS:
         _REFERENCE_LOGPROBS[key] = teacher_forced(
-            loaded, lambda capacity: DynamicCache(config=loaded.model.config), quality)[0]
+            loaded, lambda capacity: DynamicCache(config=loaded.model.config), quality
+        )[0]
     return _REFERENCE_LOGPROBS[key]
 
 
@@ -104,8 +119,15 @@ def perplexity_and_kl(logprobs, targets, reference) -> tuple[float, float]:
     return math.exp(nll), max(kl, 0.0)
 
 
-def measure(loaded: LoadedModel, model_cfg, workload: WorkloadConfig, quality: QualityConfig, batches,
-            generated: list, make_cache) -> dict[str, float]:
+def measure(
+    loaded: LoadedModel,
+    model_cfg,
+    workload: WorkloadConfig,
+    quality: QualityConfig,
+    batches,
+    generated: list,
+    make_cache,
+) -> dict[str, float]:
     """All quality metrics for one job."""
     metrics: dict[str, float] = {}
     model_key = astuple(model_cfg)
@@ -115,5 +137,6 @@ def measure(loaded: LoadedModel, model_cfg, workload: WorkloadConfig, quality: Q
         metrics["first_divergence"] = agreement.first_divergence
     logprobs, targets = teacher_forced(loaded, make_cache, quality)
     metrics["ppl"], metrics["kl_vs_reference"] = perplexity_and_kl(
-        logprobs, targets, reference_logprobs(loaded, model_key, quality))
+        logprobs, targets, reference_logprobs(loaded, model_key, quality)
+    )
     return metrics

@@ -9,11 +9,17 @@ from pathlib import Path
 
 from kvpipe.config import TrackingConfig
 from kvpipe.errors import KvpipeError, first_line
+from kvpipe.record.result import RESULT_FILE, Result
 
 log = logging.getLogger(__name__)
 
 DB_FILE = "mlflow.db"
 ARTIFACT_DIR = "mlartifacts"
+
+
+def default_uri(launch_dir: Path, store_dir: str = TrackingConfig.store_dir) -> str:
+    """The default store: SQLite under the launch dir, as an absolute URI."""
+    return f"sqlite:///{(launch_dir / store_dir / DB_FILE).resolve()}"
 
 
 def store_paths(tracking: TrackingConfig, launch_dir: Path) -> tuple[str, str | None]:
@@ -24,7 +30,7 @@ def store_paths(tracking: TrackingConfig, launch_dir: Path) -> tuple[str, str | 
         return tracking.uri, None
     store = (launch_dir / tracking.store_dir).resolve()
     store.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{store / DB_FILE}", (store / ARTIFACT_DIR).as_uri()
+    return default_uri(launch_dir, tracking.store_dir), (store / ARTIFACT_DIR).as_uri()
 
 
 class TrackingUnavailable(KvpipeError):
@@ -71,8 +77,9 @@ def setup(tracking: TrackingConfig, launch_dir: Path) -> str:
     if experiment is not None:
         return experiment.experiment_id
     try:
-        return mlflow.create_experiment(tracking.experiment, artifact_location=artifact_root and
-                                        f"{artifact_root}/{tracking.experiment}")
+        return mlflow.create_experiment(
+            tracking.experiment, artifact_location=artifact_root and f"{artifact_root}/{tracking.experiment}"
+        )
     except MlflowException:  # another job created it a moment ago
         return mlflow.get_experiment_by_name(tracking.experiment).experiment_id
 
@@ -94,52 +101,50 @@ PARENT_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag: the UI shows chil
 KEY_TAG = "kvpipe.measurement_key"
 
 
-def log_job(tracking: TrackingConfig, launch_dir: Path, run_dir: Path, params: dict[str, str],
-            document: dict, config_yaml: str, parent_run_id: str | None = None, key: str | None = None) -> str:
+def log_job(
+    tracking: TrackingConfig,
+    launch_dir: Path,
+    run_dir: Path,
+    params: dict[str, str],
+    result: Result,
+    config_yaml: str,
+    parent_run_id: str | None = None,
+) -> str:
     """One MLflow run: params, metrics, tags, and the config, texts and result.json as artifacts.
 
-    A FAILED document becomes a FAILED run with its error and traceback; the context manager
+    A FAILED result becomes a FAILED run with its error and traceback; the context manager
     also marks the run FAILED if logging itself breaks, so no run is left RUNNING."""
     with recording(tracking, launch_dir) as experiment_id:
-        return _log_job(tracking, experiment_id, run_dir, params, document, config_yaml, parent_run_id, key)
+        return _log_job(tracking, experiment_id, run_dir, params, result, config_yaml, parent_run_id)
 
 
-# MLflow's terminal statuses for kvpipe's own.
-RUN_STATUS = {"FINISHED": "FINISHED", "FAILED": "FAILED", "KILLED": "KILLED"}
-
-
-def _log_job(tracking, experiment_id, run_dir, params, document, config_yaml, parent_run_id, key) -> str:
+def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_yaml, parent_run_id) -> str:
     import mlflow
 
-    tags = {f"kvpipe.{k}": v for k, v in document["tags"].items()}
+    tags = {f"kvpipe.{k}": v for k, v in result.tags.items()}
     if parent_run_id:
         tags[PARENT_TAG] = parent_run_id
-    if key:
-        tags[KEY_TAG] = key
-    if document.get("reason"):
-        tags["kvpipe.error"] = document["reason"][:5000]
-    metrics = {k: float(v) for k, v in document["metrics"].items() if v is not None}
-    status = RUN_STATUS[document["status"]]
-    with mlflow.start_run(experiment_id=experiment_id, run_name=tracking.run_name or _run_name(document),
-                          tags=tags) as run:
+    if result.measurement_key:
+        tags[KEY_TAG] = result.measurement_key
+    if result.reason:
+        tags["kvpipe.error"] = result.reason[:5000]
+    metrics = {k: float(v) for k, v in result.metrics.items() if v is not None}
+    run_name = tracking.run_name or result.tags.get("cache.effective") or result.config["cache"]["strategy"]
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
         mlflow.log_params(params)
         mlflow.log_metrics(metrics)
         mlflow.log_text(config_yaml, "config.yaml")
-        if "texts" in document:
-            mlflow.log_dict({"texts": document["texts"]}, "texts.json")
-        if "traceback" in document:
-            mlflow.log_text(document["traceback"], "traceback.txt")
-        mlflow.log_artifact(str(run_dir / "result.json"))
+        if result.texts:
+            mlflow.log_dict({"texts": result.texts}, "texts.json")
+        if result.traceback:
+            mlflow.log_text(result.traceback, "traceback.txt")
+        mlflow.log_artifact(str(run_dir / RESULT_FILE))
         # Last: a run killed while logging never claims to hold a complete result
-        mlflow.set_tag("kvpipe.status", document["status"])
+        mlflow.set_tag("kvpipe.status", result.status)
         run_id = run.info.run_id
-    if status != "FINISHED":
-        mlflow.tracking.MlflowClient().set_terminated(run_id, status=status)
+    if result.status != "FINISHED":  # kvpipe's FAILED and KILLED are MLflow's own terminal statuses
+        mlflow.tracking.MlflowClient().set_terminated(run_id, status=result.status)
     return run_id
-
-
-def _run_name(document: dict) -> str:
-    return document["tags"].get("cache.effective") or document["config"]["cache"]["strategy"]
 
 
 def start_parent(tracking: TrackingConfig, launch_dir: Path, name: str, tags: dict[str, str]) -> str:
@@ -166,9 +171,13 @@ def finished_run_with_key(tracking: TrackingConfig, launch_dir: Path, key: str) 
     import mlflow
 
     with recording(tracking, launch_dir) as experiment_id:
-        runs = mlflow.search_runs(experiment_ids=[experiment_id], output_format="list", max_results=1,
-                                  filter_string=f"tags.`{KEY_TAG}` = '{key}' and attributes.status = 'FINISHED' "
-                                                "and tags.`kvpipe.status` = 'FINISHED'")
+        runs = mlflow.search_runs(
+            experiment_ids=[experiment_id],
+            output_format="list",
+            max_results=1,
+            filter_string=f"tags.`{KEY_TAG}` = '{key}' and attributes.status = 'FINISHED' "
+            "and tags.`kvpipe.status` = 'FINISHED'",
+        )
     return runs[0].info.run_id if runs else None
 
 
@@ -179,14 +188,19 @@ def close_stale_parents(tracking: TrackingConfig, launch_dir: Path, name: str) -
     from mlflow.tracking import MlflowClient
 
     with recording(tracking, launch_dir) as experiment_id:
-        stale = mlflow.search_runs(experiment_ids=[experiment_id], output_format="list",
-                                   filter_string="tags.`kvpipe.sweep` = 'true' and attributes.status = 'RUNNING'")
+        stale = mlflow.search_runs(
+            experiment_ids=[experiment_id],
+            output_format="list",
+            filter_string="tags.`kvpipe.sweep` = 'true' and attributes.status = 'RUNNING'",
+        )
         stale = [run for run in stale if run.info.run_name == name]
         for run in stale:
             # children caught half-logged by the kill, then the parent
-            children = mlflow.search_runs(experiment_ids=[experiment_id], output_format="list",
-                                          filter_string=f"tags.`{PARENT_TAG}` = '{run.info.run_id}' "
-                                                        "and attributes.status = 'RUNNING'")
+            children = mlflow.search_runs(
+                experiment_ids=[experiment_id],
+                output_format="list",
+                filter_string=f"tags.`{PARENT_TAG}` = '{run.info.run_id}' and attributes.status = 'RUNNING'",
+            )
             for child in children:
                 MlflowClient().set_terminated(child.info.run_id, status="KILLED")
             MlflowClient().set_terminated(run.info.run_id, status="KILLED")

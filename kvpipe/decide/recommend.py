@@ -12,13 +12,19 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from kvpipe.compare import add_source_arguments, load_runs  # pandas now; mlflow only once the limits are valid
+from kvpipe import cache
+from kvpipe.decide.runs import add_source_arguments, is_lossless, load_runs  # mlflow only once limits are valid
 from kvpipe.errors import ConfigError
-from kvpipe.report import human_bytes, parse_bytes
+from kvpipe.units import human_bytes, parse_bytes
 
 PAYS_OFF = 0.10  # static must beat dynamic's TPOT by this much to be worth a fixed, preallocated cache
-KINDS = {"dynamic": "dynamic", "static": "static", "offloaded": "offloaded", "offloaded_static": "offloaded",
-         "quantized": "quantized"}
+DYNAMIC, STATIC, OFFLOADED, QUANTIZED = cache.FAMILIES  # the guide's rules are written per family
+DENSE, MEMORY_SAVERS = (DYNAMIC, STATIC), (OFFLOADED, QUANTIZED)  # lossless before lossy, when memory binds
+
+
+def family(strategy: str) -> str | None:
+    """What the registry says recommend should weigh this strategy as."""
+    return cache.REGISTRY[strategy].family if strategy in cache.REGISTRY else None
 
 
 @dataclass(frozen=True)
@@ -30,8 +36,11 @@ class Limits:
     kl: float = 0.05
 
     def describe(self) -> str:
-        parts = [f"memory ≤ {human_bytes(self.memory_bytes)}" if self.memory_bytes is not None else "",
-                 f"TPOT ≤ {self.tpot_ms:g} ms" if self.tpot_ms is not None else "", f"KL ≤ {self.kl:g} nats"]
+        parts = [
+            f"memory ≤ {human_bytes(self.memory_bytes)}" if self.memory_bytes is not None else "",
+            f"TPOT ≤ {self.tpot_ms:g} ms" if self.tpot_ms is not None else "",
+            f"KL ≤ {self.kl:g} nats",
+        ]
         return " · ".join(p for p in parts if p)
 
     def misses(self, run) -> dict[str, float]:
@@ -50,8 +59,11 @@ class Limits:
         return overshoot
 
     def checks(self, run) -> dict[str, tuple[float, float | None]]:
-        return {"memory": (run["memory_bytes"], self.memory_bytes), "TPOT": (run["metrics.tpot_ms"], self.tpot_ms),
-                "KL": (run["quality_loss"], self.kl)}
+        return {
+            "memory": (run["memory_bytes"], self.memory_bytes),
+            "TPOT": (run["metrics.tpot_ms"], self.tpot_ms),
+            "KL": (run["quality_loss"], self.kl),
+        }
 
 
 def _figure(name: str, value: float) -> str:
@@ -76,36 +88,50 @@ def summary(run, limits: Limits, baseline=None) -> str:
         parts[0] += f" vs {base:.1f} ms for {baseline['label']} ({tpot / base - 1:+.0%})"
     elif limits.tpot_ms is not None:
         parts[0] += f" within {limits.tpot_ms:g} ms"
-    parts.append(f"peak {human_bytes(run['memory_bytes'])}" +
-                 (f" within {human_bytes(limits.memory_bytes)}" if limits.memory_bytes is not None else ""))
-    lossless = KINDS.get(run["strategy"]) != "quantized" and run["quality_loss"] == 0
+    parts.append(
+        f"peak {human_bytes(run['memory_bytes'])}"
+        + (f" within {human_bytes(limits.memory_bytes)}" if limits.memory_bytes is not None else "")
+    )
+    lossless = is_lossless(run["strategy"]) and run["quality_loss"] == 0
     parts.append("lossless" if lossless else f"KL {run['quality_loss']:.2g} nats within {limits.kl:g}")
     return f"{run['label']}: " + ", ".join(parts)
 
 
 def choose(runs, limits: Limits):
     """(chosen run or None, why): the guide's rules over measured runs, in order."""
-    runs = runs.assign(kind=runs["strategy"].map(KINDS), tpot=runs["metrics.tpot_ms"])
+    runs = runs.assign(kind=runs["strategy"].map(family), tpot=runs["metrics.tpot_ms"])
     ok = runs[[not limits.misses(run) for _, run in runs.iterrows()]].sort_values(["tpot", "quality_loss"])
     best = {kind: group.iloc[0] for kind, group in ok.groupby("kind")}
-    dynamic, static = best.get("dynamic"), best.get("static")
+    dynamic, static = best.get(DYNAMIC), best.get(STATIC)
     if dynamic is not None:
         if static is not None and static["tpot"] <= (1 - PAYS_OFF) * dynamic["tpot"]:
-            return static, (summary(static, limits, dynamic),
-                            f"a fixed cache pays off: at least {PAYS_OFF:.0%} faster than dynamic, both within limits")
-        note = "" if static is None else (f"; {static['label']} is {static['tpot'] / dynamic['tpot'] - 1:+.0%}, "
-                                          f"short of the {PAYS_OFF:.0%} that would pay for a fixed cache")
+            return static, (
+                summary(static, limits, dynamic),
+                f"a fixed cache pays off: at least {PAYS_OFF:.0%} faster than dynamic, both within limits",
+            )
+        note = (
+            ""
+            if static is None
+            else (
+                f"; {static['label']} is {static['tpot'] / dynamic['tpot'] - 1:+.0%}, "
+                f"short of the {PAYS_OFF:.0%} that would pay for a fixed cache"
+            )
+        )
         return dynamic, (summary(dynamic, limits), "dynamic meets every limit and grows only as needed" + note)
-    dense = runs[runs["kind"].isin(("dynamic", "static"))]
+    dense = runs[runs["kind"].isin(DENSE)]
     if static is not None:
-        return static, (summary(static, limits, None), _closest_text(dense[dense["kind"] == "dynamic"], limits)
-                        or "no dynamic run was measured")
+        return static, (
+            summary(static, limits, None),
+            _closest_text(dense[dense["kind"] == DYNAMIC], limits) or "no dynamic run was measured",
+        )
     binds = limits.memory_bytes is not None and not dense.empty and (dense["memory_bytes"] > limits.memory_bytes).all()
-    for kind in ("offloaded", "quantized"):  # lossless before lossy, when both fit
+    for kind in MEMORY_SAVERS:  # lossless before lossy, when both fit
         if kind in best:
             if binds:
-                why = (f"memory binds: dense caches need at least {human_bytes(dense['memory_bytes'].min())}, over "
-                       f"the {human_bytes(limits.memory_bytes)} budget; {best[kind]['label']} fits")
+                why = (
+                    f"memory binds: dense caches need at least {human_bytes(dense['memory_bytes'].min())}, over "
+                    f"the {human_bytes(limits.memory_bytes)} budget; {best[kind]['label']} fits"
+                )
             elif dense.empty:
                 why = f"no dynamic or static run was measured; {best[kind]['label']} is the fastest within limits"
             else:
@@ -118,37 +144,42 @@ def _closest_text(runs, limits: Limits) -> str:
     """The run nearest to meeting every limit (smallest worst overshoot), and by how much it misses."""
     if runs.empty:
         return ""
-    misses = [(max(m.values()), sorted(m.items(), key=lambda item: item[1]), run)
-              for m, run in ((limits.misses(run), run) for _, run in runs.iterrows())]
+    misses = [
+        (max(m.values()), sorted(m.items(), key=lambda item: item[1]), run)
+        for m, run in ((limits.misses(run), run) for _, run in runs.iterrows())
+    ]
     _, missed, run = min(misses, key=lambda item: item[0])
     texts = [_miss_text(run, name, overshoot, limits) for name, overshoot in missed]
     return f"{run['label']} (run {run['run_id'][:8]}) misses {'only ' if len(texts) == 1 else ''}" + " and ".join(texts)
 
 
 def overrides(run) -> str:
-    """The command line that measures this strategy again."""
-    strategy = run.get("params.cache.strategy") or run["strategy"]
-    words = [f"cache={strategy}"]
-    if str(run.get("params.cache.compile")) == "True":
-        words.append("cache.compile=true")
-    if strategy == "quantized" and run.get("params.backend.name") == "fp8":
-        words.append("backend=fp8")
-    elif strategy == "quantized":
-        words += [f"backend={run.get('params.backend.name')}", f"backend.nbits={run.get('params.backend.nbits')}",
-                  f"axis={run.get('params.axis.layout')}"]
-    return "python -m kvpipe " + " ".join(words)
+    """The command line that measures this strategy again, from the registry."""
+    params = {
+        name.removeprefix("params."): str(value)
+        for name, value in run.items()
+        if name.startswith("params.") and isinstance(value, str)
+    }
+    strategy = cache.get(params.get("cache.strategy") or run["strategy"])
+    return "python -m kvpipe " + " ".join(strategy.command_overrides(params))
 
 
-def main(argv: list[str]) -> int:
-    """`kvpipe recommend`: 0 and the strategy to use per workload, or 1 and the limit closest to being met."""
-    parser = argparse.ArgumentParser(prog="kvpipe recommend", description=main.__doc__)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-budget", metavar="SIZE", help="e.g. 8GiB, 512MiB, 24GB, 1e9 (default: none)")
     parser.add_argument("--max-tpot-ms", type=float, metavar="MS", help="time per output token (default: none)")
-    parser.add_argument("--max-kl", type=float, default=0.05, metavar="NATS",
-                        help="KL divergence vs the full-precision reference (default: 0.05)")
+    parser.add_argument(
+        "--max-kl",
+        type=float,
+        default=0.05,
+        metavar="NATS",
+        help="KL divergence vs the full-precision reference (default: 0.05)",
+    )
     parser.add_argument("--all", action="store_true", help="every FINISHED run in the experiment, not one sweep")
     add_source_arguments(parser)
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """0 and the strategy to use per workload, or 1 and the limit closest to being met."""
     for name, value in (("--max-tpot-ms", args.max_tpot_ms), ("--max-kl", args.max_kl)):
         if value is not None and not value >= 0:
             raise ConfigError(name, value, "expected a number ≥ 0")
@@ -161,10 +192,13 @@ def main(argv: list[str]) -> int:
     for workload, group in runs.groupby("workload", sort=False):  # strategies compete within one workload
         if workload:
             print(f"{workload}:")
-        run, (what, why) = choose(group, limits)
-        if run is None:
+        chosen, (what, why) = choose(group, limits)
+        if chosen is None:
             print(f"{what}\n  {why}")
             missing += 1
         else:
-            print(f"recommend: {run['label']} (run {run['run_id']})\n  {what}\n  why: {why}\n  use: {overrides(run)}")
+            print(
+                f"recommend: {chosen['label']} (run {chosen['run_id']})\n  {what}\n  why: {why}\n"
+                f"  use: {overrides(chosen)}"
+            )
     return 1 if missing else 0

@@ -1,7 +1,7 @@
 """Quantized cache layers that group as their axis names say, for every sequence length.
 
 The stock transformers layers group the flattened [batch, heads, seq, head_dim] tensor in
-memory order (proof in kvpipe/axes.py and tests/test_axis_semantics.py). That breaks two ways:
+memory order (proof in kvpipe/cache/backends/quanto.py and hqq.py and tests/test_axis_semantics.py). That breaks two ways:
   * quanto axis -1 (per-channel) raises unless batch*heads*seq is a multiple of the group size,
     and its groups straddle heads when seq is not;
   * hqq axis 0 groups a channel strided across all heads and batch rows; hqq axis 1 fails at
@@ -17,7 +17,7 @@ import torch
 from transformers.cache_utils import HQQQuantizedLayer, QuantoQuantizedLayer
 
 # hqq packs 8 // nbits rows into one byte: 8 padded tokens fit every bit width.
-_HQQ_TOKEN_MULTIPLE = 8
+HQQ_TOKEN_MULTIPLE = 8
 
 
 def pad_tokens(tensor: torch.Tensor, multiple: int, dim: int = -2) -> torch.Tensor:
@@ -26,8 +26,9 @@ def pad_tokens(tensor: torch.Tensor, multiple: int, dim: int = -2) -> torch.Tens
     if not pad:
         return tensor
     last = tensor.narrow(dim, tensor.shape[dim] - 1, 1)
-    return torch.cat([tensor, last.expand(*[pad if d == dim % tensor.dim() else -1 for d in range(tensor.dim())])],
-                     dim=dim)
+    return torch.cat(
+        [tensor, last.expand(*[pad if d == dim % tensor.dim() else -1 for d in range(tensor.dim())])], dim=dim
+    )
 
 
 class QuantoKVLayer(QuantoQuantizedLayer):
@@ -54,7 +55,7 @@ class HQQKVLayer(HQQQuantizedLayer):
         if axis == 0:
             grouped = pad_tokens(tensor, self.q_group_size).transpose(2, 3)  # a channel's tokens now adjacent
         else:
-            grouped = pad_tokens(tensor, _HQQ_TOKEN_MULTIPLE)
+            grouped = pad_tokens(tensor, HQQ_TOKEN_MULTIPLE)
         qtensor, meta = super()._quantize(grouped.reshape(-1, self.q_group_size).contiguous(), 1)
         meta["kv_layout"] = (axis, tuple(grouped.shape), tokens)
         return qtensor, meta
@@ -65,6 +66,3 @@ class HQQKVLayer(HQQQuantizedLayer):
         if axis == 0:
             out = out.transpose(2, 3)
         return out[..., :tokens, :].contiguous()
-
-
-LAYER_CLASSES = {"quanto": QuantoKVLayer, "hqq": HQQKVLayer}

@@ -1,35 +1,39 @@
-"""Composed config -> validated, typed Plan. Pure Python: no torch, transformers or mlflow.
+"""Composed config -> validated, typed Spec: what one job will do. Pure Python: no torch,
+transformers or mlflow.
 
-Every mistake a user can make in a config surfaces here as a one-line ConfigError, in well
-under a second, before any heavy import. Checks that need the model's shape (head_dim,
-sliding-window layers) live in caches.validate_for_model and run before weights load.
+Every mistake a user can make in a config surfaces here as a one-line ConfigError, in well under a
+second, before any heavy import. Checks that need the model's shape (head_dim, sliding-window
+layers) are the strategy's `check_for_model`, run before the weights load.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from kvpipe import cache as cache_strategies
 from kvpipe import config as schema
 from kvpipe.errors import ConfigError, require_choice
 
 
 @dataclass(frozen=True)
-class Plan:
+class Spec:
     """What one job will do: the typed config, validated, plus notes for the user."""
 
     model: schema.ModelConfig
-    cache: schema.CacheConfig
-    backend: schema.BackendConfig
+    cache: Any  # schema.CacheConfig, the union of every strategy's settings
+    backend: Any  # schema.BackendConfig, likewise for backends
     axis: schema.AxisConfig
     workload: schema.WorkloadConfig
     quality: schema.QualityConfig
     tracking: schema.TrackingConfig
-    fallback: tuple[str, ...] = ("offloaded",)
+    fallback: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
@@ -37,20 +41,33 @@ class Plan:
         data.pop("warnings")
         return data
 
+    @property
+    def strategy(self) -> cache_strategies.CacheStrategy:
+        """The cache strategy this spec names, bound to it."""
+        return cache_strategies.get(self.cache.strategy)(self)
+
+    def with_strategy(self, name: str, defaults: bool = False, **groups) -> "Spec":
+        """This spec with another cache strategy (its settings kept, or reset with defaults=True) and
+        optionally other groups replaced, e.g. backend=..."""
+        cache = schema.CacheConfig(strategy=name) if defaults else replace(self.cache, strategy=name)
+        return replace(self, cache=cache, **groups)
+
+    def read_fields(self) -> tuple[str, ...]:
+        """Dotted config fields that define what this job measures: the strategy's (through the
+        registry) and every other group except tracking and the fallback chain."""
+        return cache_strategies.get(self.cache.strategy).read_fields(self.backend.name)
+
     def measurement_key(self) -> str:
         """Hash of what is measured: equal for configs that measure the same thing (settings the
         strategy ignores, and tracking, are left out). Used to skip duplicates and to resume."""
-        import hashlib
-        import json
-
         data = self.as_dict()
         data.pop("tracking"), data.pop("fallback")
-        if self.cache.strategy != "quantized":
-            data.pop("backend"), data.pop("axis")
-        elif self.backend.name == "fp8":
-            data.pop("axis"), data["backend"].pop("q_group_size"), data["backend"].pop("residual_length")
-        if self.cache.strategy not in ("static", "offloaded_static"):
-            data["cache"].pop("max_cache_len"), data["cache"].pop("compile")
+        read = self.read_fields()
+        for group in STRATEGY_GROUPS:
+            kept = {k: v for k, v in data[group].items() if f"{group}.{k}" in read or f"{group}.*" in read}
+            data[group] = kept
+            if not kept:
+                data.pop(group)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def flat_params(self) -> dict[str, str]:
@@ -68,7 +85,11 @@ class Plan:
         return flat
 
 
-def make_plan(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) -> Plan:
+# The groups whose fields a strategy reads; the measurement key keeps only those it reads.
+STRATEGY_GROUPS = ("cache", "backend", "axis")
+
+
+def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) -> Spec:
     """Validate a composed config; raise ConfigError naming the first bad field.
 
     `overrides` are the user's command-line overrides, used only to warn about settings
@@ -79,12 +100,10 @@ def make_plan(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
     warnings: list[str] = []
     _check_model(typed.model)
     _check_workload(typed.workload)
-    overridden = frozenset(o.lstrip("+~").split("=")[0].split(".")[0] for o in overrides)
-    warnings += check_cache(typed.cache, typed.backend, typed.axis, typed.workload, overridden)
     _check_quality(typed.quality)
     for index, strategy in enumerate(typed.fallback):
-        require_choice(f"fallback[{index}]", strategy, schema.CACHE_STRATEGIES)
-    return Plan(
+        require_choice(f"fallback[{index}]", strategy, cache_strategies.names())
+    spec = Spec(
         model=typed.model,
         cache=typed.cache,
         backend=typed.backend,
@@ -93,8 +112,10 @@ def make_plan(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
         quality=typed.quality,
         tracking=typed.tracking,
         fallback=tuple(typed.fallback),
-        warnings=tuple(warnings),
     )
+    overridden = frozenset(o.lstrip("+~").split("=")[0].split(".")[0] for o in overrides)
+    warnings += spec.strategy.check(overridden)
+    return replace(spec, warnings=tuple(warnings))
 
 
 def _reject_unknown_keys(cfg: DictConfig) -> None:
@@ -106,8 +127,11 @@ def _reject_unknown_keys(cfg: DictConfig) -> None:
         known = {f.name for f in fields(group.type if isinstance(group.type, type) else getattr(schema, group.type))}
         for key in node.keys():
             if key not in known:
-                raise ConfigError(f"{group.name}.{key}", node.get(key), "not a known key; " +
-                                  "expected one of: " + ", ".join(sorted(known)))
+                raise ConfigError(
+                    f"{group.name}.{key}",
+                    node.get(key),
+                    "not a known key; " + "expected one of: " + ", ".join(sorted(known)),
+                )
 
 
 def _check_model(model: schema.ModelConfig) -> None:
@@ -127,7 +151,8 @@ def _check_model(model: schema.ModelConfig) -> None:
                 raise ConfigError(f"model.{name}", getattr(model, name), "expected a positive integer")
         if model.num_attention_heads % model.num_key_value_heads:
             raise ConfigError(
-                "model.num_key_value_heads", model.num_key_value_heads,
+                "model.num_key_value_heads",
+                model.num_key_value_heads,
                 f"expected a divisor of model.num_attention_heads={model.num_attention_heads}",
             )
 
@@ -137,7 +162,8 @@ def looks_local(name_or_path: str) -> bool:
     return (
         name_or_path.startswith(("/", ".", "~"))
         or name_or_path.count("/") > 1
-        or os.sep != "/" and os.sep in name_or_path
+        or os.sep != "/"
+        and os.sep in name_or_path
         or Path(name_or_path).exists()
     )
 
@@ -153,7 +179,9 @@ def _check_model_location(name_or_path: str | None) -> None:
             )
         if not (folder / "config.json").is_file():
             raise ConfigError(
-                "model.name_or_path", name_or_path, "the folder has no config.json; expected a transformers model folder"
+                "model.name_or_path",
+                name_or_path,
+                "the folder has no config.json; expected a transformers model folder",
             )
 
 
@@ -173,52 +201,8 @@ def _check_quality(quality: schema.QualityConfig) -> None:
     if quality.scored_tokens < 1:
         raise ConfigError("quality.scored_tokens", quality.scored_tokens, "expected a positive integer")
     if quality.context_tokens <= quality.scored_tokens:
-        raise ConfigError("quality.context_tokens", quality.context_tokens,
-                          f"expected more than quality.scored_tokens={quality.scored_tokens} (the rest is the prefix)")
-
-
-def check_cache(
-    cache: schema.CacheConfig,
-    backend: schema.BackendConfig,
-    axis: schema.AxisConfig,
-    workload: schema.WorkloadConfig,
-    overridden: frozenset[str] = frozenset(),
-) -> list[str]:
-    """Shape-free cache checks; returns warnings for settings that will be ignored."""
-    require_choice("cache.strategy", cache.strategy, schema.CACHE_STRATEGIES)
-    warnings: list[str] = []
-    if cache.max_cache_len is not None and cache.max_cache_len <= 0:
-        raise ConfigError("cache.max_cache_len", cache.max_cache_len, "expected a positive integer or null")
-    if cache.compile and cache.strategy != "static":
-        raise ConfigError("cache.compile", True, "torch.compile is offered with cache=static only; expected cache=static or cache.compile=false")
-    if cache.max_cache_len is not None and cache.strategy not in ("static", "offloaded_static"):
-        warnings.append(f"cache.max_cache_len is ignored by cache={cache.strategy}")
-    if cache.strategy == "quantized":
-        _check_backend(backend, axis)
-    elif overridden & {"backend", "axis"}:
-        warnings.append(
-            f"backend/axis settings apply to cache=quantized only; cache={cache.strategy} ignores them"
+        raise ConfigError(
+            "quality.context_tokens",
+            quality.context_tokens,
+            f"expected more than quality.scored_tokens={quality.scored_tokens} (the rest is the prefix)",
         )
-    return warnings
-
-
-# Bit widths each backend's transformers cache layer accepts (QuantoQuantizedLayer, HQQQuantizedLayer).
-BACKEND_NBITS = {"quanto": (2, 4), "hqq": (1, 2, 3, 4, 8), "fp8": (8,)}
-
-
-def _check_backend(backend: schema.BackendConfig, axis: schema.AxisConfig) -> None:
-    from kvpipe.axes import VALID_AXES
-
-    require_choice("backend.name", backend.name, schema.BACKENDS)
-    require_choice(f"backend.nbits (backend={backend.name})", backend.nbits, BACKEND_NBITS[backend.name])
-    if backend.name == "fp8":
-        return
-    if backend.q_group_size <= 0:
-        raise ConfigError("backend.q_group_size", backend.q_group_size, "expected a positive integer")
-    if backend.residual_length < 0:
-        raise ConfigError("backend.residual_length", backend.residual_length, "expected 0 or more")
-    require_choice("axis.layout", axis.layout, schema.AXIS_LAYOUTS)
-    for name in ("key", "value"):
-        value = getattr(axis, name)
-        if value is not None:
-            require_choice(f"axis.{name} (backend={backend.name})", value, VALID_AXES[backend.name])

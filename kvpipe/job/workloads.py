@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from pydoc_data.topics import topics
 
 from kvpipe.config import WorkloadConfig
+from kvpipe.errors import ConfigError
 
 
 @dataclass
@@ -24,9 +26,29 @@ class Batch:
 @lru_cache(maxsize=1)
 def reference_text() -> str:
     """Real English text that ships with Python: the pydoc topic pages, in a fixed order."""
-    from pydoc_data.topics import topics
-
     return "\n\n".join(topics[name] for name in sorted(topics))
+
+
+# Settings only one kind of workload reads; every other workload.* setting is read by all.
+KIND_FIELDS = {"chat": ("prompts",), "long_context": ("prompt_tokens",)}
+
+
+def reads(kind: str, param: str) -> bool:
+    """Whether a workload of this kind reads `workload.<field>` (unknown kinds: assume it does)."""
+    name = param.removeprefix("workload.")
+    owned = {field for fields in KIND_FIELDS.values() for field in fields}
+    return name not in owned or kind not in KIND_FIELDS or name in KIND_FIELDS[kind]
+
+
+def check_fits(workload: WorkloadConfig, shape, prompt_tokens: int) -> None:
+    """Prompt plus new tokens must fit the model's positions; checked before the weights load."""
+    total = prompt_tokens + workload.max_new_tokens
+    if shape.max_positions and total > shape.max_positions:
+        raise ConfigError(
+            "workload.max_new_tokens",
+            workload.max_new_tokens,
+            f"prompt ({prompt_tokens}) + new tokens exceed the model's {shape.max_positions} positions",
+        )
 
 
 def build_batches(workload: WorkloadConfig, tokenizer, device: str) -> list[Batch]:
@@ -62,7 +84,7 @@ def long_context_ids(tokenizer, tokens: int, offset: int = 0) -> list[int]:
     """Exactly `tokens` token ids of reference text, starting `offset` tokens in (wrapping around)."""
     ids = _reference_ids(tokenizer)
     start = offset % len(ids)
-    window = (ids[start:] + ids) [:tokens]
+    window = (ids[start:] + ids)[:tokens]
     while len(window) < tokens:
         window += ids[: tokens - len(window)]
     return window

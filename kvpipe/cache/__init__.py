@@ -1,0 +1,12 @@
+"""The cache stage: every strategy (one module each, registered on import) and the registry callers ask.
+
+`get(name)` gives a strategy's class, `registered()` all of them in table order; no other module
+names a strategy. Backends for cache=quantized live in `kvpipe.cache.backends`, the same way.
+"""
+
+from kvpipe.cache._discover import import_plugins
+from kvpipe.cache.base import FAMILIES, REGISTRY, CacheSetup, CacheStrategy, get, names, registered
+
+import_plugins(__name__, __path__)
+
+__all__ = ["FAMILIES", "REGISTRY", "CacheSetup", "CacheStrategy", "get", "names", "registered"]

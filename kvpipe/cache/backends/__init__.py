@@ -1,0 +1,21 @@
+"""Quantization backends for cache=quantized: one module per backend, registered on import."""
+
+from kvpipe.cache._discover import import_plugins
+from kvpipe.cache.backends.base import (
+    LAYOUTS,
+    GroupedBackend,
+    QuantBackend,
+    alternatives,
+    axis_numbers,
+    backend_axes,
+    get,
+    names,
+    registered,
+)
+
+import_plugins(__name__, __path__)
+
+__all__ = [
+    "LAYOUTS", "GroupedBackend", "QuantBackend", "alternatives", "axis_numbers", "backend_axes", "get", "names",
+    "registered",
+]  # fmt: skip

@@ -1,0 +1,261 @@
+"""What a quantization backend is: one class per backend, registered by subclassing.
+
+A backend knows the bit widths it takes, its `backend.*` settings, how the three axis layouts map
+to its raw axis numbers, the layer class that stores its keys and values, and the bytes those
+layers hold. `cache=quantized` and `kvpipe plan` ask the registry; nobody else names a backend.
+Pure Python at import: the layer classes (torch) load only when a cache is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping, Optional
+
+from kvpipe.errors import ConfigError, KvpipeError, choices, first_line, require_choice
+
+REGISTRY: dict[str, type[QuantBackend]] = {}
+LAYOUTS = ("per_token", "per_channel", "kivi")  # kivi: keys per-channel, values per-token
+AXIS_FIELDS = ("axis.layout", "axis.key", "axis.value")
+
+
+class QuantBackend:
+    """Base class: subclass it with `name`, `nbits_choices` and `Settings`."""
+
+    name: ClassVar[str]
+    order: ClassVar[int] = 100
+    nbits_choices: ClassVar[tuple[int, ...]]
+    plan_nbits: ClassVar[tuple[int, ...]] = ()  # extra rows `kvpipe plan` shows, one per bit width
+    Settings: ClassVar[type]  # dataclass of the backend.* fields it reads (nbits included)
+    # layout -> (key axis, value axis) in the backend's own numbering; empty: no axis is read
+    axes: ClassVar[dict[str, tuple[int, int]]] = {}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            REGISTRY[cls.name] = cls
+
+    def __init__(self, backend_cfg, axis_cfg):
+        self.settings = self.Settings(
+            **{f.name: getattr(backend_cfg, f.name) for f in dataclasses.fields(self.Settings)}
+        )
+        self.axis = axis_cfg
+
+    @classmethod
+    def valid_axes(cls) -> tuple[int, ...]:
+        return tuple(sorted({number for pair in cls.axes.values() for number in pair}))
+
+    @classmethod
+    def read_fields(cls) -> tuple[str, ...]:
+        settings = tuple(f"backend.{f.name}" for f in dataclasses.fields(cls.Settings))
+        return ("backend.name", *settings, *(AXIS_FIELDS if cls.axes else ()))
+
+    @classmethod
+    def default_nbits(cls) -> int:
+        return next(f.default for f in dataclasses.fields(cls.Settings) if f.name == "nbits")
+
+    @classmethod
+    def command_overrides(cls, params: Mapping[str, str]) -> list[str]:
+        """backend=NAME, its bit width, the settings off their defaults, and the axis layout."""
+        words = [f"backend={cls.name}", f"backend.nbits={params.get('backend.nbits')}"]
+        if cls.axes:
+            words.append(f"axis={params.get('axis.layout')}")
+            words += [f"{name}={params[name]}" for name in AXIS_FIELDS[1:] if params.get(name) not in (None, "None")]
+        for setting in dataclasses.fields(cls.Settings):
+            value = params.get(f"backend.{setting.name}")
+            if setting.name != "nbits" and value is not None and value != str(setting.default):
+                words.append(f"backend.{setting.name}={value}")
+        return words
+
+    # ---- checks -------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        require_choice(f"backend.nbits (backend={self.name})", self.settings.nbits, self.nbits_choices)
+        if not self.axes:
+            return
+        require_choice("axis.layout", self.axis.layout, LAYOUTS)
+        for side in ("key", "value"):
+            value = getattr(self.axis, side)
+            if value is not None:
+                require_choice(f"axis.{side} (backend={self.name})", value, self.valid_axes())
+
+    def check_for_model(self, shape) -> None:
+        """Checks that need the model's shape."""
+
+    def fits_head_dim(self, head_dim: int) -> bool:
+        return True
+
+    def raw_axes(self) -> tuple[int, int]:
+        """(axis_key, axis_value) for the layers."""
+        return backend_axes(self.name, self.axis.layout, self.axis.key, self.axis.value)
+
+    # ---- building -----------------------------------------------------------------------------
+
+    def require_available(self) -> None:
+        """Raise a one-line KvpipeError if this backend cannot run with the installed packages."""
+
+    def cache_options(self) -> dict[str, Any]:
+        """Keyword arguments for QuantizedCache and the layer class."""
+        return {}
+
+    @classmethod
+    def layer_class(cls) -> type | None:
+        """kvpipe's layer class for this backend, or None for transformers' own."""
+        return None
+
+    def warm(self, device: str, dtype) -> None:
+        """Quantize once per process before anything is timed (see GroupedBackend)."""
+
+    def label(self) -> str:
+        return self.name
+
+    # ---- bytes ---------------------------------------------------------------------------------
+
+    def predict_kv_bytes(self, kv, prompt_tokens: int, new_tokens: int) -> int:
+        raise NotImplementedError
+
+    def bytes_per_token(self, kv) -> float:
+        raise NotImplementedError
+
+
+@dataclass
+class GroupedSettings:
+    nbits: int = 4
+    q_group_size: int = 64  # must divide the model's head_dim
+    residual_length: int = 128  # tokens kept in full precision before they are quantized
+
+
+class GroupedBackend(QuantBackend):
+    """quanto and hqq: groups of q_group_size values, each with a scale and a zero point, and a
+    full-precision residual that is re-quantized every residual_length tokens."""
+
+    Settings = GroupedSettings
+    axes_grouping: ClassVar[dict[int, str]] = {}  # raw axis -> "token" or "channel": what one group spans
+    token_multiple: ClassVar[int] = 1  # the padded token count per-token groups need
+
+    def check(self) -> None:
+        super().check()
+        if self.settings.q_group_size <= 0:
+            raise ConfigError("backend.q_group_size", self.settings.q_group_size, "expected a positive integer")
+        if self.settings.residual_length < 0:
+            raise ConfigError("backend.residual_length", self.settings.residual_length, "expected 0 or more")
+
+    def fits_head_dim(self, head_dim: int) -> bool:
+        return head_dim % self.settings.q_group_size == 0
+
+    def check_for_model(self, shape) -> None:
+        if not self.fits_head_dim(shape.head_dim):
+            divisors = [g for g in (16, 32, 64, 128) if shape.head_dim % g == 0]
+            raise ConfigError(
+                "backend.q_group_size",
+                self.settings.q_group_size,
+                f"must divide the model's head_dim={shape.head_dim}; expected one of: {', '.join(map(str, divisors))}",
+            )
+
+    def cache_options(self) -> dict[str, Any]:
+        key_axis, value_axis = self.raw_axes()
+        return dict(
+            nbits=self.settings.nbits,
+            axis_key=key_axis,
+            axis_value=value_axis,
+            q_group_size=self.settings.q_group_size,
+            residual_length=self.settings.residual_length,
+        )
+
+    def warm(self, device: str, dtype) -> None:
+        _warm(type(self), device, dtype)
+
+    def label(self) -> str:
+        return f"{self.name}:int{self.settings.nbits}:{self.axis.layout}"
+
+    def predict_kv_bytes(self, kv, prompt_tokens: int, new_tokens: int) -> int:
+        """Packed keys and values, a scale and zero point per group, and the residual."""
+        quantized_tokens, residual_tokens = flush_schedule(prompt_tokens, new_tokens, self.settings.residual_length)
+        packed = sum(self.packed_bytes(kv, self.axes_grouping[axis], quantized_tokens) for axis in self.raw_axes())
+        return kv.layers * (packed + 2 * residual_tokens * kv.elements_per_token * kv.dtype_bytes)
+
+    def packed_bytes(self, kv, grouping: str, tokens: int) -> int:
+        """One layer's keys (or values): data plus a scale and a zero point per group, in the model dtype.
+        kvpipe's layers pad the token axis (repeating the last token): per-channel groups need whole
+        groups of tokens, per-token groups `token_multiple`."""
+        size = self.settings.q_group_size
+        multiple = size if grouping == "channel" else self.token_multiple
+        groups = -(-tokens // multiple) * multiple * kv.elements_per_token // size
+        return self.data_bytes(groups, grouping) + 2 * groups * kv.dtype_bytes
+
+    def data_bytes(self, groups: int, grouping: str) -> int:
+        """The rows of a (groups, group) view, 8 // nbits to a byte."""
+        return -(-groups // (8 // self.settings.nbits)) * self.settings.q_group_size
+
+    def bits_per_value(self) -> float:
+        return self.settings.nbits
+
+    def bytes_per_token(self, kv) -> float:
+        """Packed bits plus the token's share of scales and zero points."""
+        per_value = self.bits_per_value() / 8 + 2 * kv.dtype_bytes / self.settings.q_group_size
+        return 2 * kv.layers * kv.elements_per_token * per_value
+
+
+def flush_schedule(prompt_tokens: int, new_tokens: int, residual_length: int) -> tuple[int, int]:
+    """(quantized tokens, full-precision residual tokens) once new_tokens are generated.
+
+    QuantizedLayer.update quantizes the whole prompt on the first call; each later token joins the
+    residual, and the call that brings it to residual_length re-quantizes everything and empties it."""
+    steps = max(new_tokens - 1, 0)  # the last generated token is never fed back
+    window = max(residual_length, 1)  # 0 and 1 both flush on every step
+    return prompt_tokens + steps // window * window, steps % window
+
+
+@functools.lru_cache(maxsize=None)
+def _warm(backend: type[GroupedBackend], device: str, dtype) -> None:
+    """Quantize and dequantize once per process before anything is timed: quanto builds its C++
+    extension on first use (tens of seconds), which must never land inside a measured call."""
+    import torch
+
+    layer = backend.layer_class()(nbits=4, axis_key=0, axis_value=0, q_group_size=64, residual_length=0)
+    states = torch.randn(1, 1, 8, 64, device=device, dtype=dtype)
+    try:
+        layer.update(states, states)
+        layer._dequantize(layer._quantized_keys)
+    except (OSError, RuntimeError, ImportError) as exc:  # e.g. no nvcc to build quanto's CUDA extension
+        raise KvpipeError(
+            f"backend={backend.name} cannot run on {device}: {type(exc).__name__}: {first_line(exc)}; "
+            f"try {alternatives(backend.name)}"
+        ) from exc
+
+
+def registered() -> list[type[QuantBackend]]:
+    return sorted(REGISTRY.values(), key=lambda b: (b.order, b.name))
+
+
+def names() -> tuple[str, ...]:
+    return tuple(b.name for b in registered())
+
+
+def alternatives(name: str) -> str:
+    """'backend=hqq or backend=fp8': what to try instead of `name`."""
+    return " or ".join(f"backend={other}" for other in names() if other != name)
+
+
+def get(name: str) -> type[QuantBackend]:
+    require_choice("backend.name", name, names())
+    return REGISTRY[name]
+
+
+def axis_numbers() -> dict[str, dict[str, tuple[Optional[int], Optional[int]]]]:
+    """Backend -> layout -> (key axis, value axis), for backends that read an axis."""
+    return {b.name: dict(b.axes) for b in registered() if b.axes}
+
+
+def backend_axes(backend: str, layout: str, key_override: Optional[int] = None, value_override: Optional[int] = None):
+    """(axis_key, axis_value) for a backend and layout; an override replaces the layout's number for its side."""
+    if backend not in axis_numbers():
+        raise ConfigError("backend.name", backend, choices(axis_numbers()))
+    valid = get(backend).valid_axes()
+    require_choice("axis.layout", layout, LAYOUTS)
+    for field, value in (("axis.key", key_override), ("axis.value", value_override)):
+        if value is not None:
+            require_choice(field, value, valid)
+    key, value = axis_numbers()[backend][layout]
+    return (key if key_override is None else key_override), (value if value_override is None else value_override)

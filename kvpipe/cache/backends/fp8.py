@@ -1,0 +1,40 @@
+"""backend=fp8: transformers' per-tensor FP8 (e4m3) layer, where the installed transformers has one.
+
+Group size, residual length and axis do not apply: one float32 scale per tensor, no residual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpipe.cache.backends.base import QuantBackend, alternatives
+from kvpipe.errors import KvpipeError
+
+SCALE_BYTES = 4  # Fp8QuantizedLayer keeps one float32 scale per tensor
+
+
+class FP8(QuantBackend):
+    name = "fp8"
+    order = 30
+    nbits_choices = (8,)
+
+    @dataclass
+    class Settings:
+        nbits: int = 8
+
+    def require_available(self) -> None:
+        import transformers
+        import transformers.cache_utils as cache_utils
+
+        if not hasattr(cache_utils, "Fp8QuantizedLayer"):
+            raise KvpipeError(
+                f"backend=fp8 needs a transformers with Fp8QuantizedLayer; this one ({transformers.__version__}) "
+                f"has none; use {alternatives(self.name)}"
+            )
+
+    def predict_kv_bytes(self, kv, prompt_tokens: int, new_tokens: int) -> int:
+        held = prompt_tokens + new_tokens - 1  # one byte an element, no residual
+        return 2 * kv.layers * (held * kv.elements_per_token + SCALE_BYTES)
+
+    def bytes_per_token(self, kv) -> float:
+        return 2 * kv.layers * kv.elements_per_token

@@ -1,0 +1,127 @@
+"""Compare: a sweep's FINISHED runs as one table of what varies, a Pareto front, and plots."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from kvpipe.decide import plots
+from kvpipe.decide.runs import (
+    CACHE_PARAMS,
+    add_source_arguments,
+    column,
+    describe,
+    load_runs,
+    param_values,
+    varying_params,
+)
+from kvpipe.errors import KvpipeError
+from kvpipe.record.tracking import store_paths
+from kvpipe.units import human_bytes
+
+log = logging.getLogger(__name__)
+
+OUTPUT_FILES = ("compare.md", "compare.csv", "memory_vs_context.png", "tpot_vs_memory.png")
+FOOTNOTE = (
+    "★ Pareto front of each workload over peak memory, TPOT and KL (lower is better; lossy runs without a "
+    "quality pass are left off). Peak memory includes the weights (CPU: RSS growth + weights_bytes)."
+)
+MIB = 2**20
+
+
+def display_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row of strings per run: ★, cache label, varying params, then the key figures."""
+
+    def show(values, fmt):
+        return ["–" if pd.isna(v) else fmt(v) for v in values]
+
+    def metric(name):
+        return column(runs, f"metrics.{name}")
+
+    table = {"★": ["★" if p else "" for p in runs["pareto"]], "cache": list(runs["label"])}
+    table.update({p: param_values(runs, p) for p in varying_params(runs)})
+    table["TPOT ms"] = [
+        "–" if pd.isna(t) else f"{t:.1f} ± {s:.1f}" for t, s in zip(metric("tpot_ms"), metric("tpot_ms_std").fillna(0))
+    ]
+    table["decode tok/s"] = show(metric("decode_tokens_per_s"), "{:.1f}".format)
+    table["peak memory"] = show(runs["memory_bytes"], human_bytes)
+    table["KV cache"] = show(metric("kv_cache_bytes"), human_bytes)
+    table["vs fp16 KV"] = show(metric("kv_compression"), "{:.2f}×".format)
+    table["KL nats"] = show(metric("kl_vs_reference"), "{:.1e}".format)
+    table["agreement"] = show(metric("token_agreement"), "{:.2f}".format)
+    return pd.DataFrame(table)
+
+
+def write_outputs(runs: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
+    """compare.md, compare.csv and the two plots in out_dir; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    markdown = display_table(runs).to_markdown(index=False, stralign="right")
+    (out_dir / "compare.md").write_text(f"# {title}\n\n{markdown}\n\n{FOOTNOTE}\n")
+    columns = ["run_id", "label", "workload", "pareto", "memory_bytes", "quality_loss", "context_tokens"]
+    columns += [f"params.{p}" for p in varying_params(runs)] + sorted(c for c in runs if c.startswith("metrics."))
+    runs[columns].to_csv(out_dir / "compare.csv", index=False)
+    detail = describe(runs, [p for p in varying_params(runs) if p.startswith(CACHE_PARAMS)])
+    runs = runs.assign(point=[f"{label} {more}".strip() for label, more in zip(runs["label"], detail)])
+    plots.memory_vs_context(runs, out_dir / "memory_vs_context.png")
+    plots.tpot_vs_memory(runs, out_dir / "tpot_vs_memory.png")
+    return [out_dir / name for name in OUTPUT_FILES]
+
+
+def print_table(runs: pd.DataFrame, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    frame = display_table(runs)
+    table = Table(title=title, header_style="bold", caption=FOOTNOTE, caption_justify="left")
+    for name in frame.columns:
+        table.add_column(name, justify="left" if name in ("★", "cache") else "right")
+    for row in frame.itertuples(index=False):
+        table.add_row(*row, style="bold" if row[0] else None)
+    Console(width=None if sys.stdout.isatty() else 240).print(table)  # a pipe gets whole rows, not 80 columns
+
+
+def _publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> None:
+    """Write the files, log them on the parent run, print the table."""
+    from mlflow.tracking import MlflowClient
+
+    title = f"kvpipe compare · sweep {parent_run.info.run_id[:8]} · {len(runs)} runs"
+    for path in write_outputs(runs, out_dir, title):
+        MlflowClient().log_artifact(parent_run.info.run_id, str(path), "compare")
+    print_table(runs, title)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_source_arguments(parser)
+    parser.add_argument("--out", type=Path, metavar="DIR", help="where to write (default: the sweep's dir)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the latest (or a named) sweep's table; write and log its files."""
+    runs, parent_run = load_runs(args.experiment, args.parent, args.tracking_uri)
+    sweep_dir = Path(parent_run.data.tags.get("kvpipe.sweep_dir", "/nonexistent"))
+    out_dir = args.out or (sweep_dir if sweep_dir.is_dir() else Path("compare") / parent_run.info.run_id[:8])
+    _publish(runs, parent_run, out_dir)
+    if sys.stderr.isatty():
+        written = ", ".join(OUTPUT_FILES)
+        print(f"wrote {written} to {out_dir}; logged on MLflow run {parent_run.info.run_id}", file=sys.stderr)
+    return 0
+
+
+def summarise_sweep(config, parent_run_id: str, sweep_dir: Path) -> None:
+    """End of a multirun: table, files in sweep_dir, artifacts on the parent. Never fails the sweep."""
+    from omegaconf import OmegaConf
+
+    try:
+        uri = store_paths(OmegaConf.to_object(config.tracking), Path(config.hydra.runtime.cwd))[0]
+        runs, parent_run = load_runs(config.tracking.experiment, parent_run_id, uri)
+        _publish(runs, parent_run, sweep_dir)
+    except KvpipeError as exc:  # an empty or all-failed sweep has nothing to compare
+        log.info("compare: %s", exc)
+    except Exception:  # noqa: BLE001 - our bug, but every job is recorded already: keep the sweep's own status
+        log.exception(
+            "compare failed; the sweep's runs are recorded, `kvpipe compare --parent %s` retries", parent_run_id
+        )

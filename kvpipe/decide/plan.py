@@ -1,0 +1,167 @@
+"""`kvpipe plan`: KV-cache and weight bytes from a model's config alone, before any weight loads.
+
+`kvpipe plan [overrides] --memory-budget 24GiB` prints, per cache strategy, what a cached token costs,
+the cache at chosen context lengths, and the longest context that fits beside the weights. Each row
+is its strategy's own `predict_kv_bytes`, which follows how its transformers cache layers (and
+kvpipe's quantized layers) store their tensors, so it equals `kv_cache_bytes` of a real cache
+exactly (tests/test_capacity.py runs both).
+
+A context is prompt + new tokens, as the workload check counts it against the model's positions. The
+cache then holds context - 1 tokens: the last generated token is never fed back.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from kvpipe import cache, model
+from kvpipe.cache.accounting import kv_shape
+from kvpipe.config import compose
+from kvpipe.errors import ConfigError, KvpipeError, first_line, from_hydra
+from kvpipe.model.weights import weights
+from kvpipe.spec import make_spec
+from kvpipe.units import human_bytes, parse_bytes
+
+
+def predict_kv_bytes(spec, kv, prompt_tokens: int, new_tokens: int) -> int:
+    """What kv_cache_bytes reports for the spec's cache once new_tokens follow the prompt (all layers)."""
+    return spec.strategy.predict_kv_bytes(kv, prompt_tokens, new_tokens)
+
+
+def variants(spec, head_dim: int) -> list[tuple[str, object]]:
+    """(label, spec) for every row: each registered strategy's variants, in table order."""
+    return [row for strategy in cache.registered() for row in strategy.plan_variants(spec, head_dim)]
+
+
+def split(context: int, max_new_tokens: int) -> tuple[int, int]:
+    """(prompt, new tokens) for a context, generating max_new_tokens where the context allows."""
+    new_tokens = max(1, min(max_new_tokens, context - 1))
+    return context - new_tokens, new_tokens
+
+
+def largest_context(kv_bytes_at, available_bytes: int, cap: int) -> int:
+    """Largest context <= cap whose cache (kv_bytes_at(context), growing with it) fits; 0 if none."""
+    if available_bytes <= 0 or kv_bytes_at(2) > available_bytes:
+        return 0
+    low, high = 2, cap  # low always fits
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if kv_bytes_at(middle) <= available_bytes else (low, middle - 1)
+    return low
+
+
+def parse_contexts(text: str) -> list[int]:
+    parts = text.replace("_", "").split(",")
+    if not all(part.strip().isdigit() and int(part) >= 2 for part in parts):
+        raise ConfigError("--context", text, "expected comma-separated token counts of at least 2, e.g. 1024,4096,8192")
+    return [int(part) for part in parts]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=hf model.name_or_path=/path")
+    parser.add_argument("--memory-budget", metavar="SIZE", help="memory for weights + KV cache: 24GiB, 8GB, 1e9")
+    parser.add_argument("--context", metavar="N,N", help="contexts to show (default: 1024, 4096, the model's maximum)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="where it will run; sets model.dtype=auto's dtype")
+
+
+def run(args: argparse.Namespace) -> int:
+    """KV cache and weights from the model's config; loads no weights."""
+    for override in args.overrides:
+        if "=" not in override:
+            raise KvpipeError(f"kvpipe plan: {override!r} is neither a key=value override nor a --flag")
+    budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
+    report(_spec(args.overrides), budget, parse_contexts(args.context) if args.context else None, args.device)
+    return 0
+
+
+def _spec(overrides: list[str]):
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return make_spec(compose(overrides), overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise KvpipeError(from_hydra(exc) or str(exc)) from exc
+
+
+def report(spec, budget: int | None, contexts: list[int] | None, device: str | None) -> None:
+    """Print the plan: model, dtype, weights, then one row per strategy variant."""
+    from rich.console import Console
+    from rich.table import Table
+
+    try:
+        shape = model.describe(spec.model)
+    except OSError as exc:  # a hub id with neither network nor a local copy
+        raise KvpipeError(
+            f"model.name_or_path={spec.model.name_or_path!r} has no readable config: {first_line(exc)}"
+        ) from exc
+    rows = variants(spec, shape.head_dim)
+    for _, variant in rows:
+        if any(name.startswith("backend.") for name in variant.read_fields()):
+            variant.strategy.check()  # the backend settings of the quantized rows, whatever cache= says
+    if shape.has_sliding_layers:
+        rows = [(label, variant) for label, variant in rows if variant.strategy.supports_sliding_window]
+    device = device or (model.resolve_device("auto") if spec.model.device == "auto" else spec.model.device)
+    dtype = model.dtype_name(spec.model.dtype, device)
+    kv, new_tokens = kv_shape(shape, spec.workload.batch_size, dtype), spec.workload.max_new_tokens
+    cap = shape.max_positions or 2**24
+    contexts = contexts or sorted({c for c in (1024, 4096) if c < cap} | {cap})
+    weight = weights(spec.model, dtype)
+    available = None if budget is None else budget - weight.bytes
+
+    say = Console(width=max(Console().width, 120)).print
+    say(f"[bold]kvpipe plan[/bold] · {spec.model.name} · {device} · batch {kv.batch_size}")
+    positions = f"{shape.max_positions:,} positions" if shape.max_positions else "no max_position_embeddings"
+    say(f"model: {shape.num_layers} layers × {shape.num_kv_heads} KV heads × head_dim {shape.head_dim}, {positions}")
+    other = "cpu" if device == "cuda" else "cuda"
+    auto_note = f"(model.dtype=auto on {device}; --device {other} would assume {model.dtype_name('auto', other)})"
+    say(f"dtype: {dtype} " + (auto_note if spec.model.dtype == "auto" else "(model.dtype)"))
+    say(
+        f"weights: {human_bytes(weight.bytes)} ({weight.bytes:,} bytes), {weight.source}",
+        style=None if weight.exact else "yellow",
+    )
+    if available is not None and available > 0:
+        say(f"budget: {human_bytes(budget)} - weights = {human_bytes(available)} for the KV cache")
+    elif available is not None:
+        say(
+            f"budget: {human_bytes(budget)} is less than the weights alone: no context fits; raise "
+            "--memory-budget or choose a smaller model.dtype",
+            style="bold red",
+        )
+    say(f"context = prompt + {new_tokens} new tokens (workload.max_new_tokens); the cache holds context - 1 tokens")
+
+    table = Table(header_style="bold")
+    for column in ["strategy", "KV B/token"] + [f"KV @ {c:,}" + ("*" if c > cap else "") for c in contexts]:
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    if available is not None:
+        table.add_column("fits up to", justify="right")
+    for label, variant in rows:
+        strategy = variant.strategy
+        on_device = strategy.device_kv_shape(kv, device)
+
+        def kv_at(context: int, strategy=strategy, on_device=on_device) -> int:
+            return strategy.predict_kv_bytes(on_device, *split(context, new_tokens))
+
+        cells = [label, f"{strategy.bytes_per_token(on_device):,.0f}"] + [human_bytes(kv_at(c)) for c in contexts]
+        if available is not None:
+            fit = largest_context(kv_at, available, cap)
+            cells.append("none" if fit == 0 else f"{fit:,}" + (" (model max)" if fit == cap else ""))
+        table.add_row(*cells)
+    say(table)
+    for note in _notes(spec, shape, device, cap, contexts):
+        say(f"[yellow]note:[/yellow] {note}")
+
+
+def _notes(spec, shape, device: str, cap: int, contexts: list[int]) -> list[str]:
+    notes = [f"* beyond the model's {cap:,} positions: kvpipe would refuse it"] if max(contexts) > cap else []
+    offloading = [s for s in cache.registered() if s.offloading]
+    if offloading and device == "cuda" and shape.num_layers > 2:
+        notes.append(
+            f"offloaded rows count the device only (2 of {shape.num_layers} layers: the one in use and "
+            "the next, prefetched); host RAM holds every layer, as dynamic/static"
+        )
+    elif offloading and device != "cuda":
+        notes.append("without CUDA, " + " and ".join(f"{s.name} runs as {s.runs_as_without_cuda}" for s in offloading))
+    for strategy in cache.registered():
+        notes += strategy.plan_notes(spec, shape)
+    return notes

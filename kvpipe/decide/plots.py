@@ -1,0 +1,67 @@
+"""The compare plots: memory against context, and TPOT against memory with the Pareto front."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from kvpipe.decide.runs import CACHE_PARAMS, CONTEXT_PARAMS, column, describe, varying_params
+
+MIB = 2**20
+
+
+def memory_vs_context(runs: pd.DataFrame, path: Path) -> None:
+    from matplotlib.figure import Figure  # no pyplot: no global backend state, renders with Agg
+
+    # A line per cache and workload, bar the context length on the x axis.
+    others = describe(runs, [p for p in varying_params(runs) if not p.startswith(CACHE_PARAMS + CONTEXT_PARAMS)])
+    runs = runs.assign(series=[f"{point} {more}".strip() for point, more in zip(runs["point"], others)])
+    figure = Figure(figsize=(12, 4.5), layout="constrained")
+    for ax, figure_column, name in zip(
+        figure.subplots(1, 2), ("memory_bytes", "metrics.kv_cache_bytes"), ("peak memory", "KV cache")
+    ):
+        if runs["context_tokens"].nunique() <= 1:  # one point per series: bars say it better than lines
+            ax.barh(runs["series"], column(runs, figure_column) / MIB)
+            ax.invert_yaxis()
+            ax.set(xlabel=f"{name} (MiB)", title=f"{name} at {runs['context_tokens'].max():.0f} prompt tokens")
+        else:
+            for label, group in runs.sort_values("context_tokens").groupby("series", sort=False):
+                ax.plot(group["context_tokens"], column(group, figure_column) / MIB, marker="o", label=label)
+            ax.set(xlabel="prompt tokens", ylabel=f"{name} (MiB)", title=f"{name} vs context")
+            ax.legend(fontsize="small")
+        ax.grid(alpha=0.3)
+    figure.savefig(path, dpi=110)
+
+
+def tpot_vs_memory(runs: pd.DataFrame, path: Path) -> None:
+    """One colour per workload; its Pareto front as a step line through the starred runs."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 5.5), layout="constrained")
+    ax = figure.subplots()
+    runs = runs.assign(tpot=column(runs, "metrics.tpot_ms"), mib=runs["memory_bytes"] / MIB)
+    for (workload, group), colour in zip(runs.groupby("workload", sort=False), [f"C{i}" for i in range(10)] * 9):
+        ax.errorbar(
+            group["mib"],
+            group["tpot"],
+            yerr=column(group, "metrics.tpot_ms_std").fillna(0),
+            fmt="o",
+            capsize=3,
+            color=colour,
+            label=workload or "runs",
+        )
+        front = group[group["pareto"]].sort_values(["mib", "tpot"])
+        ax.step(front["mib"], front["tpot"], where="post", color=colour, marker="*", markersize=12, alpha=0.7)
+        for run in group.itertuples():
+            ax.annotate(run.point, (run.mib, run.tpot), textcoords="offset points", xytext=(5, 4), fontsize="x-small")
+    if runs["tpot"].max() > 20 * runs["tpot"].min():
+        ax.set_yscale("log")  # one slow outlier would flatten everything else
+    ax.set(
+        xlabel="peak memory (MiB, weights included)",
+        ylabel="TPOT (ms)",
+        title="TPOT vs memory · ★ Pareto front (memory, TPOT, KL)",
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    figure.savefig(path, dpi=110)

@@ -1,0 +1,200 @@
+"""Reading recorded runs back from MLflow, for compare and recommend: one sweep's or a whole experiment's."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvpipe import cache
+from kvpipe.errors import ConfigError, KvpipeError
+from kvpipe.job import workloads
+from kvpipe.record.result import iter_results
+from kvpipe.record.tracking import default_uri
+
+FINISHED = "attributes.status = 'FINISHED' and tags.`kvpipe.status` = 'FINISHED'"
+KEY = "tags.kvpipe.measurement_key"
+NOT_MEASURED = ("tracking.", "print_table", "resume", "sweep_name", "fallback")
+CACHE_PARAMS = ("cache.", "backend.", "axis.")  # the rest says what was measured: the workload
+CONTEXT_PARAMS = ("workload.kind", "workload.prompts", "workload.prompt_tokens")  # the x axis covers these
+
+
+def in_label() -> set[str]:
+    """Params the cache label spells out (quantized:quanto:int4:kivi, static+compile): not columns."""
+    return {"cache.strategy", *(name for strategy in cache.registered() for name in strategy.in_label)}
+
+
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """--experiment, --parent, --tracking-uri: which runs to read (shared with recommend)."""
+    parser.add_argument("--experiment", default="kvpipe", help="MLflow experiment (default: kvpipe)")
+    parser.add_argument("--parent", metavar="RUN_ID", help="a sweep's parent run (default: the latest sweep)")
+    parser.add_argument(
+        "--tracking-uri", metavar="URI", help="MLflow store (default: sqlite:///<current dir>/outputs/mlflow.db)"
+    )
+
+
+def load_runs(experiment: str, parent: str | None, tracking_uri: str | None, whole_experiment: bool = False):
+    """(FINISHED runs with derived columns, parent Run or None): one sweep's, or the whole experiment's."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    uri = tracking_uri or default_uri(Path.cwd())
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        # MLflow would create an empty database and then find nothing in it
+        raise ConfigError(
+            "--tracking-uri",
+            uri,
+            "no MLflow store there; expected the launch dir's outputs/mlflow.db (cd there) or --tracking-uri URI",
+        )
+    mlflow.set_tracking_uri(uri)
+    if parent:
+        try:
+            parent_run = mlflow.get_run(parent)
+        except MlflowException:
+            raise ConfigError(
+                "--parent",
+                parent,
+                f"no such run in {uri}; expected a sweep's parent run id, or no --parent for the latest sweep",
+            ) from None
+        if parent_run.data.tags.get("kvpipe.sweep") != "true":
+            raise ConfigError("--parent", parent, "that run is one job, not a sweep; expected a sweep's parent run")
+        experiment_id = parent_run.info.experiment_id
+    else:
+        found = mlflow.get_experiment_by_name(experiment)
+        if found is None:
+            names = ", ".join(e.name for e in mlflow.search_experiments())
+            raise ConfigError("--experiment", experiment, f"no such experiment in {uri}; expected one of: {names}")
+        experiment_id, parent_run = found.experiment_id, None
+        if not whole_experiment:
+            sweeps = mlflow.search_runs(
+                [experiment_id],
+                "tags.`kvpipe.sweep` = 'true'",
+                max_results=1,
+                order_by=["attributes.start_time DESC"],
+                output_format="list",
+            )
+            if not sweeps:
+                raise ConfigError(
+                    "--experiment",
+                    experiment,
+                    "it holds no sweep yet; run one with `python -m kvpipe -m cache=dynamic,static,quantized`",
+                )
+            parent_run = sweeps[0]
+    runs = _search(experiment_id, FINISHED) if parent_run is None else _sweep_runs(experiment_id, parent_run)
+    if runs.empty:
+        where = f"sweep {parent_run.info.run_id}" if parent_run else f"experiment {experiment!r}"
+        raise KvpipeError(f"{where} has no FINISHED runs; its jobs failed or were skipped (see their result.json)")
+    return with_derived(_latest_per_key(runs)), parent_run
+
+
+def _search(experiment_id: str, filter_string: str) -> pd.DataFrame:
+    import mlflow
+
+    return mlflow.search_runs([experiment_id], filter_string, output_format="pandas")
+
+
+def _sweep_runs(experiment_id: str, parent_run) -> pd.DataFrame:
+    """The sweep's children, plus the earlier runs its jobs were skipped for under resume=true."""
+    runs = _search(experiment_id, f"tags.`mlflow.parentRunId` = '{parent_run.info.run_id}' and {FINISHED}")
+    sweep_dir = Path(parent_run.data.tags.get("kvpipe.sweep_dir", "/nonexistent"))
+    skipped = {result.measurement_key for _, result in iter_results(sweep_dir) if result.status == "SKIPPED"}
+    skipped -= set(runs.get(KEY, ())) | {None}  # a duplicate within the sweep is a child already
+    if skipped:
+        earlier = _search(experiment_id, FINISHED)
+        runs = pd.concat([runs, earlier[earlier[KEY].isin(skipped)]])
+    return runs
+
+
+def _latest_per_key(runs: pd.DataFrame) -> pd.DataFrame:
+    """One run per measurement, the latest: a re-run replaces its row rather than doubling it."""
+    runs = runs.sort_values("start_time") if "start_time" in runs else runs
+    if KEY in runs:
+        runs = runs[~(runs.duplicated(KEY, keep="last") & runs[KEY].notna())]
+    return runs.reset_index(drop=True)
+
+
+def column(frame: pd.DataFrame, name: str, default=float("nan")) -> pd.Series:
+    return frame[name] if name in frame else pd.Series(default, index=frame.index)
+
+
+def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
+    """Add label, strategy, memory_bytes, quality_loss, context_tokens, workload and pareto columns."""
+    runs = runs.copy()
+    requested = column(runs, "tags.kvpipe.cache.requested", None).fillna(column(runs, "params.cache.strategy", ""))
+    effective = column(runs, "tags.kvpipe.cache.effective", None).fillna(requested)
+    runs["strategy"] = effective.str.split(r"[:+]", regex=True).str[0]  # a label starts with its strategy
+    # Offloaded on a CPU runs as dynamic: say both, so the row is not mistaken for either.
+    runs["label"] = [e if e.startswith(r) else f"{r} (as {e})" for r, e in zip(requested, effective)]
+    # On CUDA the allocator's peak includes the weights; on CPU the figure is RSS growth during the call,
+    # which leaves out weights loaded before it. Add them back so rows (and a budget) compare totals.
+    growth = column(runs, "tags.kvpipe.peak_memory_source", "") != "cuda_max_memory_allocated"
+    runs["memory_bytes"] = column(runs, "metrics.peak_memory_bytes") + column(runs, "metrics.weights_bytes").fillna(
+        0
+    ).where(growth, 0)
+    # Without a quality pass only a lossless strategy has a known loss.
+    lossless = pd.Series(0.0, index=runs.index).where(runs["strategy"].map(is_lossless))
+    runs["quality_loss"] = column(runs, "metrics.kl_vs_reference").fillna(lossless)
+    # The measured prompt length: workload.prompt_tokens means nothing to a chat workload.
+    runs["context_tokens"] = column(runs, "metrics.prompt_tokens").fillna(
+        pd.to_numeric(column(runs, "params.workload.prompt_tokens"), errors="coerce")
+    )
+    # A short prompt beats a long one on every axis: strategies compete within one workload only.
+    runs["workload"] = describe(runs, [p for p in varying_params(runs) if not p.startswith(CACHE_PARAMS)], full=True)
+    runs["pareto"] = False
+    for _, group in runs.groupby("workload"):
+        runs.loc[group.index, "pareto"] = pareto_front(group)
+    return runs
+
+
+def pareto_front(runs: pd.DataFrame) -> pd.Series:
+    """True where no other run is as good on memory, TPOT and quality loss, and better on one."""
+    points = np.column_stack([runs["memory_bytes"], column(runs, "metrics.tpot_ms"), runs["quality_loss"]])
+    points = points.astype(float)
+    known = points[~np.isnan(points).any(axis=1)]  # unknown loss or no timing: no claim either way
+    return pd.Series(
+        [not np.isnan(p).any() and not ((known <= p).all(axis=1) & (known < p).any(axis=1)).any() for p in points],
+        index=runs.index,
+        dtype=bool,
+    )
+
+
+def is_lossless(strategy: str) -> bool:
+    """From the registry; a strategy no longer registered is not assumed lossless."""
+    return strategy in cache.REGISTRY and cache.REGISTRY[strategy].lossless
+
+
+def _reads(run: pd.Series, param: str) -> bool:
+    """Whether this run's strategy (or workload) reads the param, as the measurement key decides."""
+    if param.startswith("workload."):
+        return workloads.reads(run.get("params.workload.kind"), param)
+    if not param.startswith(CACHE_PARAMS):
+        return True
+    strategy = cache.REGISTRY.get(run.get("params.cache.strategy"))
+    if strategy is None:
+        return True
+    read = strategy.read_fields(run.get("params.backend.name"))
+    return param in read or f"{param.split('.')[0]}.*" in read
+
+
+def _applies(param: str, runs: pd.DataFrame) -> pd.Series:
+    return pd.Series([_reads(run, param) for _, run in runs.iterrows()], index=runs.index, dtype=bool)
+
+
+def param_values(runs: pd.DataFrame, param: str) -> list[str]:
+    """The param as shown: blank where the run's strategy ignores it."""
+    return runs[f"params.{param}"].astype(str).where(_applies(param, runs), "").tolist()
+
+
+def varying_params(runs: pd.DataFrame) -> list[str]:
+    """Params with more than one value among the runs that read them: llama-bench's columns."""
+    names = [c.removeprefix("params.") for c in runs.columns if c.startswith("params.")]
+    names = [n for n in names if n not in in_label() and not n.startswith(NOT_MEASURED)]
+    return sorted(n for n in names if len(set(param_values(runs, n)) - {""}) > 1)
+
+
+def describe(runs: pd.DataFrame, params: list[str], full: bool = False) -> list[str]:
+    """'name=value ...' per run for these params, skipping those its strategy ignores."""
+    values = {p if full else p.split(".")[-1]: param_values(runs, p) for p in params}
+    return [" ".join(f"{name}={shown[i]}" for name, shown in values.items() if shown[i]) for i in range(len(runs))]

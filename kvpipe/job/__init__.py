@@ -1,0 +1,1 @@
+"""The job stage: a workload's batches, generated under one cache strategy, measured call by call."""

@@ -1,0 +1,78 @@
+"""One measured generate() call: a fresh cache, per-token timestamps, peak memory, KV bytes."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from kvpipe.cache.accounting import cached_tokens, kv_cache_bytes
+from kvpipe.errors import KvpipeError, first_line
+from kvpipe.measure.clock import Timing, TokenClock
+from kvpipe.measure.memory import PeakMemory, release_freed_memory
+
+
+@dataclass
+class Call:
+    """What one generate() call measured."""
+
+    timing: Timing
+    peak: PeakMemory
+    batch_size: int
+    prompt_tokens: int
+    kv_bytes: int
+    kv_tokens: int
+    new_tokens: Any  # LongTensor [batch, steps]
+
+
+def measured_generate(spec, loaded, setup, batch) -> Call:
+    """One generate() call with a fresh cache, timed per token and memory-probed."""
+    import torch
+
+    workload = spec.workload
+    cache = setup.make_cache()
+    clock = TokenClock(sync_cuda=loaded.device == "cuda")
+    release_freed_memory(loaded.device)
+    torch.manual_seed(workload.seed)
+    with torch.inference_mode(), PeakMemory(loaded.device) as peak, _backend_errors(spec, batch):
+        clock.begin()
+        output = loaded.model.generate(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            cache=cache,
+            max_new_tokens=workload.max_new_tokens,
+            # A fixed token count keeps runs comparable: EOS would end strategies at different steps.
+            min_new_tokens=workload.max_new_tokens if workload.ignore_eos else None,
+            do_sample=workload.do_sample,
+            streamer=clock,
+            pad_token_id=loaded.tokenizer.pad_token_id,
+            **setup.generate_kwargs,
+        )
+        clock.end()
+    return Call(
+        timing=Timing.from_clock(clock),
+        peak=peak,
+        batch_size=batch.input_ids.shape[0],
+        prompt_tokens=batch.prompt_tokens,
+        kv_bytes=kv_cache_bytes(cache),
+        kv_tokens=cached_tokens(cache),
+        new_tokens=output[:, batch.prompt_tokens :].cpu(),
+    )
+
+
+@contextmanager
+def _backend_errors(spec, batch):
+    """A lossy cache whose backend fails for some shape says which combination and shape, in one line."""
+    import torch
+
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        raise  # not a backend bug: the OOM fallback handles it
+    except (RuntimeError, ValueError, AssertionError) as exc:
+        if spec.strategy.lossless:
+            raise
+        raise KvpipeError(
+            f"{spec.strategy.describe()} failed inside the backend for batch {batch.input_ids.shape[0]} x {batch.prompt_tokens} "
+            f"prompt tokens: {type(exc).__name__}: {first_line(exc)}"
+        ) from exc

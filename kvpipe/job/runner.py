@@ -1,0 +1,109 @@
+"""One job: spec -> model + cache -> measured generation -> JobResult.
+
+The runner measures; it never records (that is kvpipe.record).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from kvpipe import model
+from kvpipe.job import workloads
+from kvpipe.job.fallback import with_fallback
+from kvpipe.job.generate import Call, measured_generate
+from kvpipe.job.progress import progress_bar
+from kvpipe.measure import quality
+from kvpipe.measure.environment import versions
+from kvpipe.measure.metrics import summarise
+from kvpipe.spec import Spec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class JobResult:
+    """Everything one job measured, in plain types (JSON-ready)."""
+
+    metrics: dict[str, float]
+    tags: dict[str, str]
+    texts: list[dict[str, str]]
+    notes: list[str] = field(default_factory=list)
+
+
+def run_job(spec: Spec) -> JobResult:
+    """Load (or reuse) the model, build the cache, generate with warm-up and repeats, measure."""
+    shape = model.describe(spec.model)
+    tokenizer = model.load_tokenizer(spec.model)
+    device = model.resolve_device(spec.model.device)
+    batches = workloads.build_batches(spec.workload, tokenizer, device)
+    longest_prompt = max(b.prompt_tokens for b in batches)
+    workloads.check_fits(spec.workload, shape, longest_prompt)
+    spec.strategy.check_for_model(shape, longest_prompt)
+
+    loaded = model.load(spec.model)
+
+    def measure(attempt: Spec):
+        setup = attempt.strategy.setup(loaded, longest_prompt)
+        return setup, *_measure(attempt, loaded, setup, batches)
+
+    ran, (setup, calls, warmup_ms), fallback_tags = with_fallback(spec, loaded, measure)
+    if fallback_tags:
+        setup.notes.append(
+            f"cache={spec.cache.strategy} ran out of memory; measured cache={ran.cache.strategy} instead"
+        )
+        setup.requested = spec.cache.strategy
+    metrics = summarise(calls, loaded)
+    metrics["warmup_ms"] = sum(warmup_ms)
+    metrics["load_ms"] = loaded.load_s * 1e3
+    if "compile_config" in setup.generate_kwargs:
+        # The first call compiles; its extra time over a steady call of the same batch is compile time.
+        steady_first_batch = [c.timing.e2e_ms for c in calls[:: len(batches)]]
+        metrics["compile_ms"] = max(0.0, warmup_ms[0] - min(steady_first_batch))
+    tags = {
+        "cache.requested": setup.requested,
+        "cache.effective": setup.effective,
+        "device": loaded.device,
+        "dtype": loaded.dtype,
+        "peak_memory_source": calls[0].peak.source,
+        **fallback_tags,
+        **versions(),
+    }
+    if ran.quality.enabled:
+        started = time.perf_counter()
+        generated = [c.new_tokens for c in calls[: len(batches)]]
+        metrics.update(
+            quality.measure(loaded, ran.model, ran.workload, ran.quality, batches, generated, setup.make_cache)
+        )
+        metrics["quality_ms"] = (time.perf_counter() - started) * 1e3
+    texts = _texts(loaded.tokenizer, batches, calls[: len(batches)])
+    return JobResult(metrics=metrics, tags=tags, texts=texts, notes=[*spec.warnings, *setup.notes])
+
+
+def _measure(spec: Spec, loaded, setup, batches) -> tuple[list[Call], list[float]]:
+    """Warm-up calls (timed, not measured), then the measured calls."""
+    compiles = "compile_config" in setup.generate_kwargs
+    if compiles and spec.workload.warmup == 0:
+        setup.notes.append("cache.compile needs a warm-up call to compile outside the timings; ran 1")
+    warmup_calls = max(spec.workload.warmup, 1 if compiles else 0)
+    warmup_ms: list[float] = []
+    calls: list[Call] = []
+    with progress_bar(setup.effective, (warmup_calls + spec.workload.repeats) * len(batches)) as advance:
+        for _ in range(warmup_calls):
+            for batch in batches:
+                warmup_ms.append(measured_generate(spec, loaded, setup, batch).timing.e2e_ms)
+                advance()
+        for _ in range(spec.workload.repeats):
+            for batch in batches:
+                calls.append(measured_generate(spec, loaded, setup, batch))
+                advance()
+    return calls, warmup_ms
+
+
+def _texts(tokenizer, batches, calls: list[Call]) -> list[dict[str, str]]:
+    texts = []
+    for batch, call in zip(batches, calls):
+        for prompt, tokens in zip(batch.texts, call.new_tokens):
+            texts.append({"prompt": prompt, "completion": tokenizer.decode(tokens, skip_special_tokens=True)})
+    return texts

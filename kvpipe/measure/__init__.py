@@ -1,0 +1,1 @@
+"""The measurement stage: timers, memory probes, the roofline, quality, and the job's metrics."""

@@ -1,0 +1,121 @@
+"""Peak memory during a block, and returning freed memory before the next one."""
+
+from __future__ import annotations
+
+import gc
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class PeakMemory:
+    """Peak memory during a block. On CUDA: the allocator's peak allocated and reserved bytes
+    (absolute, weights included). On CPU: peak resident-set growth over the block, from the
+    kernel's high-water mark (reset through /proc/self/clear_refs) or, failing that, a sampler."""
+
+    device: str
+    peak_bytes: int = 0
+    peak_reserved_bytes: int | None = None
+    source: str = ""
+    _baseline: int = 0
+    _sampler: "_RssSampler | None" = field(default=None, repr=False)
+
+    def __enter__(self) -> "PeakMemory":
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.source = "cuda_max_memory_allocated"
+        else:
+            self._baseline = _rss_bytes()
+            if _reset_high_water_mark():
+                self.source = "linux_vmhwm_growth"
+            else:
+                self._sampler = _RssSampler()
+                self._sampler.start()
+                self.source = "rss_sampler_growth"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+            self.peak_bytes = int(torch.cuda.max_memory_allocated())
+            self.peak_reserved_bytes = int(torch.cuda.max_memory_reserved())
+        elif self._sampler is not None:
+            self.peak_bytes = max(0, self._sampler.stop() - self._baseline)
+        else:
+            self.peak_bytes = max(0, _high_water_mark_bytes() - self._baseline)
+
+
+_STATUS = Path("/proc/self/status")
+
+
+def _status_kib(name: str) -> int:
+    match = re.search(rf"^{name}:\s+(\d+) kB", _STATUS.read_text(), re.MULTILINE)
+    return int(match.group(1)) if match else 0
+
+
+def _rss_bytes() -> int:
+    if _STATUS.exists():
+        return _status_kib("VmRSS") * 1024
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def _high_water_mark_bytes() -> int:
+    return _status_kib("VmHWM") * 1024
+
+
+def _reset_high_water_mark() -> bool:
+    """Linux resets VmHWM to the current RSS when '5' is written to clear_refs."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return _high_water_mark_bytes() > 0
+
+
+class _RssSampler:
+    """Fallback where clear_refs is not writable: RSS every 2 ms, sleeping in between."""
+
+    def __init__(self, interval_s: float = 0.002):
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._peak = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._peak = max(self._peak, _rss_bytes())
+            self._stop.wait(self._interval)
+
+    def start(self) -> None:
+        self._peak = _rss_bytes()
+        self._thread.start()
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return max(self._peak, _rss_bytes())
+
+
+def release_freed_memory(device: str) -> None:
+    """Return freed memory to the OS, so one call's peak does not hide inside the last one's."""
+    gc.collect()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -1,0 +1,156 @@
+"""Model loading: the embedded SmolLM2, seeded tiny random Llamas, any local or hub model.
+
+Models are loaded at most once per process (see `load`), so sweeps reuse them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import astuple, dataclass
+from typing import Any
+
+from kvpipe.config import ModelConfig
+from kvpipe.errors import KvpipeError, first_line
+from kvpipe.model.embedded import embedded_folder
+from kvpipe.model.shape import ModelShape, local_folder, random_config_dict, shape_from_config
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    shape: ModelShape
+    device: str
+    dtype: str
+    load_s: float
+    weights_bytes: int
+
+
+_LOADED: dict[tuple, LoadedModel] = {}
+
+
+def resolve_device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise KvpipeError("model.device='cuda' but no CUDA GPU is visible; use model.device=auto or cpu")
+    return requested
+
+
+def dtype_name(requested: str, device: str) -> str:
+    """auto: float32 on CPU (half-precision matmuls are slow there), bfloat16 on CUDA when supported
+    (and on a machine without CUDA, where `kvpipe plan --device cuda` asks), else float16."""
+    if requested != "auto":
+        return requested
+    if device != "cuda":
+        return "float32"
+    import torch
+
+    return "float16" if torch.cuda.is_available() and not torch.cuda.is_bf16_supported() else "bfloat16"
+
+
+def resolve_dtype(requested: str, device: str):
+    """The torch dtype for dtype_name(requested, device)."""
+    import torch
+
+    return getattr(torch, dtype_name(requested, device))
+
+
+def load(model_cfg: ModelConfig) -> LoadedModel:
+    """Load (or reuse) the model and tokenizer described by model_cfg."""
+    key = astuple(model_cfg)
+    if key not in _LOADED:
+        _LOADED.clear()  # one model resident at a time: a sweep over models must not pile them up
+        _LOADED[key] = _load_uncached(model_cfg)
+    return _LOADED[key]
+
+
+def _load_uncached(model_cfg: ModelConfig) -> LoadedModel:
+    from transformers import AutoModelForCausalLM
+
+    device = resolve_device(model_cfg.device)
+    dtype = resolve_dtype(model_cfg.dtype, device)
+    started = time.perf_counter()
+    if model_cfg.source == "random":
+        model, tokenizer = _build_random(model_cfg, dtype)
+    else:
+        location = str(local_folder(model_cfg) or model_cfg.name_or_path)
+        common = dict(revision=model_cfg.revision, trust_remote_code=model_cfg.trust_remote_code)
+        tokenizer = load_tokenizer(model_cfg)
+        try:
+            # device_map spreads a model too big for one GPU over GPUs (and CPU) through accelerate
+            placement = {"device_map": model_cfg.device_map} if model_cfg.device_map else {}
+            model = AutoModelForCausalLM.from_pretrained(
+                location,
+                dtype=dtype,
+                attn_implementation=model_cfg.attn_implementation,
+                use_safetensors=None,
+                **placement,
+                **common,
+            )
+        except (OSError, ValueError) as exc:
+            raise KvpipeError(f"model.name_or_path={location!r} could not be loaded: {first_line(exc)}") from exc
+    if model_cfg.device_map:
+        device = str(model.device.type)  # where the first layers (and the inputs) live
+        model.eval()
+    else:
+        model.to(device).eval()
+    load_s = time.perf_counter() - started
+    weights_bytes = sum(t.numel() * t.element_size() for t in {p.data_ptr(): p for p in model.parameters()}.values())
+    weights_bytes += sum(b.numel() * b.element_size() for b in model.buffers())
+    log.info("loaded %s on %s (%s) in %.2f s", model_cfg.name, device, str(dtype).removeprefix("torch."), load_s)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        shape=shape_from_config(model.config.get_text_config(decoder=True).to_dict()),
+        device=device,
+        dtype=str(dtype).removeprefix("torch."),
+        load_s=load_s,
+        weights_bytes=weights_bytes,
+    )
+
+
+def load_tokenizer(model_cfg: ModelConfig):
+    """The model's tokenizer, left-padding, loaded once per process. Random models borrow the
+    embedded model's, which keeps chat templates and decoding real."""
+    key = ("tokenizer", model_cfg.source, model_cfg.name_or_path, model_cfg.revision)
+    if key not in _TOKENIZERS:
+        from transformers import AutoTokenizer
+
+        location = model_cfg.name_or_path if model_cfg.source == "hf" else None
+        location = str(local_folder(model_cfg) or location) if model_cfg.source != "random" else str(embedded_folder())
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(
+                location, revision=model_cfg.revision, trust_remote_code=model_cfg.trust_remote_code
+            )
+        except (OSError, ValueError) as exc:
+            raise KvpipeError(f"model.name_or_path={location!r} has no loadable tokenizer: {first_line(exc)}") from exc
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "left"  # decoder-only batches pad on the left
+        _TOKENIZERS[key] = tokenizer
+    return _TOKENIZERS[key]
+
+
+_TOKENIZERS: dict[tuple, object] = {}
+
+
+def _build_random(model_cfg: ModelConfig, dtype):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config_dict = random_config_dict(model_cfg)
+    config = AutoConfig.for_model(**config_dict, attn_implementation=model_cfg.attn_implementation)
+    torch.manual_seed(model_cfg.seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    tokenizer = load_tokenizer(model_cfg)
+    if model_cfg.vocab_size < len(tokenizer):
+        raise KvpipeError(
+            f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens"
+        )
+    return model, tokenizer

@@ -1,0 +1,1 @@
+"""The record stage: result.json (one Result type), MLflow, the run's summary table, and sync."""

@@ -1,0 +1,103 @@
+"""result.json, the product's memory: one dataclass, written atomically, read back by every stage.
+
+The runner's measurements, a sweep's skipped and failed jobs, resume, `kvpipe sync`, compare and
+MLflow all go through `Result`; no other module spells its keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator, Optional
+
+RESULT_FILE = "result.json"
+STATUSES = ("FINISHED", "SKIPPED", "FAILED", "KILLED")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class Result:
+    """One job's record. `reason` says why a job did not measure (SKIPPED, FAILED, KILLED); the
+    mlflow_* fields are the MLflow reference, or why it is missing (kept for `kvpipe sync`)."""
+
+    status: str
+    config: dict
+    metrics: dict[str, Optional[float]] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    texts: list[dict[str, str]] = field(default_factory=list)
+    measurement_key: Optional[str] = None
+    reason: Optional[str] = None
+    traceback: Optional[str] = None
+    finished_at: str = field(default_factory=_now)
+    mlflow_run_id: Optional[str] = None
+    mlflow_parent_run_id: Optional[str] = None
+    mlflow_uri: Optional[str] = None
+    mlflow_error: Optional[str] = None
+
+    @classmethod
+    def finished(cls, spec, job) -> "Result":
+        """A measured job: the spec's config and key, and the runner's JobResult."""
+        return cls(
+            status="FINISHED",
+            config=spec.as_dict(),
+            measurement_key=spec.measurement_key(),
+            metrics={name: _json_number(value) for name, value in job.metrics.items()},
+            tags=job.tags,
+            notes=job.notes,
+            texts=job.texts,
+        )
+
+    @classmethod
+    def unfinished(
+        cls, config: dict, status: str, reason: str, traceback: str | None = None, measurement_key: str | None = None
+    ) -> "Result":
+        """A job that did not measure: SKIPPED (with why), FAILED (with the error) or KILLED."""
+        return cls(
+            status=status, config=config, reason=reason, traceback=traceback or None, measurement_key=measurement_key
+        )
+
+    def to_dict(self) -> dict:
+        """The JSON document; fields with no value are left out."""
+        return {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
+
+    @classmethod
+    def from_dict(cls, document: dict) -> "Result":
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{name: value for name, value in document.items() if name in known})
+
+    @classmethod
+    def load(cls, path: Path) -> "Result":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def save(self, run_dir: Path) -> Path:
+        """Write run_dir/result.json atomically: a crash never leaves half a file."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / RESULT_FILE
+        with tempfile.NamedTemporaryFile("w", dir=run_dir, suffix=".tmp", delete=False) as handle:
+            json.dump(self.to_dict(), handle, indent=2)
+            handle.write("\n")
+        os.replace(handle.name, path)
+        return path
+
+
+def iter_results(directory: Path, recursive: bool = False) -> Iterator[tuple[Path, Result]]:
+    """(path, Result) for each job of a sweep directory (its */result.json), or every result.json
+    below it with recursive=True, in path order."""
+    paths = directory.rglob(RESULT_FILE) if recursive else directory.glob(f"*/{RESULT_FILE}")
+    for path in sorted(paths):
+        yield path, Result.load(path)
+
+
+def _json_number(value: float):
+    # JSON has no NaN; null says "not measured" plainly.
+    return None if isinstance(value, float) and not math.isfinite(value) else value

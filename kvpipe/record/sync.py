@@ -1,0 +1,64 @@
+"""`kvpipe sync PATH...`: upload results that were kept on disk while MLflow was unreachable.
+
+Each result.json records its MLflow run id once uploaded, so syncing twice uploads nothing twice.
+Reads and writes results and MLflow only: the measuring engine is never imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from kvpipe.config import KvpipeConfig
+from kvpipe.errors import KvpipeError
+from kvpipe.record.recorder import upload
+from kvpipe.record.result import RESULT_FILE, Result, iter_results
+from kvpipe.record.tracking import ARTIFACT_DIR
+from kvpipe.spec import make_spec
+
+SYNCABLE = ("FINISHED", "FAILED", "KILLED")
+
+
+def unsynced(paths: list[Path]) -> list[tuple[Path, Result]]:
+    """(path, Result) for result.json files under these paths that have no MLflow run yet."""
+    found = []
+    for path in paths:
+        if not path.exists():
+            raise KvpipeError(f"sync: {path} does not exist; expected a run or sweep directory under outputs/")
+        candidates = [(path, Result.load(path))] if path.name == RESULT_FILE else iter_results(path, recursive=True)
+        for candidate, result in candidates:
+            if {ARTIFACT_DIR, "mlruns"} & set(candidate.parts):
+                continue  # MLflow's own artifact copies, not results
+            if result.status in SYNCABLE and not result.mlflow_run_id:
+                found.append((candidate, result))
+    return found
+
+
+def sync_one(result_path: Path, result: Result, tracking_uri: str | None) -> str:
+    spec = make_spec(OmegaConf.merge(OmegaConf.structured(KvpipeConfig), result.config))
+    uri = tracking_uri or result.mlflow_uri or spec.tracking.uri
+    spec = replace(spec, tracking=replace(spec.tracking, enabled=True, uri=uri))
+    upload(spec, result, result_path.parent, Path.cwd())
+    return result.mlflow_run_id or ""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories (or result.json files)")
+    parser.add_argument("--tracking-uri", help="upload here instead of the store each result names")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Upload every unsynced result under the paths; 1 if any is still unreachable."""
+    pending = unsynced(args.paths)
+    if not pending:
+        print("nothing to sync: every result under these paths is in MLflow already")
+        return 0
+    failed = 0
+    for path, result in pending:
+        run_id = sync_one(path, result, args.tracking_uri)
+        failed += not run_id
+        print(f"{path}: " + (f"MLflow run {run_id}" if run_id else "still unreachable, kept on disk"))
+    return 1 if failed else 0

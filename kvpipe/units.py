@@ -1,0 +1,30 @@
+"""Units shared by every stage: dtype sizes, byte sizes as people write and read them."""
+
+from __future__ import annotations
+
+import re
+
+from kvpipe.errors import ConfigError
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+SIZE_UNITS = {
+    "": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}  # fmt: skip
+
+
+def parse_bytes(text: str, field: str = "--memory-budget") -> int:
+    """Bytes from '8GiB', '512MiB', '24GB', '1e9'; a one-line ConfigError otherwise."""
+    match = re.fullmatch(r"\s*((?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*([a-z]*)\s*", text, re.IGNORECASE)
+    if not match or match.group(2).lower() not in SIZE_UNITS or float(match.group(1)) <= 0:
+        raise ConfigError(field, text, "expected a positive size like 8GiB, 512MiB, 24GB or 1e9 (bytes)")
+    return int(float(match.group(1)) * SIZE_UNITS[match.group(2).lower()])
+
+
+def human_bytes(value: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
