@@ -104,7 +104,8 @@ class QuantBackend:
         """kvpipe's layer class for this backend, or None for transformers' own."""
         return None
 
-    def warm(self, device: str, dtype) -> None:
+    @classmethod
+    def warm(cls, device: str, dtype) -> None:
         """Quantize once per process before anything is timed (see GroupedBackend)."""
 
     def label(self) -> str:
@@ -163,8 +164,9 @@ class GroupedBackend(QuantBackend):
             residual_length=self.settings.residual_length,
         )
 
-    def warm(self, device: str, dtype) -> None:
-        _warm(type(self), device, dtype)
+    @classmethod
+    def warm(cls, device: str, dtype) -> None:
+        _warm(cls, device, dtype)
 
     def label(self) -> str:
         return f"{self.name}:int{self.settings.nbits}:{self.axis.layout}"
