@@ -53,8 +53,8 @@ class Spec:
         return replace(self, cache=cache, **groups)
 
     def read_fields(self) -> tuple[str, ...]:
-        """Dotted config fields that define what this job measures: the strategy's (through the
-        registry) and every other group except tracking and the fallback chain."""
+        """The cache, backend and axis fields this job's strategy reads (from the registry); with
+        every other group except tracking and the fallback chain, they define what it measures."""
         return cache_strategies.get(self.cache.strategy).read_fields(self.backend.name)
 
     def measurement_key(self) -> str:
@@ -97,7 +97,6 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
     if isinstance(cfg, DictConfig):
         _reject_unknown_keys(cfg)
     typed = OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
-    warnings: list[str] = []
     _check_model(typed.model)
     _check_workload(typed.workload)
     _check_quality(typed.quality)
@@ -114,8 +113,7 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
         fallback=tuple(typed.fallback),
     )
     overridden = frozenset(o.lstrip("+~").split("=")[0].split(".")[0] for o in overrides)
-    warnings += spec.strategy.check(overridden)
-    return replace(spec, warnings=tuple(warnings))
+    return replace(spec, warnings=tuple(spec.strategy.check(overridden)))
 
 
 def _reject_unknown_keys(cfg: DictConfig) -> None:

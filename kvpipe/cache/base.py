@@ -108,9 +108,8 @@ class CacheStrategy:
         """Checks against the config alone; raises ConfigError, returns warnings for ignored settings."""
         warnings = []
         read = set(self.read_fields(self.spec.backend.name))
-        for name in _settings_fields():
-            dotted = f"cache.{name}"
-            value, default, owner = getattr(self.spec.cache, name), *_settings_fields()[name]
+        for name, (default, owner) in _settings_fields().items():
+            dotted, value = f"cache.{name}", getattr(self.spec.cache, name)
             if dotted in read or value == default:
                 continue
             refusal = owner.refusal(name)
