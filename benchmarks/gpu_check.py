@@ -26,8 +26,8 @@ import pandas as pd
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from kvpipe.config import compose
-from kvpipe.errors import KvpipeError, first_line, from_hydra
+from kvpipe.config import compose, from_hydra
+from kvpipe.errors import KvpipeError, first_line
 from kvpipe.job import runner
 from kvpipe.spec import make_spec
 from kvpipe.units import human_bytes

@@ -18,8 +18,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from kvpipe.config import register_schemas
-from kvpipe.errors import KvpipeError, from_hydra
+from kvpipe.config import from_hydra, register_schemas
+from kvpipe.errors import KvpipeError
 from kvpipe.pipeline import run_pipeline
 from kvpipe.spec import make_spec
 from kvpipe.sweep import run_sweep_job

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import re
-from dataclasses import fields
-from typing import Iterable, Optional
+from typing import Iterable
 
 
 class KvpipeError(Exception):
@@ -34,46 +32,3 @@ def require_choice(field: str, value: object, valid: Iterable[object]) -> None:
     valid = tuple(valid)
     if value not in valid:
         raise ConfigError(field, value, choices(valid))
-
-
-def from_hydra(exc: BaseException) -> Optional[str]:
-    """Turn a Hydra/OmegaConf composition error into one line, or None if it is not one."""
-    text = str(exc)
-    cause = exc.__cause__ or exc.__context__
-    full = text + "\n" + (str(cause) if cause else "")
-
-    missing_option = re.search(r"Could not find '([\w/]+)/([^']+)'", full)
-    if missing_option:
-        group, option = missing_option.groups()
-        available = re.search(r"Available options in '[\w/]+':\s*((?:\n\s+\S+)+)", full)
-        options = available.group(1).split() if available else []
-        return f"{group}={option} is not a known option; " + (choices(options) if options else "no options found")
-
-    unknown_key = re.search(r"Key '([^']+)' not in '(\w+)'", full)
-    full_key = re.search(r"full_key: (\S+)", full)
-    if unknown_key:
-        key = full_key.group(1) if full_key else unknown_key.group(1)
-        valid = _schema_fields(unknown_key.group(2))
-        return f"{key} is not a known key; " + (choices(valid) if valid else "check the spelling")
-
-    wrong_type = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", full)
-    if wrong_type and full_key:
-        return f"{full_key.group(1)}={wrong_type.group(1)!r} has the wrong type; expected {wrong_type.group(2)}"
-
-    missing_value = re.search(r"Missing mandatory value: (\S+)", full)
-    if missing_value:
-        return f"{missing_value.group(1)} must be set, e.g. {missing_value.group(1)}=/path/to/model"
-
-    bad_override = re.search(r"Error parsing override '([^']+)'", full)
-    if bad_override:
-        return f"could not parse the override {bad_override.group(1)!r}; expected key=value"
-
-    line = next((line for line in text.splitlines() if line.strip()), text)
-    return line or None
-
-
-def _schema_fields(class_name: str) -> list[str]:
-    from kvpipe import config  # config imports the registries, which import this module
-
-    schema = getattr(config, class_name, None)
-    return [f.name for f in fields(schema)] if schema else []

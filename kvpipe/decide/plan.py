@@ -16,8 +16,8 @@ import argparse
 
 from kvpipe import cache, model
 from kvpipe.cache.accounting import kv_shape
-from kvpipe.config import compose
-from kvpipe.errors import ConfigError, KvpipeError, first_line, from_hydra
+from kvpipe.config import compose, from_hydra
+from kvpipe.errors import ConfigError, KvpipeError, first_line
 from kvpipe.model.weights import weights
 from kvpipe.spec import make_spec
 from kvpipe.units import human_bytes, parse_bytes
