@@ -3,8 +3,9 @@
 The schema is the first entry of `conf/config.yaml`'s defaults list, so a misspelt key or a wrong
 type in any group file or override fails at composition, not silently. The `cache` and `backend`
 schemas are the union of what the registered strategies and backends read (each declares its own
-`Settings`), so adding one never edits this file. Pure Python: importing this module must not
-import torch, transformers or mlflow.
+`Settings`), so adding one never edits this file. Composition errors from Hydra and OmegaConf
+become one line here (`from_hydra`). Pure Python: importing this module must not import torch,
+transformers or mlflow.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""Quantized cache layers that group as their axis names say, for every sequence length.
+"""Quantized cache layers (torch at import: loaded only when a cache is built) that group as their axis names say, for every sequence length.
 
 The stock transformers layers group the flattened [batch, heads, seq, head_dim] tensor in
-memory order (proof in kvpipe/cache/backends/quanto.py and hqq.py and tests/test_axis_semantics.py). That breaks two ways:
+memory order (proof in the docstrings of quanto.py and hqq.py beside this file, checked by
+tests/test_axis_semantics.py). That breaks two ways:
   * quanto axis -1 (per-channel) raises unless batch*heads*seq is a multiple of the group size,
     and its groups straddle heads when seq is not;
   * hqq axis 0 groups a channel strided across all heads and batch rows; hqq axis 1 fails at
