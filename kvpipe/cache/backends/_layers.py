@@ -1,4 +1,5 @@
-"""Quantized cache layers (torch at import: loaded only when a cache is built) that group as their axis names say, for every sequence length.
+"""Quantized cache layers that group as their axis names say, for every sequence length. This
+module imports torch: the backends load it only when a cache is built.
 
 The stock transformers layers group the flattened [batch, heads, seq, head_dim] tensor in
 memory order (proof in the docstrings of quanto.py and hqq.py beside this file, checked by
