@@ -56,7 +56,7 @@ def subcommand_parser(only: str | None = None) -> argparse.ArgumentParser:
             module = importlib.import_module(module_name)
             command = commands.add_parser(name, help=help_text, description=help_text)
             module.add_arguments(command)
-            command.set_defaults(run=module.run)
+            command.set_defaults(run=module.run, parser=command)
     return parser
 
 
@@ -66,7 +66,7 @@ def _run_subcommand(argv: list[str]) -> int:
     if extra and hasattr(args, "overrides"):  # overrides after --flags: argparse leaves them over
         args.overrides += extra
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args.run(args)
 
 
