@@ -1,7 +1,9 @@
-"""Every cache strategy on one model and workload, in one process: KV bytes, compression,
-decode speed, and compile time. Writes a markdown table (and JSON) for the README.
+"""Every cache strategy on one model and workload, in one process: KV bytes, compression, decode
+speed, roofline fraction and compile time (table.md), and quality against the full-precision
+reference (quality.md). Writes markdown tables (and JSON) for the README.
 
     python benchmarks/cache_strategies.py                      # embedded model, 1,000-token prompt, 64 new
+    python benchmarks/cache_strategies.py --workload chat      # the bundled chat prompts
     python benchmarks/cache_strategies.py --prompt-tokens 300 --new-tokens 16 --model tiny_random
 """
 
@@ -37,17 +39,18 @@ for backend in ("quanto", "hqq"):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2_135m")
-    parser.add_argument("--prompt-tokens", type=int, default=1000)
+    parser.add_argument("--workload", choices=("long_context", "chat"), default="long_context")
+    parser.add_argument("--prompt-tokens", type=int, default=1000, help="long_context only")
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", nargs="*", help="strategy labels to run (default: all)")
     parser.add_argument("--out", type=Path, default=Path("outputs/benchmarks/cache_strategies"))
     args = parser.parse_args()
 
     base = [
         f"model={args.model}",
-        "workload=long_context",
-        f"workload.prompt_tokens={args.prompt_tokens}",
+        f"workload={args.workload}",
+        *([f"workload.prompt_tokens={args.prompt_tokens}"] if args.workload == "long_context" else []),
         f"workload.max_new_tokens={args.new_tokens}",
         f"workload.repeats={args.repeats}",
         "workload.warmup=1",
@@ -72,7 +75,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(rows, indent=2))
     # Cells formatted as text first: to_markdown would otherwise reformat the numbers.
-    table = pd.DataFrame(
+    speed = pd.DataFrame(
         [
             {
                 "strategy": row["strategy"],
@@ -80,20 +83,53 @@ def main() -> None:
                 "kv_compression (vs fp16)": f"{row['kv_compression']:.2f}",
                 "decode tok/s": f"{row['decode_tokens_per_s']:.1f} ± {row['decode_tokens_per_s_std']:.1f}",
                 "TPOT ms": f"{row['tpot_ms']:.1f}",
+                "noise": _percent(row.get("timing_noise_cv")),
+                "roofline_fraction": _fixed(row.get("roofline_fraction"), 2),
                 "compile_ms": f"{row['compile_ms']:.0f}" if "compile_ms" in row else "",
             }
             for row in rows
-        ],
-        columns=["strategy", "kv_cache_bytes", "kv_compression (vs fp16)", "decode tok/s", "TPOT ms", "compile_ms"],
+        ]
     )
-    lines = [
-        f"Model `{args.model}`, prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens, batch 1, "
-        f"{args.repeats} measured repeats after 1 warm-up.",
-        "",
-        table.to_markdown(index=False, disable_numparse=True, colalign=["left"] + ["right"] * 5),
-    ]
-    (args.out / "table.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    quality = pd.DataFrame(
+        [
+            {
+                "strategy": row["strategy"],
+                "token_agreement": _spread(row, "token_agreement", "{:.3f}"),
+                "first_divergence": f"{row['first_divergence']:.0f}" if "first_divergence" in row else "",
+                "ppl": _spread(row, "ppl", "{:.2f}"),
+                "kl_vs_reference (nats)": _spread(row, "kl_vs_reference", "{:.2e}"),
+            }
+            for row in rows
+            if "kl_vs_reference" in row
+        ]
+    )
+    work = f"prompt {args.prompt_tokens} tokens" if args.workload == "long_context" else "the bundled chat prompts"
+    header = (
+        f"Model `{args.model}`, workload `{args.workload}` ({work}), {args.new_tokens} new tokens, batch 1, "
+        f"{args.repeats} measured repeats after 1 warm-up."
+    )
+    for name, table in (("table.md", speed), ("quality.md", quality)):
+        if table.empty:
+            continue
+        markdown = table.to_markdown(
+            index=False, disable_numparse=True, colalign=["left"] + ["right"] * (table.shape[1] - 1)
+        )
+        (args.out / name).write_text(f"{header}\n\n{markdown}\n")
+        print(f"{header}\n\n{markdown}\n")
+
+
+def _spread(row: dict, name: str, fmt: str) -> str:
+    if row.get(name) is None:
+        return ""
+    return f"{fmt.format(row[name])} ± {fmt.format(row.get(name + '_std') or 0)}"
+
+
+def _percent(value) -> str:
+    return "" if value is None else f"{value:.0%}"
+
+
+def _fixed(value, digits: int) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
 
 
 if __name__ == "__main__":

@@ -163,7 +163,7 @@ def quantized_verdict(figures: dict, claims: bool):
         for q in ("hqq_int4", "quanto_int4")
     )
     if not claims:
-        detail += "; peak memory not compared in the reduced form (on CPU, RSS growth is not a clean signal)"
+        detail += "; peak memory not compared in the reduced form (on CPU the process's peak is the interpreter and libraries, not a tiny model's cache)"
     return passed, detail
 
 

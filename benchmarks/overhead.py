@@ -4,7 +4,6 @@ model.generate (B), same model, cache and prompt, in one process, alternating A 
 B has no per-token hook, so its decode rate comes from two bare calls of N and N/2 new tokens:
 (N - N/2) / (e2e(N) - e2e(N/2)), which cancels prefill and per-call costs; A's rate is taken over
 the same tokens (N/2 to N) from its own per-token timestamps. The target ratio A/B is >= 0.97.
-Also prints the roofline fraction kvpipe records for each strategy.
 
     python benchmarks/overhead.py                       # embedded model: dynamic, static, static+compile
     python benchmarks/overhead.py --model tiny_random --rounds 3
@@ -24,7 +23,6 @@ from kvpipe import model
 from kvpipe.config import compose
 from kvpipe.job import workloads
 from kvpipe.job.generate import measured_generate
-from kvpipe.job.runner import run_job
 from kvpipe.spec import make_spec
 
 STRATEGIES = {
@@ -76,20 +74,17 @@ def compare(label: str, spec, rounds: int) -> dict:
                 full, part = bare_e2e_s(loaded, setup, batch, new), bare_e2e_s(loaded, setup, batch, half)
                 bare_tps.append((new - half) / (full - part))
                 bare_e2e.append(full)
-    roofline = run_job(spec).metrics["roofline_fraction"]
     row = {
         "strategy": label,
         "kvpipe_decode_tokens_per_s": statistics.median(kvpipe_tps),
         "bare_decode_tokens_per_s": statistics.median(bare_tps),
-        "roofline_fraction": roofline,
     }
     row["ratio"] = row["kvpipe_decode_tokens_per_s"] / row["bare_decode_tokens_per_s"]
     # The same whole call with and without kvpipe's hooks: no estimation method in between.
     row["e2e_ratio"] = statistics.median(bare_e2e) / statistics.median(kvpipe_e2e)
     print(
         f"{label:16s} kvpipe {row['kvpipe_decode_tokens_per_s']:.2f} tok/s  bare "
-        f"{row['bare_decode_tokens_per_s']:.2f} tok/s  ratio {row['ratio']:.3f}  e2e ratio {row['e2e_ratio']:.3f}  "
-        f"roofline {roofline:.3f}",
+        f"{row['bare_decode_tokens_per_s']:.2f} tok/s  ratio {row['ratio']:.3f}  e2e ratio {row['e2e_ratio']:.3f}",
         flush=True,
     )
     return row
@@ -130,7 +125,6 @@ def main() -> None:
                 "bare generate tok/s": f"{r['bare_decode_tokens_per_s']:.2f}",
                 "decode ratio": f"{r['ratio']:.3f}",
                 "e2e ratio (bare/kvpipe time)": f"{r['e2e_ratio']:.3f}",
-                "roofline_fraction": f"{r['roofline_fraction']:.3f}",
             }
             for r in rows
         ],
@@ -140,10 +134,9 @@ def main() -> None:
             "bare generate tok/s",
             "decode ratio",
             "e2e ratio (bare/kvpipe time)",
-            "roofline_fraction",
         ],
     )
-    markdown = table.to_markdown(index=False, disable_numparse=True, colalign=["left"] + ["right"] * 5)
+    markdown = table.to_markdown(index=False, disable_numparse=True, colalign=["left"] + ["right"] * 4)
     (args.out / "table.md").write_text(markdown + "\n")
     print(markdown)
 

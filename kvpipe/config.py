@@ -72,14 +72,15 @@ class WorkloadConfig:
     ignore_eos: bool = True  # generate exactly max_new_tokens, as benchmarks do
     seed: int = 0
     warmup: int = 1
-    repeats: int = 1
+    repeats: int = 3
+    noise_threshold: float = 0.10  # a TTFT or TPOT that changes more than this between repeats is noisy
 
 
 @dataclass
 class QualityConfig:
     enabled: bool = True
-    context_tokens: int = 512  # teacher-forced text length in tokens
-    scored_tokens: int = 64  # the last tokens, fed one by one through the cache and scored
+    windows: int = 3  # texts scored: long_context, windows of its text; chat, its first prompts
+    scored_tokens: Optional[int] = None  # fed one by one and scored; default max(64, backend.residual_length + 32)
 
 
 @dataclass

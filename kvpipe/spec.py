@@ -189,6 +189,8 @@ def _check_workload(workload: schema.WorkloadConfig) -> None:
         value = getattr(workload, name)
         if value <= 0:
             raise ConfigError(f"workload.{name}", value, "expected a positive integer")
+    if not workload.noise_threshold > 0:
+        raise ConfigError("workload.noise_threshold", workload.noise_threshold, "expected a fraction above 0, e.g. 0.1")
     if workload.warmup < 0:
         raise ConfigError("workload.warmup", workload.warmup, "expected 0 or more")
     if workload.kind == "chat" and not workload.prompts:
@@ -196,11 +198,7 @@ def _check_workload(workload: schema.WorkloadConfig) -> None:
 
 
 def _check_quality(quality: schema.QualityConfig) -> None:
-    if quality.scored_tokens < 1:
-        raise ConfigError("quality.scored_tokens", quality.scored_tokens, "expected a positive integer")
-    if quality.context_tokens <= quality.scored_tokens:
-        raise ConfigError(
-            "quality.context_tokens",
-            quality.context_tokens,
-            f"expected more than quality.scored_tokens={quality.scored_tokens} (the rest is the prefix)",
-        )
+    if quality.windows < 1:
+        raise ConfigError("quality.windows", quality.windows, "expected a positive integer (3 or more for a spread)")
+    if quality.scored_tokens is not None and quality.scored_tokens < 2:
+        raise ConfigError("quality.scored_tokens", quality.scored_tokens, "expected 2 or more, or null for the default")

@@ -23,7 +23,7 @@ TINY = (
     "tracking=off",
     "backend.q_group_size=16",
     "backend.residual_length=4",
-    "quality.context_tokens=96",
+    "quality.windows=2",
     "quality.scored_tokens=16",
 )
 

@@ -1,12 +1,13 @@
-"""Quality against the full-precision reference: agreement, perplexity and KL."""
+"""Quality against the full-precision reference: teacher-forced agreement, KL and perplexity on the
+workload's own texts, through the path the run decodes with."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 
+from kvpipe import model
+from kvpipe.job import workloads
 from kvpipe.job.runner import run_job
 from kvpipe.measure import quality
 
@@ -20,37 +21,65 @@ TINY = (
     "workload.warmup=0",
     "tracking=off",
     "quality=on",
-    "quality.context_tokens=160",
+    "quality.windows=2",
     "quality.scored_tokens=32",
 )
-
-
-def test_identical_tokens_agree_fully_with_no_divergence():
-    tokens = [torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])]
-    agreement = quality.compare_tokens(tokens, [t.clone() for t in tokens])
-    assert (agreement.token_agreement, agreement.first_divergence) == (1.0, -1)
-
-
-def test_first_divergence_is_the_earliest_differing_position_over_the_batch():
-    ours = [torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])]
-    reference = [torch.tensor([[1, 2, 0, 4], [5, 6, 7, 0]])]
-    agreement = quality.compare_tokens(ours, reference)
-    assert agreement.first_divergence == 2
-    assert agreement.token_agreement == pytest.approx(6 / 8)
-
-
-def test_kl_is_zero_against_itself_and_perplexity_is_exp_mean_nll():
-    logprobs = torch.log_softmax(torch.randn(5, 11, generator=torch.Generator().manual_seed(0)), dim=-1)
-    targets = torch.tensor([0, 3, 5, 7, 10])
-    ppl, kl = quality.perplexity_and_kl(logprobs, targets, logprobs.clone())
-    assert kl == pytest.approx(0.0, abs=1e-7)
-    assert ppl == pytest.approx(math.exp(-logprobs[range(5), targets].mean().item()))
 
 
 def test_kl_is_positive_for_a_different_distribution():
     reference = torch.log_softmax(torch.randn(4, 9, generator=torch.Generator().manual_seed(1)), dim=-1)
     other = torch.log_softmax(torch.randn(4, 9, generator=torch.Generator().manual_seed(2)), dim=-1)
-    assert quality.perplexity_and_kl(other, torch.zeros(4, dtype=torch.long), reference)[1] > 0.01
+    assert quality.window_scores(other, reference, torch.zeros(4, dtype=torch.long))["kl_vs_reference"] > 0.01
+
+
+def test_long_context_quality_scores_windows_of_the_workloads_own_text_at_its_prompt_length():
+    spec = spec_for(*TINY)
+    tokenizer = model.load_tokenizer(spec.model)
+    windows = workloads.scoring_windows(spec.workload, tokenizer, 3, 32)
+    assert (
+        len(windows) == 3
+        and {len(w.prefix) for w in windows} == {41}
+        and {len(w.continuation) for w in windows} == {32}
+    )
+    assert len({tuple(w.prefix) for w in windows}) == 3  # three different texts
+    first_prompt = workloads.build_batches(spec.workload, tokenizer, "cpu")[0].input_ids[0].tolist()
+    assert windows[0].prefix == first_prompt  # the workload's own prompt
+
+
+def test_chat_quality_scores_the_workloads_prompts_continued_by_the_reference():
+    spec = spec_for("model=tiny_random", "tracking=off", "quality.windows=3", "quality.scored_tokens=8")
+    windows = workloads.scoring_windows(spec.workload, model.load_tokenizer(spec.model), 3, 8)
+    assert len(windows) == 3 and all(w.continuation is None for w in windows)
+    metrics = run_job(spec_for("model=tiny_random", "tracking=off", "workload.warmup=0", "workload.repeats=1",
+                               "workload.max_new_tokens=3", "quality.windows=3", "quality.scored_tokens=8")).metrics  # fmt: skip
+    assert metrics["quality_windows"] == 3 and metrics["quality_scored_tokens"] == 8
+
+
+def test_by_default_more_tokens_are_scored_than_a_quantized_cache_keeps_unquantized():
+    spec = spec_for("cache=quantized", "backend.residual_length=200")
+    assert quality.scored_tokens(spec) > 200
+    assert quality.scored_tokens(spec_for()) > spec_for().backend.residual_length
+    assert quality.scored_tokens(spec_for("quality.scored_tokens=10")) == 10
+
+
+def test_a_compiled_cache_is_scored_through_its_compiled_decode_call(monkeypatch):
+    from transformers import CompileConfig
+
+    spec = spec_for(*TINY, "cache=static")
+    loaded = model.load(spec.model)
+    setup = spec.strategy.setup(loaded, 41)
+    setup.generate_kwargs = {"compile_config": CompileConfig()}
+    steps = []
+
+    def compiled_call(config):
+        assert config is setup.generate_kwargs["compile_config"]
+        return lambda **kwargs: steps.append(1) or loaded.model(**kwargs)
+
+    monkeypatch.setattr(loaded.model, "get_compiled_call", compiled_call)
+    batches = workloads.build_batches(spec.workload, loaded.tokenizer, "cpu")
+    metrics = quality.measure(loaded, spec, batches, [torch.zeros(1, 8, dtype=torch.long)], setup)
+    assert len(steps) == 2 * (32 - 1)  # every single-token step of both windows; prefill is eager, as in generate
+    assert metrics["kl_vs_reference"] < 1e-6
 
 
 @pytest.mark.parametrize("strategy", ["dynamic", "static", "offloaded", "offloaded_static"])
@@ -81,7 +110,7 @@ def test_references_are_made_once_per_model_and_workload(monkeypatch):
     original = quality.teacher_forced
     monkeypatch.setattr(quality, "teacher_forced", lambda *a, **k: made.append(1) or original(*a, **k))
     run_job(spec_for(*TINY, "cache=static"))
-    assert len(made) == 1  # the job's own pass; the reference came from the process cache
+    assert len(made) == 2  # the job's own pass over its 2 windows; the references came from the process cache
 
 
 EMBEDDED = (

@@ -53,27 +53,38 @@ def kv_cache_bytes(cache) -> int:
     Each storage is counted once, even when several views share it. Bookkeeping tensors
     (a static layer's position counter) are not KV data and are left out.
     """
+    return _walk(cache, lambda tensor: True)
+
+
+def kv_cache_host_bytes(cache) -> int:
+    """The part of kv_cache_bytes held in host memory (an offloaded cache's other layers)."""
+    return _walk(cache, lambda tensor: tensor.device.type == "cpu")
+
+
+def _walk(cache, counted) -> int:
     seen: set[tuple[int, int]] = set()
-    return sum(_tensor_bytes(getattr(layer, name, None), seen) for layer in cache.layers for name in KV_ATTRIBUTES)
+    return sum(
+        _tensor_bytes(getattr(layer, name, None), seen, counted) for layer in cache.layers for name in KV_ATTRIBUTES
+    )
 
 
-def _tensor_bytes(obj, seen: set) -> int:
+def _tensor_bytes(obj, seen: set, counted) -> int:
     import torch
 
     if isinstance(obj, torch.Tensor):
         if hasattr(obj, "__tensor_flatten__"):  # quanto's QTensor: packed data, scale, shift
             names, _ = obj.__tensor_flatten__()
-            return sum(_tensor_bytes(getattr(obj, name), seen) for name in names)
+            return sum(_tensor_bytes(getattr(obj, name), seen, counted) for name in names)
         storage = obj.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
-        if obj.numel() == 0 or key in seen:
+        if obj.numel() == 0 or key in seen or not counted(obj):
             return 0
         seen.add(key)
         return storage.nbytes()
     if isinstance(obj, dict):
-        return sum(_tensor_bytes(value, seen) for value in obj.values())
+        return sum(_tensor_bytes(value, seen, counted) for value in obj.values())
     if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(value, seen) for value in obj)
+        return sum(_tensor_bytes(value, seen, counted) for value in obj)
     return 0
 
 

@@ -172,6 +172,20 @@ class CacheStrategy:
         """What one more cached token costs in the long run."""
         return dense_bytes(kv, 1)
 
+    def decode_kv_traffic_bytes(self, kv_bytes: int, dense_kv_bytes: int, device: str) -> int | None:
+        """KV bytes one decode step moves through memory, from the final cache's `kv_bytes` and what
+        the same tokens hold dense in the model dtype; None where it cannot be counted honestly.
+        A dense cache is read once per step (a static one: its whole allocation, masked)."""
+        if self.offloading and device == "cuda":
+            return None
+        return kv_bytes
+
+    def traffic_unknown_reason(self, device: str) -> str:
+        return (
+            f"cache={self.name} moves layers between host and {device} every step; that traffic runs at "
+            "the interconnect's speed, not the memory bandwidth the roofline is measured against"
+        )
+
     def device_kv_shape(self, kv: KvShape, device: str) -> KvShape:
         """The part of the cache that lives on the device: offloading keeps the layer in use and the
         next (prefetched) there, host RAM holds every layer; off CUDA nothing is offloaded."""

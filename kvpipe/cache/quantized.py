@@ -64,6 +64,11 @@ class Quantized(CacheStrategy):
     def label(self) -> str:
         return f"{self.name}:{self.backend.label()}"
 
+    def decode_kv_traffic_bytes(self, kv_bytes: int, dense_kv_bytes: int, device: str) -> int | None:
+        """Each step reads the packed cache and the residual (kv_bytes), writes the whole cache
+        dequantized to the model dtype, and attention reads that copy back: kv_bytes + 2 x dense."""
+        return kv_bytes + 2 * dense_kv_bytes
+
     def predict_kv_bytes(self, kv, prompt_tokens: int, new_tokens: int) -> int:
         return self.backend.predict_kv_bytes(kv, prompt_tokens, new_tokens)
 

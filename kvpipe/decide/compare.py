@@ -15,6 +15,7 @@ from kvpipe.decide.runs import (
     add_source_arguments,
     column,
     describe,
+    environments,
     load_runs,
     param_values,
     varying_params,
@@ -28,7 +29,9 @@ log = logging.getLogger(__name__)
 OUTPUT_FILES = ("compare.md", "compare.csv", "memory_vs_context.png", "tpot_vs_memory.png")
 FOOTNOTE = (
     "★ Pareto front of each workload over peak memory, TPOT and KL (lower is better; lossy runs without a "
-    "quality pass are left off). Peak memory includes the weights (CPU: RSS growth + weights_bytes)."
+    "quality pass are left off). ⚠ noisy: TTFT or TPOT changed between repeats by more than the run's "
+    "workload.noise_threshold, so its place on the front is not firm. Peak memory: the process's (CPU) or the "
+    "allocator's (CUDA) peak during a measured call, weights included."
 )
 MIB = 2**20
 
@@ -42,11 +45,13 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
     def metric(name):
         return column(runs, f"metrics.{name}")
 
-    table = {"★": ["★" if p else "" for p in runs["pareto"]], "cache": list(runs["label"])}
+    stars = [("★" if p else "") + (" ⚠" if n else "") for p, n in zip(runs["pareto"], runs["noisy"])]
+    table = {"★": stars, "cache": list(runs["label"])}
     table.update({p: param_values(runs, p) for p in varying_params(runs)})
     table["TPOT ms"] = [
         "–" if pd.isna(t) else f"{t:.1f} ± {s:.1f}" for t, s in zip(metric("tpot_ms"), metric("tpot_ms_std").fillna(0))
     ]
+    table["noise"] = show(metric("timing_noise_cv"), "{:.0%}".format)
     table["decode tok/s"] = show(metric("decode_tokens_per_s"), "{:.1f}".format)
     table["peak memory"] = show(runs["memory_bytes"], human_bytes)
     table["KV cache"] = show(metric("kv_cache_bytes"), human_bytes)
@@ -56,11 +61,22 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(table)
 
 
+def mixed_environments(runs: pd.DataFrame) -> str | None:
+    """A warning when the runs were measured in more than one environment, else None."""
+    found = environments(runs)
+    if len(found) < 2:
+        return None
+    return f"⚠ these runs come from {len(found)} environments; their figures do not compare: " + " | ".join(found)
+
+
 def write_outputs(runs: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
     """compare.md, compare.csv and the two plots in out_dir; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     markdown = display_table(runs).to_markdown(index=False, stralign="right")
-    (out_dir / "compare.md").write_text(f"# {title}\n\n{markdown}\n\n{FOOTNOTE}\n")
+    warning = mixed_environments(runs)
+    (out_dir / "compare.md").write_text(
+        f"# {title}\n\n{markdown}\n\n{FOOTNOTE}\n" + (f"\n**{warning}**\n" if warning else "")
+    )
     columns = ["run_id", "label", "workload", "pareto", "memory_bytes", "quality_loss", "context_tokens"]
     columns += [f"params.{p}" for p in varying_params(runs)] + sorted(c for c in runs if c.startswith("metrics."))
     runs[columns].to_csv(out_dir / "compare.csv", index=False)
@@ -80,8 +96,12 @@ def print_table(runs: pd.DataFrame, title: str) -> None:
     for name in frame.columns:
         table.add_column(name, justify="left" if name in ("★", "cache") else "right")
     for row in frame.itertuples(index=False):
-        table.add_row(*row, style="bold" if row[0] else None)
-    Console(width=None if sys.stdout.isatty() else 240).print(table)  # a pipe gets whole rows, not 80 columns
+        table.add_row(*row, style="bold" if row[0].startswith("★") else None)
+    console = Console(width=None if sys.stdout.isatty() else 240)  # a pipe gets whole rows, not 80 columns
+    console.print(table)
+    warning = mixed_environments(runs)
+    if warning:
+        console.print(warning, style="bold yellow")
 
 
 def _publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> None:

@@ -46,8 +46,7 @@ class Limits:
     def misses(self, run) -> dict[str, float]:
         """Relative overshoot of each limit the run misses; inf where the figure was not measured.
 
-        Memory is compare's memory_bytes, a total: CUDA's allocator peak (weights included), or on CPU
-        the RSS growth during the call plus weights_bytes, since the growth alone would leave the weights out."""
+        Memory is the measured peak, weights included: the allocator's on CUDA, the process's on CPU."""
         overshoot = {}
         for name, (value, limit) in self.checks(run).items():
             if limit is None:
@@ -94,6 +93,10 @@ def summary(run, limits: Limits, baseline=None) -> str:
     )
     lossless = is_lossless(run["strategy"]) and run["quality_loss"] == 0
     parts.append("lossless" if lossless else f"KL {run['quality_loss']:.2g} nats within {limits.kl:g}")
+    if run.get("noisy"):
+        parts.append(
+            f"NOISY: TTFT or TPOT changed by {run.get('metrics.timing_noise_cv', float('nan')):.0%} between repeats"
+        )
     return f"{run['label']}: " + ", ".join(parts)
 
 

@@ -116,7 +116,10 @@ def _latest_per_key(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def column(frame: pd.DataFrame, name: str, default=float("nan")) -> pd.Series:
-    return frame[name] if name in frame else pd.Series(default, index=frame.index)
+    """frame[name], or `default` in every row where no run has it (numbers stay numbers, the rest objects)."""
+    if name in frame:
+        return frame[name]
+    return pd.Series(default, index=frame.index, dtype=float if isinstance(default, float) else object)
 
 
 def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
@@ -127,12 +130,13 @@ def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
     runs["strategy"] = effective.str.split(r"[:+]", regex=True).str[0]  # a label starts with its strategy
     # Offloaded on a CPU runs as dynamic: say both, so the row is not mistaken for either.
     runs["label"] = [e if e.startswith(r) else f"{r} (as {e})" for r, e in zip(requested, effective)]
-    # On CUDA the allocator's peak includes the weights; on CPU the figure is RSS growth during the call,
-    # which leaves out weights loaded before it. Add them back so rows (and a budget) compare totals.
-    growth = column(runs, "tags.kvpipe.peak_memory_source", "") != "cuda_max_memory_allocated"
-    runs["memory_bytes"] = column(runs, "metrics.peak_memory_bytes") + column(runs, "metrics.weights_bytes").fillna(
-        0
-    ).where(growth, 0)
+    # peak_memory_bytes is absolute, weights included, on every device. Runs recorded before it was
+    # (CPU sources named *_growth measured RSS growth only) get their weights added, once.
+    growth = column(runs, "tags.kvpipe.peak_memory_source", "").fillna("").str.endswith("_growth")
+    weights = column(runs, "metrics.weights_bytes").fillna(0)
+    runs["memory_bytes"] = column(runs, "metrics.peak_memory_bytes") + weights.where(growth, 0)
+    # A figure that changed between repeats by more than the run's workload.noise_threshold.
+    runs["noisy"] = column(runs, "tags.kvpipe.noisy", "").fillna("") == "true"
     # Without a quality pass only a lossless strategy has a known loss.
     lossless = pd.Series(0.0, index=runs.index).where(runs["strategy"].map(is_lossless))
     runs["quality_loss"] = column(runs, "metrics.kl_vs_reference").fillna(lossless)
@@ -146,6 +150,18 @@ def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
     for _, group in runs.groupby("workload"):
         runs.loc[group.index, "pareto"] = pareto_front(group)
     return runs
+
+
+def environments(runs: pd.DataFrame) -> list[str]:
+    """The distinct environments (host, CPU, GPU, versions, threads) the runs were measured in."""
+    from kvpipe.measure.environment import ENVIRONMENT_TAGS
+
+    tags = [f"tags.kvpipe.{name}" for name in ENVIRONMENT_TAGS]
+    described = [
+        " · ".join(f"{name}={value}" for name, value in zip(ENVIRONMENT_TAGS, row) if isinstance(value, str))
+        for row in zip(*(column(runs, tag, None) for tag in tags))
+    ]
+    return sorted(set(described) - {""})
 
 
 def pareto_front(runs: pd.DataFrame) -> pd.Series:

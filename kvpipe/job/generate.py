@@ -6,7 +6,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from kvpipe.cache.accounting import cached_tokens, kv_cache_bytes
+from kvpipe.cache.accounting import cached_tokens, kv_cache_bytes, kv_cache_host_bytes
 from kvpipe.errors import KvpipeError, first_line
 from kvpipe.measure.clock import Timing, TokenClock
 from kvpipe.measure.memory import PeakMemory, release_freed_memory
@@ -22,6 +22,7 @@ class Call:
     prompt_tokens: int
     kv_bytes: int
     kv_tokens: int
+    kv_host_bytes: int  # of kv_bytes, those in host memory while the model runs on an accelerator
     new_tokens: Any  # LongTensor [batch, steps]
 
 
@@ -56,6 +57,7 @@ def measured_generate(spec, loaded, setup, batch) -> Call:
         prompt_tokens=batch.prompt_tokens,
         kv_bytes=kv_cache_bytes(cache),
         kv_tokens=cached_tokens(cache),
+        kv_host_bytes=kv_cache_host_bytes(cache) if loaded.device != "cpu" else 0,
         new_tokens=output[:, batch.prompt_tokens :].cpu(),
     )
 

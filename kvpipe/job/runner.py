@@ -15,7 +15,7 @@ from kvpipe.job.fallback import with_fallback
 from kvpipe.job.generate import Call, measured_generate
 from kvpipe.job.progress import progress_bar
 from kvpipe.measure import quality
-from kvpipe.measure.environment import versions
+from kvpipe.measure.environment import environment, load_average
 from kvpipe.measure.metrics import summarise
 from kvpipe.spec import Spec
 
@@ -43,6 +43,7 @@ def run_job(spec: Spec) -> JobResult:
     spec.strategy.check_for_model(shape, longest_prompt)
 
     loaded = model.load(spec.model)
+    load_at_start = load_average()
 
     def measure(attempt: Spec):
         setup = attempt.strategy.setup(loaded, longest_prompt)
@@ -54,7 +55,8 @@ def run_job(spec: Spec) -> JobResult:
             f"cache={spec.cache.strategy} ran out of memory; measured cache={ran.cache.strategy} instead"
         )
         setup.requested = spec.cache.strategy
-    metrics = summarise(calls, loaded)
+    metrics, metric_notes = summarise(calls, loaded, ran.strategy, len(batches))
+    setup.notes.extend(metric_notes)
     metrics["warmup_ms"] = sum(warmup_ms)
     metrics["load_ms"] = loaded.load_s * 1e3
     if "compile_config" in setup.generate_kwargs:
@@ -67,18 +69,31 @@ def run_job(spec: Spec) -> JobResult:
         "device": loaded.device,
         "dtype": loaded.dtype,
         "peak_memory_source": calls[0].peak.source,
+        "noisy": noisy(metrics["timing_noise_cv"], spec.workload.noise_threshold),
         **fallback_tags,
-        **versions(),
+        **environment(loaded.device),
     }
+    if tags["noisy"] == "true":
+        setup.notes.append(
+            f"noisy: TTFT or TPOT changed by {metrics['timing_noise_cv']:.0%} between repeats (threshold "
+            f"workload.noise_threshold={spec.workload.noise_threshold:g}); rerun on an idle machine or with more repeats"
+        )
     if ran.quality.enabled:
         started = time.perf_counter()
         generated = [c.new_tokens for c in calls[: len(batches)]]
-        metrics.update(
-            quality.measure(loaded, ran.model, ran.workload, ran.quality, batches, generated, setup.make_cache)
-        )
+        metrics.update(quality.measure(loaded, ran, batches, generated, setup))
+        tags["quality_reference"] = f"DynamicCache, {loaded.dtype}"  # the same weights and dtype as the run
         metrics["quality_ms"] = (time.perf_counter() - started) * 1e3
+    metrics["load_average_start"], metrics["load_average_end"] = load_at_start, load_average()
     texts = _texts(loaded.tokenizer, batches, calls[: len(batches)])
     return JobResult(metrics=metrics, tags=tags, texts=texts, notes=[*spec.warnings, *setup.notes])
+
+
+def noisy(timing_noise_cv: float, threshold: float) -> str:
+    """'true', 'false', or 'unknown' when a single repeat gave nothing to compare."""
+    if timing_noise_cv != timing_noise_cv:  # NaN
+        return "unknown"
+    return "true" if timing_noise_cv > threshold else "false"
 
 
 def _measure(spec: Spec, loaded, setup, batches) -> tuple[list[Call], list[float]]:

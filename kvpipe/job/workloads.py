@@ -58,6 +58,29 @@ def build_batches(workload: WorkloadConfig, tokenizer, device: str) -> list[Batc
     return _chat_batches(workload, tokenizer, device)
 
 
+@dataclass
+class Window:
+    """A text that quality is scored on: a prefix read into the cache, and what follows it (the
+    workload's own text; None for chat, whose continuation the reference model writes)."""
+
+    prefix: list[int]
+    continuation: list[int] | None
+
+
+def scoring_windows(workload: WorkloadConfig, tokenizer, count: int, scored_tokens: int) -> list[Window]:
+    """What quality scores, following the workload: long_context, `count` windows of its own text at
+    its own prompt length, each followed by `scored_tokens` tokens of that text; chat, its first
+    `count` prompts as the model sees them."""
+    if workload.kind == "long_context":
+        windows = []
+        for index in range(count):
+            ids = long_context_ids(tokenizer, workload.prompt_tokens + scored_tokens, offset=index * _ROW_STRIDE)
+            windows.append(Window(ids[: workload.prompt_tokens], ids[workload.prompt_tokens :]))
+        return windows
+    texts = [_chat_text(tokenizer, prompt) for prompt in workload.prompts[:count]]
+    return [Window(tokenizer(text, add_special_tokens=False)["input_ids"], None) for text in texts]
+
+
 def _chat_batches(workload: WorkloadConfig, tokenizer, device: str) -> list[Batch]:
     prompts = list(workload.prompts)
     size = workload.batch_size
@@ -78,6 +101,9 @@ def _chat_text(tokenizer, prompt: str) -> str:
             [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
         )
     return prompt
+
+
+_ROW_STRIDE = 7919  # tokens between the starts of two rows (or quality windows): each its own text
 
 
 def long_context_ids(tokenizer, tokens: int, offset: int = 0) -> list[int]:
@@ -102,7 +128,9 @@ def _long_context_batch(workload: WorkloadConfig, tokenizer, device: str) -> Bat
     import torch
 
     # Each row starts at a different place in the text, so a batch is not B copies of one prompt.
-    rows = [long_context_ids(tokenizer, workload.prompt_tokens, offset=i * 7919) for i in range(workload.batch_size)]
+    rows = [
+        long_context_ids(tokenizer, workload.prompt_tokens, offset=i * _ROW_STRIDE) for i in range(workload.batch_size)
+    ]
     input_ids = torch.tensor(rows, dtype=torch.long, device=device)
     texts = [tokenizer.decode(row) for row in rows]
     return Batch(input_ids, torch.ones_like(input_ids), texts)

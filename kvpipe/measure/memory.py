@@ -11,16 +11,24 @@ from pathlib import Path
 
 @dataclass
 class PeakMemory:
-    """Peak memory during a block. On CUDA: the allocator's peak allocated and reserved bytes
-    (absolute, weights included). On CPU: peak resident-set growth over the block, from the
-    kernel's high-water mark (reset through /proc/self/clear_refs) or, failing that, a sampler."""
+    """Peak memory during a block, absolute (weights included) on every device, and the state just
+    before the block, so that the growth (cache plus activations) is known too.
+
+    CUDA: the allocator's peak allocated (and reserved) bytes after resetting its statistics. CPU:
+    the process's peak resident set, from the kernel's high-water mark (reset to the current RSS
+    through /proc/self/clear_refs) or, where that is not writable, a 2 ms RSS sampler."""
 
     device: str
     peak_bytes: int = 0
+    baseline_bytes: int = 0
     peak_reserved_bytes: int | None = None
     source: str = ""
-    _baseline: int = 0
     _sampler: "_RssSampler | None" = field(default=None, repr=False)
+
+    @property
+    def peak_over_baseline_bytes(self) -> int:
+        """What the block added at its peak over the state just before it."""
+        return max(0, self.peak_bytes - self.baseline_bytes)
 
     def __enter__(self) -> "PeakMemory":
         if self.device == "cuda":
@@ -28,15 +36,16 @@ class PeakMemory:
 
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+            self.baseline_bytes = int(torch.cuda.memory_allocated())
             self.source = "cuda_max_memory_allocated"
         else:
-            self._baseline = _rss_bytes()
+            self.baseline_bytes = _rss_bytes()
             if _reset_high_water_mark():
-                self.source = "linux_vmhwm_growth"
+                self.source = "linux_vmhwm"
             else:
                 self._sampler = _RssSampler()
                 self._sampler.start()
-                self.source = "rss_sampler_growth"
+                self.source = "rss_sampler"
         return self
 
     def __exit__(self, *exc) -> None:
@@ -47,9 +56,9 @@ class PeakMemory:
             self.peak_bytes = int(torch.cuda.max_memory_allocated())
             self.peak_reserved_bytes = int(torch.cuda.max_memory_reserved())
         elif self._sampler is not None:
-            self.peak_bytes = max(0, self._sampler.stop() - self._baseline)
+            self.peak_bytes = self._sampler.stop()
         else:
-            self.peak_bytes = max(0, _high_water_mark_bytes() - self._baseline)
+            self.peak_bytes = max(_high_water_mark_bytes(), self.baseline_bytes)
 
 
 _STATUS = Path("/proc/self/status")

@@ -1,29 +1,37 @@
-"""From measured calls to the job's metrics: latencies with spreads, memory, KV bytes, roofline."""
+"""From measured calls to the job's metrics: latencies with spreads, noise, memory, KV bytes, roofline."""
 
 from __future__ import annotations
 
+import math
 import statistics
 
-from kvpipe.cache.accounting import dense_fp16_bytes
+from kvpipe.cache.accounting import dense_bytes, dense_fp16_bytes, kv_shape
 from kvpipe.measure.clock import mean_std, percentile
 from kvpipe.measure.roofline import memory_bandwidth_bytes_per_s, roofline_fraction
 
+TIMINGS = ("ttft_ms", "tpot_ms", "e2e_ms", "decode_tokens_per_s", "prefill_tokens_per_s")
+NOISE_JUDGED = ("ttft_ms", "tpot_ms")  # the figures a run is marked noisy by
 
-def summarise(calls: list, loaded) -> dict[str, float]:
-    """Metrics over the measured calls (kvpipe.job.generate.Call) of one job."""
+
+def summarise(calls: list, loaded, strategy, batches: int) -> tuple[dict[str, float], list[str]]:
+    """Metrics over the measured calls (kvpipe.job.generate.Call) of one job, made repeat after
+    repeat over `batches` batches; and notes on figures that could not be given."""
     metrics: dict[str, float] = {}
-
-    def put(name: str, values: list[float]) -> None:
-        metrics[name], metrics[name + "_std"] = mean_std(values)
-
-    put("ttft_ms", [c.timing.ttft_ms for c in calls])
-    put("tpot_ms", [c.timing.tpot_ms for c in calls])
-    put("e2e_ms", [c.timing.e2e_ms for c in calls])
-    put(
-        "decode_tokens_per_s",
-        [c.batch_size * len(c.timing.itl_ms) / (sum(c.timing.itl_ms) / 1e3) for c in calls if c.timing.itl_ms],
-    )
-    put("prefill_tokens_per_s", [c.batch_size * c.prompt_tokens / (c.timing.ttft_ms / 1e3) for c in calls])
+    per_call = {
+        "ttft_ms": [c.timing.ttft_ms for c in calls],
+        "tpot_ms": [c.timing.tpot_ms for c in calls],
+        "e2e_ms": [c.timing.e2e_ms for c in calls],
+        "decode_tokens_per_s": [
+            c.batch_size * len(c.timing.itl_ms) / (sum(c.timing.itl_ms) / 1e3) if c.timing.itl_ms else math.nan
+            for c in calls
+        ],
+        "prefill_tokens_per_s": [c.batch_size * c.prompt_tokens / (c.timing.ttft_ms / 1e3) for c in calls],
+    }
+    for name in TIMINGS:
+        values = [v for v in per_call[name] if not math.isnan(v)]
+        mean, std = mean_std(values)
+        metrics[name], metrics[name + "_std"], metrics[name + "_cv"] = mean, std, std / mean if mean else math.nan
+    metrics["timing_noise_cv"] = repeat_noise(per_call, batches)
     itl = [ms for c in calls for ms in c.timing.itl_ms]
     for q in (50, 90, 99):
         metrics[f"itl_p{q}_ms"] = percentile(itl, q)
@@ -31,21 +39,56 @@ def summarise(calls: list, loaded) -> dict[str, float]:
     largest = max(calls, key=lambda c: (c.kv_tokens * c.batch_size, c.kv_bytes))
     metrics["kv_cache_bytes"] = largest.kv_bytes
     metrics["kv_cache_tokens"] = largest.kv_tokens
+    if largest.kv_host_bytes:
+        metrics["kv_cache_host_bytes"] = largest.kv_host_bytes
     metrics["kv_cache_bytes_fp16"] = dense_fp16_bytes(loaded.shape, largest.kv_tokens, largest.batch_size)
-    metrics["kv_compression"] = metrics["kv_cache_bytes_fp16"] / largest.kv_bytes if largest.kv_bytes else float("nan")
-    metrics["peak_memory_bytes"] = max(c.peak.peak_bytes for c in calls)
+    metrics["kv_compression"] = metrics["kv_cache_bytes_fp16"] / largest.kv_bytes if largest.kv_bytes else math.nan
+    metrics["peak_memory_bytes"] = max(c.peak.peak_bytes for c in calls)  # absolute: weights included
+    metrics["peak_over_baseline_bytes"] = max(c.peak.peak_over_baseline_bytes for c in calls)
     reserved = [c.peak.peak_reserved_bytes for c in calls if c.peak.peak_reserved_bytes is not None]
     if reserved:
         metrics["peak_reserved_bytes"] = max(reserved)
     metrics["weights_bytes"] = loaded.weights_bytes
-    # Roofline: each decode step reads every weight once and the whole KV cache once (upper bound:
-    # the final cache), so steps/s x bytes/step over the copy bandwidth is the fraction achieved.
-    bandwidth = memory_bandwidth_bytes_per_s(loaded.device)
-    metrics["decode_bytes_per_step"] = loaded.weights_bytes + largest.kv_bytes
-    metrics["memory_bandwidth_bytes_per_s"] = bandwidth
-    steps_per_s = metrics["decode_tokens_per_s"] / largest.batch_size
-    metrics["roofline_fraction"] = roofline_fraction(metrics["decode_bytes_per_step"], steps_per_s, bandwidth)
+
+    notes = []
+    dense_kv = dense_bytes(kv_shape(loaded.shape, largest.batch_size, loaded.dtype), largest.kv_tokens)
+    kv_traffic = strategy.decode_kv_traffic_bytes(largest.kv_bytes, dense_kv, loaded.device)
+    if kv_traffic is None:
+        notes.append(f"no roofline_fraction: {strategy.traffic_unknown_reason(loaded.device)}")
+    else:
+        bandwidth = memory_bandwidth_bytes_per_s(loaded.device)
+        metrics["weights_read_bytes_per_step"] = weights_read_per_step(loaded, largest.batch_size)
+        metrics["kv_read_bytes_per_step"] = kv_traffic
+        metrics["decode_bytes_per_step"] = metrics["weights_read_bytes_per_step"] + kv_traffic
+        metrics["memory_bandwidth_bytes_per_s"] = bandwidth
+        steps_per_s = metrics["decode_tokens_per_s"] / largest.batch_size
+        metrics["roofline_fraction"] = roofline_fraction(metrics["decode_bytes_per_step"], steps_per_s, bandwidth)
     metrics["prompt_tokens"] = statistics.fmean(c.prompt_tokens for c in calls)
     metrics["new_tokens"] = statistics.fmean(c.timing.steps for c in calls)
     metrics["batch_size"] = calls[0].batch_size
-    return metrics
+    return metrics, notes
+
+
+def weights_read_per_step(loaded, batch_size: int) -> int:
+    """Weight bytes one decode step reads: every weight once, except untied input embeddings, of
+    which each sequence reads its one row (tied ones are read whole by the output head)."""
+    if loaded.embeddings_tied or not loaded.input_embedding_bytes:
+        return loaded.weights_bytes
+    return loaded.weights_bytes - loaded.input_embedding_bytes + batch_size * loaded.embedding_row_bytes
+
+
+def repeat_noise(per_call: dict[str, list[float]], batches: int) -> float:
+    """How much TTFT and TPOT change from one repeat to the next: the largest coefficient of
+    variation of one batch's figure across repeats (different prompts differ for other reasons).
+    NaN with a single repeat: one sample says nothing about noise."""
+    worst = math.nan
+    for name in NOISE_JUDGED:
+        values = per_call[name]
+        for batch in range(batches):
+            samples = values[batch::batches]
+            if len(samples) < 2:
+                continue
+            mean, std = mean_std(samples)
+            cv = std / mean if mean else math.nan
+            worst = cv if math.isnan(worst) else max(worst, cv)
+    return worst

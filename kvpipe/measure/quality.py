@@ -1,63 +1,120 @@
-"""Output quality against a full-precision DynamicCache reference, in the same process.
+"""Output quality against a full-precision DynamicCache reference of the same model, in the same process.
 
-Two views, both computed against references that are made once per model + workload and
-reused by every later job in the process (a sweep pays for them once):
-  * token agreement: the job's greedy tokens against the reference's, position by position;
-  * teacher-forced perplexity and KL: a prefix of reference text is prefilled into the cache
-    under test, then the continuation is fed one token at a time, so every scored prediction
-    attends to keys and values read back from that cache.
+Scored teacher-forced, on the workload's own texts (`workloads.scoring_windows`): long_context,
+windows of its text at its prompt length, followed by the text's real continuation; chat, its
+prompts, followed by the reference's own greedy continuation. Each window's prefix is read into
+the cache under test, then the continuation is fed one token at a time, so every scored prediction
+reads keys and values back from that cache; by default more tokens are scored than a quantized
+cache keeps in its full-precision residual, so its re-quantization is exercised. Per window:
+  * token_agreement: the fraction of scored positions where the top-1 token equals the reference's;
+  * kl_vs_reference: the mean KL divergence of the reference's next-token distribution to ours;
+  * ppl: perplexity of the continuation.
+Each is the mean over windows, with its spread (`_std`). Static + compile is scored through the
+compiled forward that its decoding uses. `first_divergence` compares free-running greedy tokens:
+the first step at which any sequence leaves the reference's path (-1: none does).
+
+References (the greedy tokens, the continuations and the reference's log-probabilities) are made
+once per model + workload and reused by every later job in the process: a sweep pays for them once.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import astuple, dataclass
+import statistics
+from dataclasses import astuple
 
-from kvpipe.config import QualityConfig, WorkloadConfig
-from kvpipe.job.workloads import long_context_ids
+from kvpipe.job.workloads import scoring_windows
 from kvpipe.model.loading import LoadedModel
 
-_REFERENCE_TOKENS: dict[tuple, list] = {}
-_REFERENCE_LOGPROBS: dict[tuple, object] = {}
+_REFERENCES: dict[tuple, object] = {}
 
 
-@dataclass
-class Agreement:
-    token_agreement: float
-    first_divergence: int  # first differing position over all sequences, -1 if none
+def scored_tokens(spec) -> int:
+    """quality.scored_tokens, or by default more than a quantized cache's residual (so it re-quantizes
+    at least once while it is scored), and at least 64."""
+    return spec.quality.scored_tokens or max(64, spec.backend.residual_length + 32)
 
 
-def compare_tokens(generated: list, reference: list) -> Agreement:
-    """Position-wise agreement of [batch, steps] token tensors, batch by batch."""
-    same = total = 0
+def first_divergence(generated: list, reference: list) -> int:
+    """First step where any sequence's greedy token differs from the reference's; -1 if none does.
+    Both are lists of [batch, steps] token tensors, batch by batch."""
     first = -1
     for ours, theirs in zip(generated, reference):
         steps = min(ours.shape[1], theirs.shape[1])
-        equal = ours[:, :steps] == theirs[:, :steps]
-        same += int(equal.sum())
-        total += equal.numel()
-        mismatched = (~equal).any(dim=0).nonzero()
+        mismatched = (ours[:, :steps] != theirs[:, :steps]).any(dim=0).nonzero()
         if len(mismatched):
             position = int(mismatched[0])
             first = position if first < 0 else min(first, position)
-    return Agreement(token_agreement=same / total if total else float("nan"), first_divergence=first)
+    return first
 
 
-def reference_tokens(loaded: LoadedModel, model_key: tuple, workload: WorkloadConfig, batches) -> list:
-    """Greedy tokens of the full-precision DynamicCache on these batches, made once per process."""
+def window_scores(logprobs, reference, targets) -> dict[str, float]:
+    """One window's scores from [positions, vocab] log-probabilities (ours and the reference's) and
+    the tokens that really came next: top-1 agreement, mean KL(reference || ours) in nats, perplexity."""
+    import torch
+
+    agreement = (logprobs.argmax(dim=-1) == reference.argmax(dim=-1)).float().mean().item()
+    kl = torch.sum(reference.exp() * (reference - logprobs), dim=-1).mean().item()
+    nll = -logprobs.gather(1, targets[:, None].to(logprobs.device)).mean().item()
+    return {"token_agreement": agreement, "kl_vs_reference": max(kl, 0.0), "ppl": math.exp(nll)}
+
+
+def teacher_forced(loaded: LoadedModel, make_cache, prefix: list[int], continuation: list[int], step=None):
+    """Log-probabilities [len(continuation), vocab] of each continuation token's prediction: the prefix
+    is prefilled into a fresh cache, then the continuation is fed one token at a time through `step`
+    (the model's forward, or its compiled decode call)."""
+    import torch
+
+    step = step or loaded.model
+    device = loaded.device
+    cache = make_cache(capacity=len(prefix) + len(continuation))
+    logprobs = []
+    with torch.inference_mode():
+        out = loaded.model(input_ids=torch.tensor([prefix], device=device), cache=cache, use_cache=True)
+        logprobs.append(torch.log_softmax(out.logits[0, -1].float(), dim=-1))
+        for offset, token in enumerate(continuation[:-1]):
+            position = torch.tensor([len(prefix) + offset], device=device)
+            out = step(input_ids=torch.tensor([[token]], device=device), cache=cache, use_cache=True,
+                       cache_position=position)  # fmt: skip
+            logprobs.append(torch.log_softmax(out.logits[0, -1].float(), dim=-1))
+    return torch.stack(logprobs)
+
+
+def measure(loaded: LoadedModel, spec, batches, generated: list, setup) -> dict[str, float]:
+    """Every quality metric of one job."""
+    import torch
+
+    metrics: dict[str, float] = {}
+    if not spec.workload.do_sample:  # a sampled text has no greedy path to leave
+        metrics["first_divergence"] = first_divergence(generated, _reference_tokens(loaded, spec, batches))
+    compile_config = setup.generate_kwargs.get("compile_config")
+    step = loaded.model.get_compiled_call(compile_config) if compile_config is not None else None
+    per_window = []
+    for prefix, continuation, reference in _reference_windows(loaded, spec):
+        logprobs = teacher_forced(loaded, setup.make_cache, prefix, continuation, step)
+        per_window.append(window_scores(logprobs, reference, torch.tensor(continuation)))
+    for name in per_window[0]:
+        values = [scores[name] for scores in per_window]
+        metrics[name] = statistics.fmean(values)
+        metrics[name + "_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+    metrics["quality_windows"] = len(per_window)
+    metrics["quality_scored_tokens"] = len(continuation)
+    return metrics
+
+
+def _workload_key(loaded: LoadedModel, spec) -> tuple:
+    workload = spec.workload
+    return (astuple(spec.model), loaded.dtype, workload.kind, tuple(workload.prompts), workload.prompt_tokens)
+
+
+def _reference_tokens(loaded: LoadedModel, spec, batches) -> list:
+    """Greedy tokens of the full-precision DynamicCache on the job's batches."""
     import torch
     from transformers import DynamicCache
 
-    key = (
-        model_key,
-        workload.kind,
-        tuple(workload.prompts),
-        workload.prompt_tokens,
-        workload.max_new_tokens,
-        workload.batch_size,
-        workload.ignore_eos,
-    )
-    if key not in _REFERENCE_TOKENS:
+    workload = spec.workload
+    key = ("tokens", *_workload_key(loaded, spec), workload.max_new_tokens, workload.batch_size, workload.ignore_eos)
+    if key not in _REFERENCES:
         outputs = []
         with torch.inference_mode():
             for batch in batches:
@@ -71,72 +128,36 @@ def reference_tokens(loaded: LoadedModel, model_key: tuple, workload: WorkloadCo
                     pad_token_id=loaded.tokenizer.pad_token_id,
                 )
                 outputs.append(out[:, batch.prompt_tokens :].cpu())
-        _REFERENCE_TOKENS[key] = outputs
-    return _REFERENCE_TOKENS[key]
+        _REFERENCES[key] = outputs
+    return _REFERENCES[key]
 
 
-def teacher_forced(loaded: LoadedModel, make_cache, quality: QualityConfig):
-    """Log-probabilities [scored_tokens, vocab] of the model reading from the cache under test,
-    and the true next tokens they should predict."""
+def _reference_windows(loaded: LoadedModel, spec) -> list[tuple[list[int], list[int], object]]:
+    """(prefix, continuation, reference log-probabilities) per scoring window."""
     import torch
-
-    ids = torch.tensor([long_context_ids(loaded.tokenizer, quality.context_tokens + 1)], device=loaded.device)
-    prefix_len = quality.context_tokens - quality.scored_tokens
-    cache = make_cache(capacity=quality.context_tokens)
-    logprobs = []
-    with torch.inference_mode():
-        loaded.model(input_ids=ids[:, :prefix_len], cache=cache, use_cache=True)
-        for position in range(prefix_len, quality.context_tokens):
-            out = loaded.model(
-                input_ids=ids[:, position : position + 1],
-                cache=cache,
-                use_cache=True,
-                cache_position=torch.tensor([position], device=loaded.device),
-            )
-            logprobs.append(torch.log_softmax(out.logits[0, -1].float(), dim=-1))
-    targets = ids[0, prefix_len + 1 : quality.context_tokens + 1]
-    return torch.stack(logprobs), targets
-
-
-def reference_logprobs(loaded: LoadedModel, model_key: tuple, quality: QualityConfig):
-    """teacher_forced() through a full-precision DynamicCache, made once per process."""
     from transformers import DynamicCache
 
-    key = (model_key, quality.context_tokens, quality.scored_tokens)
-    if key not in _REFERENCE_LOGPROBS:
-        _REFERENCE_LOGPROBS[key] = teacher_forced(
-            loaded, lambda capacity: DynamicCache(config=loaded.model.config), quality
-        )[0]
-    return _REFERENCE_LOGPROBS[key]
+    scored = scored_tokens(spec)
+    key = ("windows", *_workload_key(loaded, spec), spec.quality.windows, scored)
+    if key not in _REFERENCES:
 
+        def dense(capacity: int = 0):
+            return DynamicCache(config=loaded.model.config)
 
-def perplexity_and_kl(logprobs, targets, reference) -> tuple[float, float]:
-    """(perplexity of the true continuation, mean KL(reference || test) per position, in nats)."""
-    import torch
-
-    nll = -logprobs.gather(1, targets[:, None].to(logprobs.device)).mean().item()
-    kl = torch.sum(reference.exp() * (reference - logprobs), dim=-1).mean().item()
-    return math.exp(nll), max(kl, 0.0)
-
-
-def measure(
-    loaded: LoadedModel,
-    model_cfg,
-    workload: WorkloadConfig,
-    quality: QualityConfig,
-    batches,
-    generated: list,
-    make_cache,
-) -> dict[str, float]:
-    """All quality metrics for one job."""
-    metrics: dict[str, float] = {}
-    model_key = astuple(model_cfg)
-    if not workload.do_sample:  # agreement with a greedy reference means nothing for sampled text
-        agreement = compare_tokens(generated, reference_tokens(loaded, model_key, workload, batches))
-        metrics["token_agreement"] = agreement.token_agreement
-        metrics["first_divergence"] = agreement.first_divergence
-    logprobs, targets = teacher_forced(loaded, make_cache, quality)
-    metrics["ppl"], metrics["kl_vs_reference"] = perplexity_and_kl(
-        logprobs, targets, reference_logprobs(loaded, model_key, quality)
-    )
-    return metrics
+        made = []
+        for window in scoring_windows(spec.workload, loaded.tokenizer, spec.quality.windows, scored):
+            continuation = window.continuation
+            if continuation is None:  # chat: what the reference itself writes after the prompt
+                with torch.inference_mode():
+                    out = loaded.model.generate(
+                        input_ids=torch.tensor([window.prefix], device=loaded.device),
+                        cache=dense(),
+                        max_new_tokens=scored,
+                        min_new_tokens=scored,
+                        do_sample=False,
+                        pad_token_id=loaded.tokenizer.pad_token_id,
+                    )
+                continuation = out[0, len(window.prefix) :].tolist()
+            made.append((window.prefix, continuation, teacher_forced(loaded, dense, window.prefix, continuation)))
+        _REFERENCES[key] = made
+    return _REFERENCES[key]

@@ -27,6 +27,9 @@ class LoadedModel:
     dtype: str
     load_s: float
     weights_bytes: int
+    input_embedding_bytes: int = 0  # the input embedding matrix
+    embedding_row_bytes: int = 0  # one token's row of it
+    embeddings_tied: bool = False  # the output head shares the input embeddings
 
 
 _LOADED: dict[tuple, LoadedModel] = {}
@@ -100,10 +103,14 @@ def _load_uncached(model_cfg: ModelConfig) -> LoadedModel:
         model.eval()
     else:
         model.to(device).eval()
+    if device == "cpu":
+        make_resident(model)
     load_s = time.perf_counter() - started
     weights_bytes = sum(t.numel() * t.element_size() for t in {p.data_ptr(): p for p in model.parameters()}.values())
     weights_bytes += sum(b.numel() * b.element_size() for b in model.buffers())
     log.info("loaded %s on %s (%s) in %.2f s", model_cfg.name, device, str(dtype).removeprefix("torch."), load_s)
+    embedding = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -112,7 +119,21 @@ def _load_uncached(model_cfg: ModelConfig) -> LoadedModel:
         dtype=str(dtype).removeprefix("torch."),
         load_s=load_s,
         weights_bytes=weights_bytes,
+        input_embedding_bytes=embedding.numel() * embedding.element_size(),
+        embedding_row_bytes=embedding.shape[-1] * embedding.element_size(),
+        embeddings_tied=head is not None and head.weight.data_ptr() == embedding.data_ptr(),
     )
+
+
+def make_resident(model) -> None:
+    """Copy memory-mapped weights into anonymous memory. safetensors weights on CPU are mapped from
+    the file and page in during the first forward pass, so a first call's peak memory would count
+    them and a later call's would not; resident from the start, every call's peak means the same."""
+    import torch
+
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:  # tied weights are one parameter: copied once
+            tensor.data = tensor.data.clone()
 
 
 def load_tokenizer(model_cfg: ModelConfig):

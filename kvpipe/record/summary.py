@@ -12,7 +12,9 @@ SUMMARY_METRICS = (
     ("tpot_ms", "TPOT", "ms"),
     ("decode_tokens_per_s", "decode", "tok/s"),
     ("e2e_ms", "end-to-end", "ms"),
-    ("peak_memory_bytes", "peak memory", "bytes"),
+    ("timing_noise_cv", "noise between repeats", "%"),
+    ("peak_memory_bytes", "peak memory (weights incl.)", "bytes"),
+    ("peak_over_baseline_bytes", "peak over baseline", "bytes"),
     ("kv_cache_bytes", "KV cache", "bytes"),
     ("kv_compression", "vs fp16 KV", "x"),
     ("compile_ms", "compile", "ms"),
@@ -32,6 +34,8 @@ def format_metric(metrics: dict, name: str, unit: str) -> str:
         return human_bytes(value)
     if unit == "nats":
         return f"{value:.2e} nats"
+    if unit == "%":
+        return f"{value:.0%}"
     text = f"{value:.2f}" if unit == "x" else f"{value:.1f}"
     return text + (f" ± {std:.1f}" if std else "") + ("" if unit == "x" else f" {unit}")
 

@@ -1,0 +1,107 @@
+"""The measurement core on inputs whose answers are known: a synthetic token stream, a known
+allocation, hand-counted bytes, hand-made distributions."""
+
+from __future__ import annotations
+
+import math
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kvpipe.cache import get
+from kvpipe.measure.clock import Timing, TokenClock
+from kvpipe.measure.memory import PeakMemory, release_freed_memory
+from kvpipe.measure.metrics import repeat_noise, weights_read_per_step
+from kvpipe.measure.quality import first_divergence, window_scores
+from kvpipe.measure.roofline import roofline_fraction
+
+from conftest import spec_for
+
+MIB = 2**20
+
+
+def test_token_clock_and_timing_follow_a_synthetic_stream_with_known_sleeps():
+    clock = TokenClock(sync_cuda=False)
+    clock.begin()
+    clock.put("the prompt")  # generate() first puts the prompt: not a token
+    time.sleep(0.05)
+    clock.put("token 1")
+    for _ in range(3):
+        time.sleep(0.02)
+        clock.put("token")
+    clock.end()
+    timing = Timing.from_clock(clock)
+    assert timing.steps == 4
+    assert 50 <= timing.ttft_ms < 150
+    assert len(timing.itl_ms) == 3 and all(20 <= gap < 100 for gap in timing.itl_ms)
+    assert timing.tpot_ms == pytest.approx(sum(timing.itl_ms) / 3)
+    assert timing.e2e_ms >= timing.ttft_ms + sum(timing.itl_ms)
+
+
+def test_peak_memory_on_cpu_covers_a_known_allocation_and_counts_what_was_there_before():
+    release_freed_memory("cpu")
+    with PeakMemory("cpu") as peak:
+        block = torch.ones(64 * MIB // 4)  # 64 MiB, every page written
+        del block
+    assert peak.peak_over_baseline_bytes >= 0.95 * 64 * MIB
+    assert peak.peak_bytes >= peak.baseline_bytes + 0.95 * 64 * MIB  # absolute: the process's whole peak
+    release_freed_memory("cpu")
+    with PeakMemory("cpu") as quiet:
+        pass
+    assert quiet.peak_over_baseline_bytes < 16 * MIB  # the high-water mark was reset: no earlier peak
+
+
+def test_roofline_fraction_is_bytes_per_step_times_steps_per_second_over_bandwidth():
+    assert roofline_fraction(bytes_per_step=2_000, steps_per_s=10, bandwidth_bytes_per_s=100_000) == 0.2
+
+
+def test_untied_input_embeddings_count_one_row_per_sequence_and_tied_ones_in_full():
+    untied = SimpleNamespace(
+        weights_bytes=1_000, input_embedding_bytes=400, embedding_row_bytes=4, embeddings_tied=False
+    )
+    assert weights_read_per_step(untied, batch_size=2) == 1_000 - 400 + 2 * 4
+    tied = SimpleNamespace(**{**untied.__dict__, "embeddings_tied": True})
+    assert weights_read_per_step(tied, batch_size=2) == 1_000  # the output head reads the matrix anyway
+
+
+def test_decode_traffic_counts_what_each_strategy_moves():
+    dynamic = spec_for("model=tiny_random").strategy
+    quantized = spec_for("model=tiny_random", "cache=quantized").strategy
+    offloaded = spec_for("model=tiny_random", "cache=offloaded").strategy
+    assert dynamic.decode_kv_traffic_bytes(kv_bytes=100, dense_kv_bytes=100, device="cpu") == 100
+    # packed read + dequantized copy written + that copy read by attention
+    assert quantized.decode_kv_traffic_bytes(kv_bytes=30, dense_kv_bytes=100, device="cpu") == 30 + 2 * 100
+    assert offloaded.decode_kv_traffic_bytes(kv_bytes=100, dense_kv_bytes=100, device="cuda") is None
+    assert "interconnect" in offloaded.traffic_unknown_reason("cuda")
+    assert get("offloaded").offloading and not get("dynamic").offloading
+
+
+def test_teacher_forced_scores_on_a_hand_made_case():
+    reference = torch.log_softmax(torch.tensor([[3.0, 0, 0], [0, 3.0, 0], [0, 0, 3.0], [3.0, 0, 0]]), dim=-1)
+    ours = reference.clone()
+    ours[3] = torch.log_softmax(torch.tensor([0, 3.0, 0]), dim=-1)  # the last position's top-1 differs
+    targets = torch.tensor([0, 1, 2, 0])
+    scores = window_scores(ours, reference, targets)
+    assert scores["token_agreement"] == 0.75
+    assert scores["kl_vs_reference"] > 0
+    same = window_scores(reference, reference, targets)
+    assert same["token_agreement"] == 1.0 and same["kl_vs_reference"] == pytest.approx(0, abs=1e-7)
+    nll = -reference.gather(1, targets[:, None]).mean().item()
+    assert same["ppl"] == pytest.approx(math.exp(nll))
+
+
+def test_first_divergence_is_the_earliest_step_any_sequence_leaves_the_reference():
+    reference = [torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])]
+    assert first_divergence([reference[0].clone()], reference) == -1
+    assert first_divergence([torch.tensor([[1, 2, 3, 9], [5, 6, 0, 8]])], reference) == 2
+
+
+def test_noise_is_the_largest_repeat_to_repeat_variation_of_one_batch():
+    # two batches (prompts) of different lengths, three repeats each: [b0, b1, b0, b1, b0, b1]
+    steady = {"ttft_ms": [10, 100, 10, 100, 10, 100], "tpot_ms": [5, 50, 5, 50, 5, 50]}
+    assert repeat_noise(steady, batches=2) == 0  # the batches differ, but no repeat does
+    jumpy = {"ttft_ms": [10, 100, 10, 100, 10, 100], "tpot_ms": [5, 50, 5, 50, 5, 80]}
+    assert repeat_noise(jumpy, batches=2) == pytest.approx(torch.tensor([50.0, 50, 80]).std().item() / 60)
+    assert math.isnan(repeat_noise({"ttft_ms": [1, 2], "tpot_ms": [1, 2]}, batches=2))  # one repeat: unknown
