@@ -17,8 +17,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvpipe.config import compose, register_schemas
-from kvpipe.spec import Spec, make_spec
+# One torch thread, here and in the kvpipe processes the tests start (they inherit the environment),
+# unless the caller sets OMP_NUM_THREADS. The tests' models are tiny, or the 135M embedded one on short
+# inputs, so a second thread gains little; and whenever anything else runs on a 2-core machine, torch's
+# two threads wait on each other: the same embedded-model job then takes ~15x longer (30 s, not 2 s).
+# Speed is measured by benchmarks/, not by these tests.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from kvpipe.config import compose, register_schemas  # noqa: E402
+from kvpipe.spec import Spec, make_spec  # noqa: E402
 
 register_schemas()
 
