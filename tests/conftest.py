@@ -1,16 +1,31 @@
-"""Shared fixtures: Hydra composition, a scratch launch dir, and specs for tiny models."""
+"""Shared fixtures: Hydra composition, a scratch launch dir, specs for tiny models, and what the
+expensive end-to-end tests share: one real sweep, one migrated MLflow store, the embedded model.
+
+Speed (2 cores, no GPU): the whole suite in about 4 minutes, `-m "not slow"` in about a minute.
+Tests marked slow load the embedded model or start kvpipe, Hydra or MLflow processes; each of
+those paths runs once per session where the tests can share it (the fixtures below)."""
 
 from __future__ import annotations
 
+import gc
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from kvpipe.config import compose, register_schemas
-from kvpipe.spec import Spec, make_spec
+# One torch thread, here and in the kvpipe processes the tests start (they inherit the environment),
+# unless the caller sets OMP_NUM_THREADS. The tests' models are tiny, or the 135M embedded one on short
+# inputs, so a second thread gains little; and whenever anything else runs on a 2-core machine, torch's
+# two threads wait on each other: the same embedded-model job then takes ~15x longer (30 s, not 2 s).
+# Speed is measured by benchmarks/, not by these tests.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from kvpipe.config import compose, register_schemas  # noqa: E402
+from kvpipe.spec import Spec, make_spec  # noqa: E402
 
 register_schemas()
 
@@ -41,3 +56,99 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.Comp
     return subprocess.run(
         [sys.executable, "-m", "kvpipe", *args], cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout
     )
+
+
+# --- one garbage collection per measured call, made cheap ---------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _freeze_long_lived_objects():
+    """kvpipe runs gc.collect() before every measured call (kvpipe.measure.memory), so that one call's
+    peak does not hide in the last one's garbage. In this process, once a first job has imported
+    torch's compiler stack, transformers, mlflow and pandas, a full collection walks ~600,000
+    long-lived objects: ~0.5 s a call, over a minute in all. After such a burst of imports, freeze
+    what is alive (gc.freeze: modules and classes, mostly) so that collections skip it; garbage made
+    afterwards is collected as before."""
+    if len(gc.get_objects()) > 50_000:  # frozen objects are not counted: this is what a collection walks
+        gc.collect()
+        gc.freeze()
+    yield
+
+
+# --- the embedded model, loaded once --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def embedded_model():
+    """The embedded model as the default config loads it, kept by kvpipe's per-process model cache
+    (kvpipe.model.load) for the tests that use it. That cache holds one model at a time, so these
+    tests run together, last (pytest_collection_modifyitems below): one load per session."""
+    from kvpipe import model as models
+
+    return models.load(spec_for().model)
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that use the embedded model run last, one after another (a stable sort: the rest keep their
+    order); a tiny_random job in between would evict it from kvpipe's one-model cache."""
+    items.sort(key=lambda item: "embedded_model" in getattr(item, "fixturenames", ()))
+
+
+# --- MLflow stores ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def _migrated_store(tmp_path_factory) -> Path:
+    """An empty MLflow SQLite store, made once: MLflow builds a new store by running its schema
+    migrations, ~6 s on 2 cores, in every process that creates one."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path_factory.mktemp("migrated_store") / "mlflow.db"
+    MlflowClient(f"sqlite:///{db}").search_experiments()  # creates and migrates the store
+    return db
+
+
+@pytest.fixture(scope="session")
+def existing_store(_migrated_store):
+    """existing_store(launch_dir): give launch_dir an MLflow store that exists already (a copy of an empty,
+    migrated one) where kvpipe looks by default, outputs/mlflow.db, and return its path; or at `db`.
+    For tests about what kvpipe records, not about MLflow making a store: two concurrent jobs
+    (test_resilience) start without one, and the first run makes it."""
+
+    def give(launch_dir: Path, db: str = "outputs/mlflow.db") -> Path:
+        (launch_dir / db).parent.mkdir(parents=True, exist_ok=True)
+        return Path(shutil.copyfile(_migrated_store, launch_dir / db))
+
+    return give
+
+
+# --- one real sweep for the session -------------------------------------------------------------------
+
+# hqq rather than quanto: quanto JIT-loads a C++ extension in a process's first quantized job.
+# Dense caches ignore backend.nbits (duplicates: skipped), and hqq has no 5-bit form (an invalid
+# combination: skipped with its reason), so of the 9 jobs 4 run: dynamic, static, hqq int2, hqq int4.
+SWEEP = [
+    "-m",
+    "model=tiny_random",
+    "workload.max_new_tokens=3",
+    "workload.warmup=0",
+    "quality=on",
+    "quality.windows=2",
+    "quality.scored_tokens=16",
+    "workload.prompts=[Hi.]",
+    "cache=dynamic,static,quantized",
+    "backend=hqq",
+    "backend.nbits=2,4,5",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(tmp_path_factory, existing_store) -> SimpleNamespace:
+    """One real sweep for the session, read by test_sweep, test_compare and test_recommend:
+    launch_dir, sweep_dir (its Hydra multirun dir), proc (the finished `python -m kvpipe -m`)."""
+    launch_dir = tmp_path_factory.mktemp("tiny_sweep")
+    existing_store(launch_dir)
+    proc = run_cli(SWEEP, cwd=launch_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (sweep_dir,) = (launch_dir / "outputs" / "multiruns").glob("*/*")
+    return SimpleNamespace(launch_dir=launch_dir, sweep_dir=sweep_dir, proc=proc)

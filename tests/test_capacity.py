@@ -332,9 +332,9 @@ def test_context_scaling_preset_composes_and_every_point_fits_the_embedded_model
 # ---- the embedded model -------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the embedded model: three jobs per context length
 @pytest.mark.parametrize("prompt_tokens", [256, 1024])
-def test_predictions_equal_measured_bytes_of_context_scaling_jobs_on_the_embedded_model(prompt_tokens):
+def test_predictions_equal_measured_bytes_of_context_scaling_jobs_on_the_embedded_model(prompt_tokens, embedded_model):
     # The context_scaling preset's own jobs (its workload, new tokens, strategies), at two of its lengths
     common = (
         "+experiment=context_scaling",

@@ -15,21 +15,6 @@ from kvpipe.errors import KvpipeError
 from conftest import run_cli
 
 MIB = 2**20
-# hqq rather than quanto: quanto JIT-builds a C++ extension in a process's first quantized job (~40 s
-# on 2 cores, again whenever another ninja version has touched its build dir).
-SWEEP = [
-    "-m",
-    "model=tiny_random",
-    "workload.max_new_tokens=3",
-    "workload.warmup=0",
-    "quality=on",
-    "quality.windows=2",
-    "quality.scored_tokens=16",
-    "workload.prompts=[Hi.]",
-    "cache=dynamic,static,quantized",
-    "backend=hqq",
-    "backend.nbits=2,4",
-]
 CACHES = ["dynamic", "static", "quantized:hqq:int2:kivi", "quantized:hqq:int4:kivi"]
 
 
@@ -155,31 +140,20 @@ def test_params_in_the_cache_label_or_bookkeeping_are_not_columns():
     assert list(compare.display_table(runs)["cache"]) == ["quantized:quanto:int2:kivi", "quantized:quanto:int4:kivi"]
 
 
-# --- a real sweep ------------------------------------------------------------------------------------
-
-_SWEEPS: dict[Path, Path] = {}
+# --- a real sweep (conftest.tiny_sweep: started once per session, shared with test_sweep, test_recommend) ---
 
 
-def tiny_sweep(tmp_path_factory) -> Path:
-    """One real sweep per test session (test_recommend reuses it): 4 FINISHED runs, 2 skipped duplicates."""
-    if tmp_path_factory.getbasetemp() in _SWEEPS:
-        return _SWEEPS[tmp_path_factory.getbasetemp()]
-    launch_dir = tmp_path_factory.mktemp("compare_sweep")
-    proc = run_cli(SWEEP, cwd=launch_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    _SWEEPS[tmp_path_factory.getbasetemp()] = launch_dir
-    return launch_dir
-
-
-@pytest.fixture(scope="module")
-def sweep_dir(tmp_path_factory) -> Path:
-    return tiny_sweep(tmp_path_factory)
+@pytest.fixture
+def sweep_dir(tiny_sweep) -> Path:
+    """The launch dir of the session's real sweep: 4 FINISHED runs (CACHES) and 5 skipped jobs."""
+    return tiny_sweep.launch_dir
 
 
 def store(launch_dir: Path) -> str:
     return f"sqlite:///{launch_dir}/outputs/mlflow.db"
 
 
+@pytest.mark.slow  # reads the session's real sweep (conftest.tiny_sweep)
 def test_sweep_ends_with_compare_files_in_its_dir_and_as_artifacts_of_its_parent(sweep_dir):
     from mlflow.tracking import MlflowClient
 
@@ -191,12 +165,14 @@ def test_sweep_ends_with_compare_files_in_its_dir_and_as_artifacts_of_its_parent
     assert logged == {f"compare/{name}" for name in compare.OUTPUT_FILES}
 
 
+@pytest.mark.slow  # reads the session's real sweep (conftest.tiny_sweep)
 def test_latest_sweep_loads_its_finished_runs_once_each(sweep_dir):
     runs, parent = recorded.load_runs("kvpipe", None, store(sweep_dir))
     assert sorted(runs["label"]) == sorted(CACHES)
     assert set(runs["tags.mlflow.parentRunId"]) == {parent.info.run_id}
 
 
+@pytest.mark.slow  # reads the session's real sweep (conftest.tiny_sweep)
 def test_compare_prints_one_table_of_the_cache_and_figures_only(sweep_dir, tmp_path):
     proc = run_cli(["compare", "--out", str(tmp_path)], cwd=sweep_dir)
     assert proc.returncode == 0, proc.stderr
@@ -209,6 +185,7 @@ def test_compare_prints_one_table_of_the_cache_and_figures_only(sweep_dir, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(compare.OUTPUT_FILES)
 
 
+@pytest.mark.slow  # reads the session's real sweep (conftest.tiny_sweep)
 def test_markdown_and_csv_hold_one_row_per_run(sweep_dir, tmp_path):
     runs, _ = recorded.load_runs("kvpipe", None, store(sweep_dir))
     compare.write_outputs(runs, tmp_path, "title")
@@ -217,16 +194,19 @@ def test_markdown_and_csv_hold_one_row_per_run(sweep_dir, tmp_path):
     assert sorted(csv["label"]) == sorted(CACHES) and {"pareto", "metrics.tpot_ms", "memory_bytes"} <= set(csv.columns)
 
 
+@pytest.mark.slow  # reads the session's real sweep (conftest.tiny_sweep)
 def test_unknown_experiment_names_the_experiments_that_exist(sweep_dir):
     with pytest.raises(KvpipeError, match=r"--experiment='nope'.*expected one of: .*kvpipe"):
         recorded.load_runs("nope", None, store(sweep_dir))
 
 
+@pytest.mark.slow  # reads the session's real sweep (conftest.tiny_sweep)
 def test_experiment_without_a_sweep_says_how_to_make_one(sweep_dir):
     with pytest.raises(KvpipeError, match=r"--experiment='Default'.*no sweep.*python -m kvpipe -m"):
         recorded.load_runs("Default", None, store(sweep_dir))
 
 
+@pytest.mark.slow  # reads the session's real sweep (conftest.tiny_sweep)
 def test_unknown_parent_is_a_one_line_error_with_exit_2(sweep_dir):
     proc = run_cli(["compare", "--parent", "0123456789abcdef"], cwd=sweep_dir)
     assert proc.returncode == 2
@@ -236,6 +216,7 @@ def test_unknown_parent_is_a_one_line_error_with_exit_2(sweep_dir):
     ]
 
 
+@pytest.mark.slow  # reads the session's real sweep (conftest.tiny_sweep)
 def test_a_single_job_is_not_taken_for_a_sweep(sweep_dir):
     runs, _ = recorded.load_runs("kvpipe", None, store(sweep_dir))
     with pytest.raises(KvpipeError, match="one job, not a sweep"):
@@ -249,6 +230,7 @@ def test_missing_store_is_an_error_not_a_new_empty_database(tmp_path, monkeypatc
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow  # reads the session's real sweep (conftest.tiny_sweep)
 def test_summarise_sweep_of_an_empty_sweep_logs_and_returns(sweep_dir, tmp_path, caplog):
     from kvpipe.config import TrackingConfig
     from kvpipe.record import tracking

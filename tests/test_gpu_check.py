@@ -50,6 +50,7 @@ def reduced(tmp_path_factory):
     return proc, out, wall_s, {check["name"]: check for check in document.get("checks", [])}
 
 
+@pytest.mark.slow  # reads the reduced run: a process running nine tiny_random jobs
 def test_reduced_form_exits_zero_and_writes_both_reports(reduced):
     proc, out, _, _ = reduced
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -57,10 +58,12 @@ def test_reduced_form_exits_zero_and_writes_both_reports(reduced):
     assert f"reports: {out}/gpu_check.md" in proc.stdout
 
 
+@pytest.mark.slow  # reads the reduced run: a process running nine tiny_random jobs
 def test_reduced_form_finishes_within_two_minutes(reduced):
     assert reduced[2] < 120
 
 
+@pytest.mark.slow  # reads the reduced run: a process running nine tiny_random jobs
 def test_report_holds_the_four_checks_with_figures_and_detail(reduced):
     _, out, _, checks = reduced
     assert set(checks) == CHECKS
@@ -69,6 +72,7 @@ def test_report_holds_the_four_checks_with_figures_and_detail(reduced):
     assert all(name in markdown for name in CHECKS) and "torch " in markdown and "total wall time" in markdown
 
 
+@pytest.mark.slow  # reads the reduced run: a process running nine tiny_random jobs
 def test_offload_is_not_applicable_and_records_what_ran_instead(reduced):
     offload = reduced[3]["offload_cuts_peak_memory"]
     assert offload["passed"] is None
@@ -76,6 +80,7 @@ def test_offload_is_not_applicable_and_records_what_ran_instead(reduced):
     assert offload["figures"]["offloaded"]["cache.effective"] == expected
 
 
+@pytest.mark.slow  # reads the reduced run: a process running nine tiny_random jobs
 def test_quantized_caches_hold_fewer_kv_bytes(reduced):
     quantized = reduced[3]["quantized_cuts_kv_memory"]
     assert quantized["passed"] is True
@@ -84,6 +89,7 @@ def test_quantized_caches_hold_fewer_kv_bytes(reduced):
         assert figures[backend]["kv_cache_bytes"] < figures["dynamic"]["kv_cache_bytes"]
 
 
+@pytest.mark.slow  # reads the reduced run: a process running nine tiny_random jobs
 def test_fallback_passes_through_an_injected_out_of_memory(reduced):
     fallback = reduced[3]["oom_fallback_under_limit"]
     assert fallback["passed"] is True
@@ -94,6 +100,7 @@ def test_fallback_passes_through_an_injected_out_of_memory(reduced):
     assert "injected" in fallback["detail"]
 
 
+@pytest.mark.slow  # reads the reduced run: a process running nine tiny_random jobs
 def test_compile_speed_is_recorded_but_not_judged_in_the_reduced_form(reduced):
     compiled = reduced[3]["static_compile_speeds_up_decode"]
     assert compiled["passed"] is None

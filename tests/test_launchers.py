@@ -1,4 +1,8 @@
-"""Beyond one process: Hydra's joblib and submitit launchers, and a real MLflow server."""
+"""Beyond one process: Hydra's submitit and joblib launchers, and a real MLflow server.
+
+Each launcher runs once: submitit (`local`) against the launch dir's SQLite store, joblib (`parallel`)
+against a tracking server started with `make mlflow-server`. Both run their jobs side by side, so
+both stores take concurrent writers (see also test_resilience's two concurrent jobs)."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ TINY = [
     "quality=off",
     "workload.prompts=[Hi.]",
     "cache=dynamic,static,quantized",
+    "backend=hqq",  # the backend does not matter here; quanto JIT-loads a C++ extension in each new process
 ]
 
 
@@ -33,14 +38,18 @@ def runs_under_one_parent(uri: str) -> tuple:
     return parents, children
 
 
-@pytest.mark.parametrize("launcher", ["parallel", "local"])  # joblib with 2 workers; submitit on this machine
-def test_multirun_with_a_process_launcher_lands_every_child_under_one_parent(launcher, tmp_path):
-    proc = run_cli(["-m", f"hydra/launcher={launcher}", *TINY], cwd=tmp_path, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    parents, children = runs_under_one_parent(f"sqlite:///{tmp_path}/outputs/mlflow.db")
+def assert_every_child_under_one_parent(uri: str) -> None:
+    parents, children = runs_under_one_parent(uri)
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert len(children) == 3
+    assert len(children) == 3 and all(c.info.status == "FINISHED" for c in children)
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+
+
+def test_multirun_with_a_process_launcher_lands_every_child_under_one_parent(tmp_path, existing_store):
+    existing_store(tmp_path)
+    proc = run_cli(["-m", "hydra/launcher=local", *TINY], cwd=tmp_path, timeout=600)  # submitit, this machine
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert_every_child_under_one_parent(f"sqlite:///{tmp_path}/outputs/mlflow.db")
 
 
 def free_port() -> int:
@@ -77,13 +86,11 @@ def mlflow_server(tmp_path):
 
 
 def test_parallel_sweep_against_a_real_tracking_server(mlflow_server, tmp_path):
-    proc = run_cli(
+    proc = run_cli(  # joblib, two workers
         ["-m", "hydra/launcher=parallel", "tracking=server", f"tracking.uri={mlflow_server}", *TINY],
         cwd=tmp_path,
         timeout=600,
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    parents, children = runs_under_one_parent(mlflow_server)
-    assert len(parents) == 1 and len(children) == 3
-    assert all(c.info.status == "FINISHED" for c in children)
+    assert_every_child_under_one_parent(mlflow_server)
     assert not (tmp_path / "outputs" / "mlflow.db").exists()  # nothing went to the local store

@@ -44,7 +44,7 @@ def test_describe_reads_the_shape_without_weights():
     assert shape.has_sliding_layers is False
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # loads the embedded model once more, uncached, to time the load
 def test_embedded_model_loads_from_the_converted_safetensors_folder():
     folder = models.embedded_folder()
     assert (folder / "model.safetensors").is_file()

@@ -30,10 +30,11 @@ def test_tiny_random_pipeline_writes_result_json_with_contract_metrics(tmp_path,
     assert result.tags["cache.effective"] == "dynamic"
 
 
-def test_mlflow_run_reads_back_with_params_metrics_tags_and_artifacts(tmp_path):
+def test_mlflow_run_reads_back_with_params_metrics_tags_and_artifacts(tmp_path, existing_store):
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    existing_store(tmp_path, "mlflow.db")  # a first run making a store: test_resilience (slow)
     spec = tracked_tiny_spec(tmp_path)
     result = run_pipeline(spec, tmp_path / "run", tmp_path, print_table=False)
     mlflow.set_tracking_uri(spec.tracking.uri)
@@ -61,20 +62,10 @@ def test_default_store_is_absolute_sqlite_under_outputs(tmp_path):
     assert artifacts == (tmp_path / "outputs" / "mlartifacts").as_uri()
 
 
-def test_cli_default_run_on_tiny_model_prints_table_and_records_run(tmp_path):
-    proc = run_cli(["model=tiny_random", "workload.max_new_tokens=4", "workload.warmup=0"], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "TPOT" in proc.stdout and "KV cache" in proc.stdout
-    results = list((tmp_path / "outputs" / "runs").glob("*/*/result.json"))
-    assert len(results) == 1
-    assert (tmp_path / "outputs" / "mlflow.db").is_file()
-
-
-def test_tracking_off_still_writes_result_json(tmp_path):
-    proc = run_cli(
-        ["model=tiny_random", "workload.max_new_tokens=3", "workload.warmup=0", "tracking=off"], cwd=tmp_path
-    )
-    assert proc.returncode == 0, proc.stderr
+def test_tracking_off_still_writes_result_json(tmp_path, tiny_spec):
+    # in-process: `python -m kvpipe` itself runs in test_cli_default_run_on_the_embedded_model (slow)
+    assert tiny_spec().tracking.enabled is False  # tracking=off, as conftest.TINY composes it
+    run_pipeline(tiny_spec(), tmp_path / "outputs" / "runs" / "day" / "time", tmp_path, print_table=False)
     assert list((tmp_path / "outputs" / "runs").glob("*/*/result.json"))
     assert not (tmp_path / "outputs" / "mlflow.db").exists()
 
@@ -107,12 +98,32 @@ def test_long_context_prompts_have_exactly_the_requested_tokens(tmp_path, tiny_s
     assert result.metrics["kv_cache_tokens"] == 333 + 2 - 1
 
 
-@pytest.mark.slow
-def test_cli_default_run_on_the_embedded_model(tmp_path):
-    proc = run_cli(["workload.max_new_tokens=4", "workload.warmup=0", "workload.prompts=[Say hello.]"], cwd=tmp_path)
+@pytest.mark.slow  # a kvpipe process loading the embedded model
+def test_cli_default_run_on_the_embedded_model_prints_table_and_records_run(tmp_path, existing_store):
+    # The default config end to end, as a user runs it: embedded model, dynamic cache, quality on (a
+    # smaller window than the default 512 tokens: quality is not what this checks), MLflow in outputs/
+    # (a store that exists: a first run making one is test_resilience's two concurrent jobs).
+    import mlflow
+
+    existing_store(tmp_path)
+    proc = run_cli(
+        [
+            "workload.max_new_tokens=4",
+            "workload.warmup=0",
+            "workload.prompts=[Say hello.]",
+            "quality.context_tokens=64",
+            "quality.scored_tokens=8",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
+    assert "TPOT" in proc.stdout and "KV cache" in proc.stdout
     (result,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
+    assert (tmp_path / "outputs" / "mlflow.db").is_file()
     document = json.loads(result.read_text())
     assert document["config"]["model"]["name"] == "smollm2_135m"
-    assert result.metrics["decode_tokens_per_s"] > 0
+    assert document["metrics"]["decode_tokens_per_s"] > 0
     assert document["texts"][0]["completion"].strip()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/outputs/mlflow.db")
+    (run,) = mlflow.search_runs(experiment_names=["kvpipe"], output_format="list")
+    assert run.info.run_id == document["mlflow_run_id"] and run.data.params["model.name"] == "smollm2_135m"

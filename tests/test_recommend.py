@@ -13,7 +13,7 @@ from kvpipe.errors import KvpipeError
 from kvpipe.units import parse_bytes as parse_size
 
 from conftest import run_cli
-from test_compare import MIB, fake_runs, tiny_sweep
+from test_compare import MIB, fake_runs
 
 GIB = 2**30
 DYNAMIC = {"cache": "dynamic", "tpot_ms": 40.0, "peak_mib": 900}
@@ -147,11 +147,13 @@ def test_bad_budget_is_one_line_with_exit_2(tmp_path):
     ]
 
 
-@pytest.fixture(scope="module")
-def sweep_dir(tmp_path_factory):
-    return tiny_sweep(tmp_path_factory)
+@pytest.fixture
+def sweep_dir(tiny_sweep):
+    """The launch dir of the session's real sweep (conftest.tiny_sweep): 4 measured runs."""
+    return tiny_sweep.launch_dir
 
 
+@pytest.mark.slow  # reads the session's real sweep (conftest.tiny_sweep)
 def test_recommend_exits_0_with_a_measured_choice_and_the_command_to_use_it(sweep_dir):
     proc = run_cli(["recommend", "--memory-budget", "8GiB", "--max-kl", "0.05"], cwd=sweep_dir)
     assert proc.returncode == 0, proc.stderr
@@ -161,6 +163,7 @@ def test_recommend_exits_0_with_a_measured_choice_and_the_command_to_use_it(swee
     assert lines[-1].startswith("  use: python -m kvpipe cache=")
 
 
+@pytest.mark.slow  # reads the session's real sweep (conftest.tiny_sweep)
 def test_recommend_exits_1_when_no_run_fits_and_says_which_limit_is_closest(sweep_dir, monkeypatch, capsys):
     monkeypatch.chdir(sweep_dir)  # in-process: the CLI dispatch is covered above, this saves a start-up
     assert cli.subcommand(["recommend", "--memory-budget", "1MiB", "--all"]) == 1

@@ -1,4 +1,9 @@
-"""Multirun: one process reuses the model, MLflow parent/child runs, skips, failures, resume."""
+"""Multirun: one process reuses the model, MLflow parent/child runs, skips, failures, resume.
+
+Every test here reads a `python -m kvpipe -m` run: slow. The first four read the session's shared
+sweep (conftest.tiny_sweep, also read by test_compare and test_recommend): a cache x backend.nbits
+grid in which dense caches ignore backend.nbits and hqq has no 5-bit form. The last two read a sweep
+with a failing job (failed_sweep), which the last one then resumes."""
 
 from __future__ import annotations
 
@@ -6,22 +11,31 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from conftest import REPO, run_cli
+
+pytestmark = pytest.mark.slow  # each sweep is a kvpipe process: start-up, jobs, MLflow, compare
 
 TINY = ["model=tiny_random", "workload.max_new_tokens=3", "workload.warmup=0", "quality=off", "workload.prompts=[Hi.]"]
 
 
-def sweep_results(tmp_path) -> list[dict]:
-    (sweep_dir,) = (tmp_path / "outputs" / "multiruns").glob("*/*")
-    return [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
+def sweep_results(launch_dir) -> list[dict]:
+    """The result.json of every job of the launch dir's one sweep (the first, if a resume made a second)."""
+    sweep_dir = min((launch_dir / "outputs" / "multiruns").glob("*/*"))
+    return [
+        json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"), key=lambda p: int(p.parent.name))
+    ]
 
 
-def child_runs(tmp_path):
+def child_runs(launch_dir):
+    """The one parent run of the launch dir's first sweep, and its children."""
     import mlflow
 
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/outputs/mlflow.db")
+    mlflow.set_tracking_uri(f"sqlite:///{launch_dir}/outputs/mlflow.db")
+    sweep_dir = min((launch_dir / "outputs" / "multiruns").glob("*/*")).resolve()
     parents = mlflow.search_runs(
-        experiment_names=["kvpipe"], filter_string="tags.`kvpipe.sweep` = 'true'", output_format="list"
+        experiment_names=["kvpipe"],
+        filter_string=f"tags.`kvpipe.sweep` = 'true' and tags.`kvpipe.sweep_dir` = '{sweep_dir}'",
+        output_format="list",
     )
     assert len(parents) == 1
     children = mlflow.search_runs(
@@ -32,57 +46,59 @@ def child_runs(tmp_path):
     return parents[0], children
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    """cache x backend: dense caches ignore backend, so two of the six jobs are duplicates."""
-    tmp_path = tmp_path_factory.mktemp("sweep")
-    proc = run_cli(["-m", *TINY, "cache=dynamic,static,quantized", "backend=quanto,hqq"], cwd=tmp_path)
-    return tmp_path, proc
-
-
-def test_sweep_runs_every_combination_and_skips_duplicates(sweep):
-    tmp_path, proc = sweep
+def test_sweep_runs_every_combination_and_skips_duplicates(tiny_sweep):
+    proc = tiny_sweep.proc
     assert proc.returncode == 0, proc.stderr[-3000:]
-    statuses = [r["status"] for r in sweep_results(tmp_path)]
-    assert statuses.count("FINISHED") == 4  # dynamic, static, quantized x 2 backends
-    assert statuses.count("SKIPPED") == 2
-    assert "4 finished, 2 skipped, 0 failed" in proc.stdout
+    results = sweep_results(tiny_sweep.launch_dir)
+    statuses = [r["status"] for r in results]
+    assert len(statuses) == 9  # cache x backend.nbits: 3 x 3
+    assert statuses.count("FINISHED") == 4  # dynamic, static, quantized x 2 valid bit widths
+    assert statuses.count("SKIPPED") == 5  # 4 duplicates, 1 invalid combination
+    duplicates = [r for r in results if "measures the same as job" in r.get("reason", "")]
+    assert len(duplicates) == 4 and {r["config"]["cache"]["strategy"] for r in duplicates} == {"dynamic", "static"}
+    assert "4 finished, 5 skipped, 0 failed" in proc.stdout
 
 
-def test_sweep_jobs_are_children_of_one_parent_run(sweep):
-    tmp_path, _ = sweep
-    parent, children = child_runs(tmp_path)
+def test_invalid_combination_is_skipped_with_its_reason(tiny_sweep):
+    results = sweep_results(tiny_sweep.launch_dir)
+    quantized = {r["config"]["backend"]["nbits"]: r for r in results if r["config"]["cache"]["strategy"] == "quantized"}
+    assert [quantized[nbits]["status"] for nbits in (2, 4, 5)] == ["FINISHED", "FINISHED", "SKIPPED"]
+    assert "backend.nbits" in quantized[5]["reason"]
+    assert tiny_sweep.proc.returncode == 0
+
+
+def test_sweep_jobs_are_children_of_one_parent_run(tiny_sweep):
+    parent, children = child_runs(tiny_sweep.launch_dir)
     assert parent.info.status == "FINISHED"
     assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
     assert parent.data.metrics["jobs_finished"] == 4
 
 
-def test_sweep_loads_the_model_once(sweep):
-    _, proc = sweep
+def test_sweep_loads_the_model_once(tiny_sweep):
+    proc = tiny_sweep.proc
     assert (proc.stdout + proc.stderr).count("loaded tiny_random") == 1
 
 
-def test_invalid_combination_is_skipped_with_its_reason(tmp_path):
-    proc = run_cli(["-m", *TINY, "cache=quantized", "backend=quanto", "backend.nbits=4,3"], cwd=tmp_path)
-    statuses = [r["status"] for r in sweep_results(tmp_path)]
-    assert statuses == ["FINISHED", "SKIPPED"]
-    assert "backend.nbits" in sweep_results(tmp_path)[1]["reason"]
-    assert proc.returncode == 0
+# config.json but no weights: the spec is valid, the load fails
+FAILING = ["model=hf,tiny_random", f"model.name_or_path={REPO}/tests/data/tiny_llama"]
 
 
-def test_failed_job_becomes_a_failed_run_and_the_sweep_goes_on_with_nonzero_exit(tmp_path):
+@pytest.fixture(scope="module")
+def failed_sweep(tmp_path_factory, existing_store):
+    """A sweep whose first job fails and second finishes; test_resume resumes it."""
+    launch_dir = tmp_path_factory.mktemp("failed_sweep")
+    existing_store(launch_dir)
+    return launch_dir, run_cli(["-m", *TINY, *FAILING], cwd=launch_dir)
+
+
+def test_failed_job_becomes_a_failed_run_and_the_sweep_goes_on_with_nonzero_exit(failed_sweep):
     from mlflow.tracking import MlflowClient
 
-    from conftest import REPO
-
-    # config.json but no weights: the spec is valid, the load fails
-    proc = run_cli(
-        ["-m", *TINY, "model=hf,tiny_random", f"model.name_or_path={REPO}/tests/data/tiny_llama"], cwd=tmp_path
-    )
+    launch_dir, proc = failed_sweep
     assert proc.returncode == 1
-    assert [r["status"] for r in sweep_results(tmp_path)] == ["FAILED", "FINISHED"]
+    assert [r["status"] for r in sweep_results(launch_dir)] == ["FAILED", "FINISHED"]
     assert "1 finished, 0 skipped, 1 failed" in proc.stdout
-    parent, children = child_runs(tmp_path)
+    parent, children = child_runs(launch_dir)
     assert parent.info.status == "FAILED"
     (failed,) = [c for c in children if c.info.status == "FAILED"]
     assert "tiny_llama" in failed.data.tags["kvpipe.error"]
@@ -90,16 +106,19 @@ def test_failed_job_becomes_a_failed_run_and_the_sweep_goes_on_with_nonzero_exit
     assert "traceback.txt" in artifacts
 
 
-def test_resume_skips_jobs_already_finished(tmp_path):
-    first = run_cli(["-m", *TINY, "cache=dynamic,static"], cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-2000:]
-    second = run_cli(["-m", *TINY, "cache=dynamic,static,quantized", "resume=true"], cwd=tmp_path)
+def test_resume_skips_jobs_already_finished(failed_sweep):
+    launch_dir, first = failed_sweep
+    assert first.returncode == 1 and "1 finished" in first.stdout  # its tiny_random job (dynamic cache)
+    # That job's settings again (every model setting is part of what a job measures, even one that
+    # tiny_random does not read), with one more cache
+    again = ["model=tiny_random", FAILING[1], "cache=dynamic,static"]
+    second = run_cli(["-m", *TINY, *again, "resume=true"], cwd=launch_dir)
     assert second.returncode == 0, second.stderr[-2000:]
-    assert "1 finished, 2 skipped" in second.stdout
+    assert "1 finished, 1 skipped" in second.stdout
     import mlflow
 
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/outputs/mlflow.db")
+    mlflow.set_tracking_uri(f"sqlite:///{launch_dir}/outputs/mlflow.db")
     jobs = mlflow.search_runs(
         experiment_names=["kvpipe"], output_format="list", filter_string="tags.`kvpipe.status` = 'FINISHED'"
     )
-    assert len(jobs) == 3  # no duplicates: dynamic and static once each, quantized once
+    assert len(jobs) == 2  # no duplicates: tiny_random's dynamic and static once each
