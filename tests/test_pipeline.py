@@ -111,7 +111,7 @@ def test_cli_default_run_on_the_embedded_model_prints_table_and_records_run(tmp_
             "workload.max_new_tokens=4",
             "workload.warmup=0",
             "workload.prompts=[Say hello.]",
-            "quality.context_tokens=64",
+            "quality.windows=1",
             "quality.scored_tokens=8",
         ],
         cwd=tmp_path,

@@ -120,7 +120,7 @@ EMBEDDED = (
     "workload.warmup=0",
     "tracking=off",
     "quality=on",
-    "quality.context_tokens=128",
+    "quality.windows=1",
     "quality.scored_tokens=32",
     "workload.prompts=[Explain what a KV cache is in two sentences.]",
 )
