@@ -1,5 +1,5 @@
-"""Every cache strategy on one model and workload, in one process: KV bytes, compression, decode
-speed, roofline fraction and compile time (table.md), and quality against the full-precision
+"""Every cache strategy on one model and workload, in one process: KV bytes, compression, peak
+memory (absolute, and over the state before the call), decode speed, noise, roofline fraction and compile time (table.md), and quality against the full-precision
 reference (quality.md). Writes markdown tables (and JSON) for the README.
 
     python benchmarks/cache_strategies.py                      # embedded model, 1,000-token prompt, 64 new
@@ -81,6 +81,8 @@ def main() -> None:
                 "strategy": row["strategy"],
                 "kv_cache_bytes": f"{row['kv_cache_bytes']:,} ({human_bytes(row['kv_cache_bytes'])})",
                 "kv_compression (vs fp16)": f"{row['kv_compression']:.2f}",
+                "peak memory (absolute)": human_bytes(row["peak_memory_bytes"]),
+                "over baseline": human_bytes(row["peak_over_baseline_bytes"]),
                 "decode tok/s": f"{row['decode_tokens_per_s']:.1f} ± {row['decode_tokens_per_s_std']:.1f}",
                 "TPOT ms": f"{row['tpot_ms']:.1f}",
                 "noise": _percent(row.get("timing_noise_cv")),
