@@ -13,9 +13,11 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 MLFLOW_HOST ?= 127.0.0.1
 MLFLOW_PORT ?= 5000
-MLFLOW_DIR  ?= $(CURDIR)/outputs/mlflow-server
+# The store that runs write by default (outputs/mlflow.db, artifacts in outputs/mlartifacts), so that
+# `make ui` and `make mlflow-server` show them; MLFLOW_DIR=... serves another.
+MLFLOW_DIR  ?= $(CURDIR)/outputs
 
-.PHONY: venv run test test-fast lint format mlflow-server clean-venv
+.PHONY: venv run test test-fast lint format ui mlflow-server clean-venv
 
 venv: $(STAMP)
 
@@ -54,7 +56,12 @@ format: venv
 	$(VENV)/bin/ruff check --fix kvpipe tests benchmarks setup.py
 	$(VENV)/bin/ruff format kvpipe tests benchmarks setup.py
 
-# A shared tracking server: SQLite backend store and artifact root under outputs/.
+# Browse the runs: the MLflow UI on http://$(MLFLOW_HOST):$(MLFLOW_PORT), reading the default store.
+ui: venv
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(PY) -m mlflow ui --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --workers 1 \
+		--backend-store-uri sqlite:///$(MLFLOW_DIR)/mlflow.db
+
+# A shared tracking server over the same store (artifacts served from $(MLFLOW_DIR)/mlartifacts).
 # Use it with: python -m kvpipe tracking=server tracking.uri=http://$(MLFLOW_HOST):$(MLFLOW_PORT)
 # MLflow's job execution (GenAI jobs, run by eight extra worker processes) is off: kvpipe only tracks
 # runs, and the workers slow the server's start. MLFLOW_JOBS=true turns it back on.
@@ -62,7 +69,7 @@ MLFLOW_JOBS ?= false
 mlflow-server: venv
 	mkdir -p $(MLFLOW_DIR)
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=$(MLFLOW_JOBS) $(PY) -m mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --workers 1 \
-		--backend-store-uri sqlite:///$(MLFLOW_DIR)/mlflow.db --artifacts-destination $(MLFLOW_DIR)/artifacts
+		--backend-store-uri sqlite:///$(MLFLOW_DIR)/mlflow.db --artifacts-destination $(MLFLOW_DIR)/mlartifacts
 
 clean-venv:
 	rm -rf $(VENV)

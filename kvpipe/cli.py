@@ -12,15 +12,17 @@ import argparse
 import importlib
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from kvpipe.config import from_hydra, register_schemas
 from kvpipe.errors import KvpipeError
 from kvpipe.pipeline import run_pipeline
+from kvpipe.record.result import COMMAND_ENV
 from kvpipe.spec import make_spec
 from kvpipe.sweep import run_sweep_job
 
@@ -35,6 +37,11 @@ SUBCOMMANDS = {
     "plan": ("kvpipe.decide.plan", "KV-cache and weight bytes from the config alone, before anything loads"),
     "sync": ("kvpipe.record.sync", "upload results kept on disk while MLflow was unreachable"),
 }
+
+# `kvpipe --help` (Hydra's, conf/config.yaml hydra.help) lists them from here
+OmegaConf.register_new_resolver(
+    "kvpipe_subcommands", lambda: "\n".join(f"  {name:10s}  {help_text}" for name, (_, help_text) in SUBCOMMANDS.items())
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,12 +69,24 @@ def subcommand_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def _run_subcommand(argv: list[str]) -> int:
     parser = subcommand_parser(only=argv[0])
+    argv, uri = _store_setting(argv)
     args, extra = parser.parse_known_args(argv)
+    if uri is not None:
+        args.tracking_uri, args.uri_spelling = uri, "tracking.uri"
     if extra and hasattr(args, "overrides"):  # overrides after --flags: argparse leaves them over
         args.overrides += extra
     elif extra:
         args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args.run(args)
+
+
+def _store_setting(argv: list[str]) -> tuple[list[str], str | None]:
+    """`tracking.uri=URI`, spelt as for runs, for the subcommands that read or write a store (plan
+    takes it as one of its overrides)."""
+    if argv[0] == "plan":
+        return argv, None
+    uri = next((a.split("=", 1)[1] for a in argv if a.startswith("tracking.uri=")), None)
+    return [a for a in argv if not a.startswith("tracking.uri=")], uri
 
 
 @hydra.main(version_base="1.3", config_path="pkg://kvpipe.conf", config_name="config")
@@ -103,6 +122,8 @@ def subcommand(argv: list[str]) -> int:
 
 def main() -> None:
     """Entry point for `kvpipe` and `python -m kvpipe`."""
+    # What produced every run, as typed; launcher processes (joblib, submitit) inherit it
+    os.environ.setdefault(COMMAND_ENV, shlex.join(["kvpipe", *sys.argv[1:]]))
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
         sys.exit(subcommand(sys.argv[1:]))
     # Hydra's argparse cannot take overrides on both sides of -m; accept them anywhere.
@@ -130,4 +151,10 @@ def _user_error(exc: BaseException) -> str | None:
 
     if isinstance(exc, (HydraException, OmegaConfBaseException)):
         return from_hydra(exc)
+    if isinstance(exc, ValueError) and str(exc).startswith(HYDRA_FLAG_ERRORS):
+        return f"{exc}; to see a job's config, give --cfg job without -m, e.g. kvpipe cache=static --cfg job"
     return None
+
+
+# Hydra's own checks of its flags (hydra/_internal/utils.py), raised as plain ValueErrors
+HYDRA_FLAG_ERRORS = ("Only one of --run, --multirun, --cfg", "The --resolve flag can only be used")

@@ -14,7 +14,7 @@ import dataclasses
 import re
 import typing
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -41,6 +41,9 @@ class ModelConfig:
     device: str = "auto"  # auto: CUDA when available
     attn_implementation: str = "sdpa"
     device_map: Optional[str] = None  # hf only: accelerate's placement for models larger than one GPU
+    # hf only: the config.json fields that shape the KV cache and weights, so that `kvpipe plan`
+    # answers without the network; a local folder's own config.json wins over it
+    architecture: Optional[Dict[str, Any]] = None
     seed: int = 0
     # Only for source=random: the shape of the seeded tiny Llama.
     vocab_size: int = 49152  # the embedded tokenizer's, which random models borrow
@@ -52,6 +55,14 @@ class ModelConfig:
     head_dim: Optional[int] = None
     max_position_embeddings: int = 4096
     sliding_window: Optional[int] = None
+
+
+# model.* settings only one source reads; every other model.* setting is read by all.
+SOURCE_FIELDS = {
+    "random": ("seed", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window"),
+    "hf": ("name_or_path", "revision", "trust_remote_code", "device_map", "architecture"),
+}  # fmt: skip
 
 
 @dataclass
@@ -74,6 +85,17 @@ class WorkloadConfig:
     warmup: int = 1
     repeats: int = 3
     noise_threshold: float = 0.10  # a TTFT or TPOT that changes more than this between repeats is noisy
+
+
+# workload.* settings only one kind reads; every other workload.* setting is read by all.
+KIND_FIELDS = {"chat": ("prompts",), "long_context": ("prompt_tokens",)}
+
+
+def reads(owned: dict[str, tuple[str, ...]], choice: str | None, name: str) -> bool:
+    """Whether a model source or workload kind (`choice`) reads its group's setting `name`, given
+    which settings each choice owns alone (an unknown choice: assume it does)."""
+    owners = {field for fields in owned.values() for field in fields}
+    return name not in owners or choice not in owned or name in owned[choice]
 
 
 @dataclass
@@ -168,6 +190,11 @@ def from_hydra(exc: BaseException) -> Optional[str]:
         available = re.search(r"Available options in '[\w/]+':\s*((?:\n\s+\S+)+)", full)
         options = available.group(1).split() if available else []
         return f"{group}={option} is not a known option; " + (choices(options) if options else "no options found")
+
+    # Hydra's own hint for a group that the defaults list does not have (experiment=... needs +)
+    append = re.search(r"Could not override '([^']+)'.*?To append to your config use (\S+)", full, re.DOTALL)
+    if append:
+        return f"{append.group(1)} is not in the default config; to add it, use {append.group(2)}"
 
     unknown_key = re.search(r"Key '([^']+)' not in '(\w+)'", full)
     full_key = re.search(r"full_key: (\S+)", full)

@@ -22,7 +22,7 @@ def run_pipeline(
     try:
         job = runner.run_job(spec)
     except KeyboardInterrupt:
-        killed = Result.unfinished(spec.as_dict(), "KILLED", "interrupted by the user (SIGINT)")
+        killed = Result.unfinished(spec.as_dict(), "KILLED", "interrupted by the user (SIGINT)", spec=spec)
         recorder.record(spec, killed, run_dir, launch_dir, parent_run_id)
         raise
     result = Result.finished(spec, job)

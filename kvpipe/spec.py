@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvpipe import cache as cache_strategies
 from kvpipe import config as schema
 from kvpipe.errors import ConfigError, require_choice
+from kvpipe.units import param_text
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,11 @@ class Spec:
     tracking: schema.TrackingConfig
     fallback: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default=())
+    overrides: tuple[str, ...] = field(default=())  # the user's Hydra overrides that made this job
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data.pop("warnings")
+        data.pop("warnings"), data.pop("overrides")
         return data
 
     @property
@@ -70,19 +72,29 @@ class Spec:
                 data.pop(group)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
-    def flat_params(self) -> dict[str, str]:
-        """The resolved config flattened to dotted keys, as MLflow params."""
-        flat: dict[str, str] = {}
-
-        def walk(prefix: str, value: Any) -> None:
-            if isinstance(value, dict):
-                for key, sub in value.items():
-                    walk(f"{prefix}.{key}" if prefix else key, sub)
-            else:
-                flat[prefix] = str(value)
-
-        walk("", self.as_dict())
-        return flat
+    def params(self) -> dict[str, str]:
+        """The settings this job reads, as plain-text MLflow params: the cache, backend and axis
+        fields its strategy reads (the registry's read_fields), the workload fields its kind reads,
+        the model fields its source reads, quality's when on; never tracking, never a setting with
+        no value. The runner adds what it resolved (dtype, device, the model's architecture)."""
+        read, data = self.read_fields(), self.as_dict()
+        owned = {"model": (schema.SOURCE_FIELDS, self.model.source), "workload": (schema.KIND_FIELDS, self.workload.kind)}
+        params = {}
+        for group in ("model", *STRATEGY_GROUPS, "workload", "quality"):
+            for key, value in data[group].items():
+                name = f"{group}.{key}"
+                if group in STRATEGY_GROUPS and name not in read and f"{group}.*" not in read:
+                    continue
+                if group in owned and not schema.reads(*owned[group], key):
+                    continue
+                if group == "quality" and key != "enabled" and not self.quality.enabled:
+                    continue
+                if isinstance(value, dict):  # model.architecture: the runner logs the real config's
+                    continue
+                text = param_text(value)
+                if text is not None:
+                    params[name] = text
+        return params
 
 
 # The groups whose fields a strategy reads; the measurement key keeps only those it reads.
@@ -113,7 +125,7 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
         fallback=tuple(typed.fallback),
     )
     overridden = frozenset(o.lstrip("+~").split("=")[0].split(".")[0] for o in overrides)
-    return replace(spec, warnings=tuple(spec.strategy.check(overridden)))
+    return replace(spec, warnings=tuple(spec.strategy.check(overridden)), overrides=tuple(overrides))
 
 
 def _reject_unknown_keys(cfg: DictConfig) -> None:

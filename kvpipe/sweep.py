@@ -49,29 +49,35 @@ class SweepState:
         (sweep_dir / STATE_FILE).write_text(json.dumps(self.__dict__, indent=2))
 
 
-def count_jobs(config: DictConfig) -> int:
-    """How many jobs the sweep makes: command-line overrides plus a preset's hydra.sweeper.params,
-    expanded as Hydra's basic sweeper does (the command line wins over the preset): the product of
-    each key's sweep length, a later override of a key replacing an earlier one."""
+def swept_values(config: DictConfig) -> dict[str, list[str]]:
+    """Every key the sweep sets and its values: command-line overrides plus a preset's
+    hydra.sweeper.params, read as Hydra's basic sweeper reads them (the command line wins over the
+    preset, a later override of a key replaces an earlier one). resume= is not part of the sweep."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
-    task = parser.parse_overrides(list(config.hydra.overrides.task))
+    task = parser.parse_overrides([o for o in config.hydra.overrides.task if not o.startswith("resume=")])
     params = config.hydra.sweeper.get("params") or {}
     preset = parser.parse_overrides([f"{k}={v}" for k, v in params.items()])
-    lengths = {}
+    values = {}
     for override in [*preset, *task]:
         swept = override.is_sweep_override() and override.is_discrete_sweep()
-        lengths[override.get_key_element()] = len(list(override.sweep_string_iterator())) if swept else 1
-    return math.prod(lengths.values())
+        key = override.get_key_element()
+        values[key] = list(override.sweep_string_iterator()) if swept else [override.get_value_element_as_str()]
+    return values
+
+
+def count_jobs(config: DictConfig) -> int:
+    """How many jobs the sweep makes: the product of each key's number of values."""
+    return math.prod(len(values) for values in swept_values(config).values())
 
 
 def sweep_name(config: DictConfig) -> str:
+    """The MLflow parent run's name: sweep_name, else the preset's, else the keys it sweeps."""
     if config.get("sweep_name"):
         return str(config.sweep_name)
-    # resume=true must not rename the sweep: the name is how a resumed sweep finds its killed parent
-    overrides = [o for o in config.hydra.overrides.task if not o.startswith("resume=")]
-    return " ".join(overrides) or "sweep"
+    keys = [key for key, values in swept_values(config).items() if len(values) > 1]
+    return "sweep over " + " × ".join(keys) if keys else "sweep"
 
 
 class SweepCallback(Callback):
@@ -82,19 +88,17 @@ class SweepCallback(Callback):
         launch_dir = Path(config.hydra.runtime.cwd)
         total = count_jobs(config)
         name = sweep_name(config)
+        swept = {key: ",".join(values) for key, values in swept_values(config).items()}
         tracking_cfg = OmegaConf.to_object(config.tracking)
         parent = None
+        tags = {"kvpipe.sweep_dir": str(sweep_dir.resolve()), "kvpipe.total_jobs": str(total)}
         if tracking_cfg.enabled and config.get("resume"):
-            closed = tracking.close_stale_parents(tracking_cfg, launch_dir, name)
-            if closed:
-                log.info("resume: marked %d interrupted parent run(s) of %r KILLED", closed, name)
-        if tracking_cfg.enabled:
-            parent = tracking.start_parent(
-                tracking_cfg,
-                launch_dir,
-                name,
-                {"kvpipe.sweep_dir": str(sweep_dir.resolve()), "kvpipe.total_jobs": str(total)},
-            )
+            # the same sweep again: its parent run takes the new jobs, rather than a second, empty parent
+            parent = tracking.reopen_parent(tracking_cfg, launch_dir, name, swept, tags)
+            if parent:
+                log.info("resume: the new jobs join parent run %s of %r", parent, name)
+        if tracking_cfg.enabled and not parent:
+            parent = tracking.start_parent(tracking_cfg, launch_dir, name, swept, tags)
         SweepState(name=name, total_jobs=total, started_at=time.time(), parent_run_id=parent).save(sweep_dir)
         log.info("sweep %r: %d jobs%s", name, total, f", MLflow parent run {parent}" if parent else "")
 
@@ -143,25 +147,29 @@ def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str:
     overrides = list(hydra_cfg.overrides.task)
     _announce(hydra_cfg.job.num, state, overrides)
     config = OmegaConf.to_container(cfg, resolve=True)
+    parent = state.parent_run_id if state else None
+    skip = _Skipper(run_dir, launch_dir, parent, overrides, cfg)
     try:
         spec = make_spec(cfg, overrides)
     except KvpipeError as exc:
-        return _skip(run_dir, config, str(exc))
+        return skip(config, str(exc))
     key = spec.measurement_key()
     earlier = _earlier_job_with_key(sweep_dir, run_dir, key)
     if earlier:
         reason = f"measures the same as job {earlier} (settings this strategy ignores differ)"
-        return _skip(run_dir, spec.as_dict(), reason, key)
+        return skip(spec.as_dict(), reason, key, spec)
     if cfg.get("resume") and spec.tracking.enabled:
         done = tracking.finished_run_with_key(spec.tracking, launch_dir, key)
         if done:
-            return _skip(run_dir, spec.as_dict(), f"already FINISHED as MLflow run {done} (resume=true)", key)
-    parent = state.parent_run_id if state else None
+            # under this parent already (a resumed sweep): no second entry for it in the UI
+            visible = done.data.tags.get(tracking.PARENT_TAG) != parent
+            reason = f"already FINISHED as MLflow run {done.info.run_id} (resume=true)"
+            return skip(spec.as_dict(), reason, key, spec, log_to_mlflow=visible)
     try:
         run_pipeline(spec, run_dir, launch_dir, print_table=False, parent_run_id=parent)
         return "FINISHED"
     except ConfigError as exc:  # found once the model's shape is known: an invalid combination
-        return _skip(run_dir, spec.as_dict(), str(exc), key)
+        return skip(spec.as_dict(), str(exc), key, spec)
     except KeyboardInterrupt:  # the job's run is already KILLED; the sweep's parent follows it
         if parent:
             tracking.end_parent(spec.tracking, launch_dir, parent, "KILLED", outcome_counts(sweep_dir))
@@ -169,16 +177,48 @@ def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str:
     except Exception as exc:  # noqa: BLE001 - recorded as FAILED, and the sweep goes on
         log.error("job %s failed: %s", hydra_cfg.job.num, exc)
         failed = Result.unfinished(
-            spec.as_dict(), "FAILED", f"{type(exc).__name__}: {exc}", traceback.format_exc(), measurement_key=key
+            spec.as_dict(),
+            "FAILED",
+            f"{type(exc).__name__}: {exc}",
+            traceback.format_exc(),
+            measurement_key=key,
+            spec=spec,
         )
         recorder.record(spec, failed, run_dir, launch_dir, parent)
         return "FAILED"
 
 
-def _skip(run_dir: Path, config: dict, reason: str, key: str | None = None) -> str:
-    log.warning("skipped: %s", reason)
-    Result.unfinished(config, "SKIPPED", reason, measurement_key=key).save(run_dir)
-    return "SKIPPED"
+@dataclass
+class _Skipper:
+    """Records a skipped job: result.json, and a child run of the sweep's parent tagged with why,
+    so that the MLflow UI lists it among the jobs (the parent's count alone does not say which)."""
+
+    run_dir: Path
+    launch_dir: Path
+    parent: str | None
+    overrides: list[str]
+    cfg: DictConfig
+
+    def __call__(self, config: dict, reason: str, key=None, spec=None, log_to_mlflow: bool = True) -> str:
+        log.warning("skipped: %s", reason)
+        result = Result.unfinished(config, "SKIPPED", reason, measurement_key=key, spec=spec, overrides=self.overrides)
+        result.save(self.run_dir)
+        tracking_cfg = spec.tracking if spec else _tracking_config(self.cfg)
+        if log_to_mlflow and self.parent and tracking_cfg and tracking_cfg.enabled:
+            try:
+                result.mlflow_run_id = tracking.log_skipped(tracking_cfg, self.launch_dir, result, self.parent)
+                result.save(self.run_dir)
+            except tracking.TrackingUnavailable as exc:  # the skip is on disk; the UI just misses it
+                log.warning("%s; skipped job not shown in MLflow", exc)
+        return "SKIPPED"
+
+
+def _tracking_config(cfg: DictConfig):
+    """The job's tracking settings, even when another group made its config invalid."""
+    try:
+        return OmegaConf.to_object(cfg.tracking)
+    except Exception:  # noqa: BLE001 - an invalid tracking group: nothing to log to
+        return None
 
 
 def _earlier_job_with_key(sweep_dir: Path, run_dir: Path, key: str) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 from kvpipe.errors import ConfigError
@@ -19,6 +20,18 @@ def parse_bytes(text: str, field: str = "--memory-budget") -> int:
     if not match or match.group(2).lower() not in SIZE_UNITS or float(match.group(1)) <= 0:
         raise ConfigError(field, text, "expected a positive size like 8GiB, 512MiB, 24GB or 1e9 (bytes)")
     return int(float(match.group(1)) * SIZE_UNITS[match.group(2).lower()])
+
+
+def param_text(value) -> str | None:
+    """A setting as an MLflow param: plain text, as it would be typed (true, not True; a list as
+    JSON, not a Python repr); None for a setting with no value, which is not logged."""
+    if value is None or value == [] or value == ():
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return json.dumps(list(value))
+    return str(value)
 
 
 def human_bytes(value: float) -> str:

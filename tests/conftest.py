@@ -23,6 +23,8 @@ import pytest
 # two threads wait on each other: the same embedded-model job then takes ~15x longer (30 s, not 2 s).
 # Speed is measured by benchmarks/, not by these tests.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# kvpipe honours MLFLOW_TRACKING_URI like MLflow does; the tests choose their stores themselves.
+os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 from kvpipe.config import compose, register_schemas  # noqa: E402
 from kvpipe.spec import Spec, make_spec  # noqa: E402

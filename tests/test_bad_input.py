@@ -22,6 +22,8 @@ CATALOGUE = {
     ),
     "unknown dtype": (["model.dtype=float8"], "model.dtype='float8'", "bfloat16"),
     "unknown workload": (["workload=essay"], "workload=essay", "long_context"),
+    "a preset without its +": (["experiment=cache_shootout"], "experiment", "use +experiment=cache_shootout"),
+    "--cfg in a multirun": (["-m", "cache=dynamic,static", "--cfg", "job"], "--cfg", "without -m"),
 }
 
 
@@ -39,6 +41,18 @@ def test_bad_input_gets_one_line_error_and_exit_2(case, tmp_path):
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "outputs" / "mlflow.db").exists()  # no MLflow run left behind
     assert elapsed < 5, f"validation took {elapsed:.1f}s"  # ~0.5 s here; slack for loaded CI machines
+
+
+def test_help_describes_kvpipe_its_groups_and_subcommands(tmp_path):
+    proc = run_cli(["--help"], cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("kvpipe: measure how a KV-cache strategy trades memory")
+    assert "powered by Hydra" not in proc.stdout
+    for name in ("compare", "recommend", "plan", "sync"):
+        assert f"  {name} " in proc.stdout
+    groups = proc.stdout.split("== Config groups (group=option) ==")[1]
+    assert "cache: dynamic, offloaded, offloaded_static, quantized, static" in groups
+    assert "tab completion" in proc.stdout.lower()
 
 
 def test_validation_does_not_import_heavy_libraries():

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
+from kvpipe import cli
 from kvpipe.decide import compare
 from kvpipe.decide import runs as recorded
 from kvpipe.errors import KvpipeError
@@ -242,3 +243,48 @@ def test_summarise_sweep_of_an_empty_sweep_logs_and_returns(sweep_dir, tmp_path,
         compare.summarise_sweep(config, parent, tmp_path / "sweep")
     assert not (tmp_path / "sweep").exists()
     assert f"sweep {parent} has no FINISHED runs" in caplog.text
+
+
+# --- where the store is: one order everywhere -----------------------------------------------------------
+
+
+@pytest.mark.slow  # reads the session's real sweep (conftest.tiny_sweep)
+def test_compare_finds_the_store_from_any_folder_by_either_spelling(sweep_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # not the launch dir
+    db = f"sqlite:///{sweep_dir}/outputs/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", db)
+    assert cli.subcommand(["compare", "--out", str(tmp_path / "a")]) == 0
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert cli.subcommand(["compare", f"tracking.uri={db}", "--out", str(tmp_path / "b")]) == 0
+    assert cli.subcommand(["recommend", f"tracking.uri={db}"]) == 0
+    assert (tmp_path / "a" / "compare.md").is_file() and (tmp_path / "b" / "compare.md").is_file()
+
+
+@pytest.mark.parametrize(
+    "args, env, named",
+    [
+        ([], None, "the default store "),
+        (["tracking.uri=sqlite:////no/such/mlflow.db"], None, "tracking.uri=sqlite:////no/such/mlflow.db: "),
+        (["--tracking-uri", "sqlite:////no/such/mlflow.db"], None, "--tracking-uri=sqlite:////no/such/mlflow.db: "),
+        ([], "sqlite:////no/such/mlflow.db", "MLFLOW_TRACKING_URI=sqlite:////no/such/mlflow.db: "),
+    ],
+)
+def test_a_missing_store_is_named_as_the_user_named_it(args, env, named, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    if env:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", env)
+    else:
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert cli.subcommand(["compare", *args]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("kvpipe: error: " + named) and "no MLflow store there" in line
+
+
+def test_runs_write_where_mlflow_tracking_uri_points(tmp_path, monkeypatch):
+    from kvpipe.config import TrackingConfig
+    from kvpipe.record import tracking
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/elsewhere.db")
+    assert tracking.store_paths(TrackingConfig(), tmp_path / "launch")[0] == f"sqlite:///{tmp_path}/elsewhere.db"
+    explicit = TrackingConfig(uri=f"sqlite:///{tmp_path}/explicit.db")
+    assert tracking.store_paths(explicit, tmp_path)[0] == explicit.uri  # the setting wins over the variable

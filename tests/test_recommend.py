@@ -56,7 +56,7 @@ def test_unparseable_size_is_a_one_line_error_naming_what_works(text):
 def test_dynamic_is_the_default_when_it_meets_every_limit():
     run, (what, why) = choose(fake_runs(DYNAMIC, STATIC, INT4), Limits(8 * GIB, 45, 0.05))
     assert run["label"] == "dynamic"
-    assert "static is -5%, short of the 10%" in why
+    assert "static decodes 5% faster than dynamic (TPOT 38.0 vs 40.0 ms); a fixed cache pays only when" in why
     assert what == "dynamic: TPOT 40.0 ms within 45 ms, peak 900.0 MiB within 8.0 GiB, lossless"
 
 
@@ -127,7 +127,37 @@ def test_the_command_line_to_use_names_every_setting_of_a_quantized_cache():
             "params": {"backend.name": "hqq", "backend.nbits": 4, "axis.layout": "kivi"},
         }
     )
-    assert recommend.overrides(runs.iloc[0]) == "python -m kvpipe cache=quantized backend=hqq backend.nbits=4 axis=kivi"
+    # a run recorded before kvpipe kept each job's overrides: rebuilt from the registry
+    assert recommend.use_command(runs.iloc[0]) == "python -m kvpipe cache=quantized backend=hqq backend.nbits=4 axis=kivi"
+
+
+def test_a_slower_static_cache_is_said_to_be_slower():
+    run, (_, why) = choose(fake_runs(DYNAMIC, {**STATIC, "tpot_ms": 488.0}), Limits(8 * GIB))
+    assert run["label"] == "dynamic"
+    assert "static decodes 1120% slower than dynamic (TPOT 488.0 vs 40.0 ms)" in why
+
+
+@pytest.mark.parametrize(
+    "cache, params",
+    [
+        ("static", {}),
+        ("quantized:hqq:int4:kivi", {"backend.name": "hqq", "backend.nbits": 4, "axis.layout": "kivi"}),
+    ],
+)
+def test_the_python_snippet_runs_in_a_users_own_generate_call(cache, params):
+    from kvpipe import model as models
+
+    from conftest import spec_for
+
+    run = fake_runs({**INT4, "cache": cache, "params": {**params, "workload.max_new_tokens": 5}}).iloc[0]
+    code = recommend.snippet(run)
+    assert "api.cache_kwargs(model, " in code and "max_new_tokens=5" in code
+    loaded = models.load(spec_for("model=tiny_random").model)
+    inputs = loaded.tokenizer(["What is a KV cache?"], return_tensors="pt")
+    namespace = {"model": loaded.model, "inputs": dict(inputs)}
+    exec(code, namespace)  # as a user pastes it: `model` and `inputs` are theirs
+    assert namespace["output"].shape[1] == inputs["input_ids"].shape[1] + 5
+    assert type(namespace["kwargs"]["cache"]).__name__ == ("StaticCache" if cache == "static" else "QuantizedCache")
 
 
 def test_overshoot_is_infinite_for_a_figure_that_was_not_measured():
@@ -160,7 +190,31 @@ def test_recommend_exits_0_with_a_measured_choice_and_the_command_to_use_it(swee
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("limits: memory ≤ 8.0 GiB · KL ≤ 0.05 nats · 4 measured runs from sweep ")
     assert lines[1].startswith(("recommend: dynamic", "recommend: static"))  # lossless, and nothing binds
-    assert lines[-1].startswith("  use: python -m kvpipe cache=")
+    (use,) = [line for line in lines if line.startswith("  use: ")]
+    assert use.startswith("  use: python -m kvpipe model=tiny_random workload.max_new_tokens=3 ")  # as swept
+    assert lines[-3:][0].strip() == "from kvpipe import api" and "model.generate(**inputs" in lines[-1]
+
+
+@pytest.mark.slow  # reads the session's real sweep, then runs the recommended command in a new process
+def test_the_use_line_measures_the_recommended_run_again(sweep_dir, tmp_path, existing_store, monkeypatch, capsys):
+    import shlex
+
+    from kvpipe.decide.runs import load_runs
+
+    monkeypatch.chdir(sweep_dir)
+    assert cli.subcommand(["recommend", "--memory-budget", "8GiB", "--max-kl", "1"]) == 0
+    out = capsys.readouterr().out
+    chosen_id = out.split("(run ")[1].split(")")[0]
+    use = next(line for line in out.splitlines() if line.startswith("  use: ")).removeprefix("  use: ")
+    runs, _ = load_runs("kvpipe", None, None, whole_experiment=True)
+    key = runs.set_index("run_id").loc[chosen_id, "tags.kvpipe.measurement_key"]
+    existing_store(tmp_path)
+    proc = run_cli(shlex.split(use)[3:], cwd=tmp_path)  # after `python -m kvpipe`
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import json
+
+    (result,) = tmp_path.glob("outputs/runs/*/*/result.json")
+    assert json.loads(result.read_text())["measurement_key"] == key
 
 
 @pytest.mark.slow  # reads the session's real sweep (conftest.tiny_sweep)

@@ -103,7 +103,7 @@ def test_compare_and_recommend_consider_a_new_strategy(toy):
     assert list(runs["quality_loss"]) == [0.0, 0.0]  # lossless, from the class
     chosen, (what, why) = choose(runs, Limits(memory_bytes=8 * 2**30))
     assert chosen["label"] == "headroom" and "fixed cache pays off" in why  # weighed as its family: static
-    assert recommend.overrides(chosen) == "python -m kvpipe cache=headroom cache.headroom=4"
+    assert recommend.use_command(chosen) == "python -m kvpipe cache=headroom cache.headroom=4"
 
 
 def test_unknown_strategy_names_the_registered_ones(toy):

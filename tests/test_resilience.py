@@ -169,8 +169,13 @@ def test_sigkilled_sweep_resumes_only_the_missing_jobs(tmp_path, existing_store)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert len(finished_runs(tmp_path)) == 4  # each job exactly once
     assert f"{4 - done_before} finished, {done_before} skipped" in resumed.stdout
-    statuses = {r.info.status for r in mlflow_runs(tmp_path / "outputs" / "mlflow.db")}
-    assert "RUNNING" not in statuses  # the killed sweep's parent (and a half-logged child) closed on resume
+    runs = mlflow_runs(tmp_path / "outputs" / "mlflow.db")
+    assert "RUNNING" not in {r.info.status for r in runs}  # a half-logged child closed on resume
+    (parent,) = [r for r in runs if r.data.tags.get("kvpipe.sweep") == "true"]  # reused: no second, empty one
+    assert parent.info.status == "FINISHED"
+    measured = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+                and r.data.tags.get("kvpipe.status") == "FINISHED"]  # fmt: skip
+    assert len(measured) == 4  # both attempts' jobs under the one parent
 
 
 @pytest.mark.slow  # two kvpipe processes at once, making one new store between them

@@ -70,8 +70,49 @@ def test_invalid_combination_is_skipped_with_its_reason(tiny_sweep):
 def test_sweep_jobs_are_children_of_one_parent_run(tiny_sweep):
     parent, children = child_runs(tiny_sweep.launch_dir)
     assert parent.info.status == "FINISHED"
-    assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
+    measured = [c for c in children if c.data.tags["kvpipe.status"] == "FINISHED"]
+    assert len(measured) == 4 and all(c.info.status == "FINISHED" for c in children)
     assert parent.data.metrics["jobs_finished"] == 4
+
+
+def test_parent_is_named_by_its_sweep_and_logs_the_swept_values(tiny_sweep):
+    parent, _ = child_runs(tiny_sweep.launch_dir)
+    assert parent.info.run_name == "sweep over cache × backend.nbits"
+    assert parent.data.params["cache"] == "dynamic,static,quantized"
+    assert parent.data.params["backend.nbits"] == "2,4,5"
+    assert parent.data.params["model"] == "tiny_random"  # fixed overrides too: the whole sweep, as typed
+
+
+def test_skipped_jobs_are_child_runs_that_say_why(tiny_sweep):
+    _, children = child_runs(tiny_sweep.launch_dir)
+    skipped = [c for c in children if c.data.tags["kvpipe.status"] == "SKIPPED"]
+    assert len(skipped) == 5 and all(c.info.run_name.startswith("skipped · ") for c in skipped)
+    reasons = [c.data.tags["kvpipe.skipped"] for c in skipped]
+    assert sum("measures the same as job" in r for r in reasons) == 4
+    (invalid,) = [c for c in skipped if "backend.nbits" in c.data.tags["kvpipe.skipped"]]
+    assert "backend.nbits=5" in invalid.info.run_name and not invalid.data.metrics
+
+
+def test_a_child_run_logs_what_the_job_used_and_what_produced_it(tiny_sweep):
+    _, children = child_runs(tiny_sweep.launch_dir)
+    by_name = {c.info.run_name: c for c in children}
+    dynamic = by_name["dynamic · tiny_random · chat 3"]
+    params = dynamic.data.params
+    assert params["model.dtype"] == "float32" and params["model.device"] == "cpu"  # resolved, not auto
+    assert params["model.num_hidden_layers"] == "2" and params["model.head_dim"] == "64"
+    assert params["quality.scored_tokens"] == "16" and params["workload.prompts"] == '["Hi."]'
+    assert not any(k.startswith(("tracking.", "backend.", "axis.")) for k in params)  # dense: no backend
+    assert "workload.prompt_tokens" not in params  # a chat workload does not read it
+    assert "None" not in params.values() and not any(v.startswith(("(", "[")) and "'" in v for v in params.values())
+    quantized = next(c for c in children if c.info.run_name.startswith("quantized:hqq:int4"))
+    assert quantized.data.params["backend.name"] == "hqq" and quantized.data.params["axis.layout"] == "kivi"
+    tags = dynamic.data.tags
+    assert "cache=dynamic,static,quantized" in tags["kvpipe.command"] and "-m" in tags["kvpipe.command"]
+    assert "cache=dynamic" in tags["kvpipe.overrides"].split()
+    (dataset,) = dynamic.inputs.dataset_inputs
+    assert dataset.dataset.name == "chat prompts"
+    result = next(r for r in sweep_results(tiny_sweep.launch_dir) if r.get("mlflow_run_id") == dynamic.info.run_id)
+    assert result["params"] == params and result["command"] == tags["kvpipe.command"]
 
 
 def test_sweep_loads_the_model_once(tiny_sweep):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 from kvpipe.cache.accounting import dense_bytes
 from kvpipe.errors import ConfigError, require_choice
+from kvpipe.units import param_text
 
 if TYPE_CHECKING:
     from kvpipe.cache.accounting import KvShape
@@ -86,13 +87,15 @@ class CacheStrategy:
         words = [f"cache={cls.name}"]
         for setting in dataclasses.fields(cls.Settings):
             value = params.get(f"cache.{setting.name}")
-            if value is not None and value != str(setting.default):
-                words.append(f"cache.{setting.name}={value.lower() if value in ('True', 'False') else value}")
+            if value in ("True", "False"):  # runs logged before params became plain text
+                value = value.lower()
+            if value is not None and value != param_text(setting.default):
+                words.append(f"cache.{setting.name}={value}")
         return words
 
     def describe(self) -> str:
         """Every setting this strategy reads, as overrides: the one-line name of a combination."""
-        params = self.spec.flat_params()
+        params = self.spec.params()
         words = self.command_overrides(params)
         said = {word.split("=")[0] for word in words}
         for name in self.read_fields(self.spec.backend.name):

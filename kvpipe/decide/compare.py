@@ -121,7 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the latest (or a named) sweep's table; write and log its files."""
-    runs, parent_run = load_runs(args.experiment, args.parent, args.tracking_uri)
+    runs, parent_run = load_runs(args.experiment, args.parent, args.tracking_uri, spelled=args.uri_spelling)
     sweep_dir = Path(parent_run.data.tags.get("kvpipe.sweep_dir", "/nonexistent"))
     out_dir = args.out or (sweep_dir if sweep_dir.is_dir() else Path("compare") / parent_run.info.run_id[:8])
     _publish(runs, parent_run, out_dir)

@@ -12,7 +12,7 @@ from kvpipe import cache
 from kvpipe.errors import ConfigError, KvpipeError
 from kvpipe.job import workloads
 from kvpipe.record.result import iter_results
-from kvpipe.record.tracking import default_uri
+from kvpipe.record.tracking import add_store_argument, resolve_uri
 
 FINISHED = "attributes.status = 'FINISHED' and tags.`kvpipe.status` = 'FINISHED'"
 KEY = "tags.kvpipe.measurement_key"
@@ -27,26 +27,29 @@ def in_label() -> set[str]:
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
-    """--experiment, --parent, --tracking-uri: which runs to read (shared with recommend)."""
+    """--experiment, --parent, tracking.uri=URI: which runs to read (shared with recommend)."""
     parser.add_argument("--experiment", default="kvpipe", help="MLflow experiment (default: kvpipe)")
     parser.add_argument("--parent", metavar="RUN_ID", help="a sweep's parent run (default: the latest sweep)")
-    parser.add_argument(
-        "--tracking-uri", metavar="URI", help="MLflow store (default: sqlite:///<current dir>/outputs/mlflow.db)"
-    )
+    add_store_argument(parser, "the MLflow store to read")
 
 
-def load_runs(experiment: str, parent: str | None, tracking_uri: str | None, whole_experiment: bool = False):
+def load_runs(
+    experiment: str,
+    parent: str | None,
+    tracking_uri: str | None,
+    whole_experiment: bool = False,
+    spelled: str = "--tracking-uri",
+):
     """(FINISHED runs with derived columns, parent Run or None): one sweep's, or the whole experiment's."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    uri = tracking_uri or default_uri(Path.cwd())
+    uri, said = resolve_uri(tracking_uri, Path.cwd(), spelled)
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         # MLflow would create an empty database and then find nothing in it
-        raise ConfigError(
-            "--tracking-uri",
-            uri,
-            "no MLflow store there; expected the launch dir's outputs/mlflow.db (cd there) or --tracking-uri URI",
+        raise KvpipeError(
+            f"{said}: no MLflow store there; run from the folder the runs were launched in (its "
+            "outputs/mlflow.db), or name the store with tracking.uri=URI or MLFLOW_TRACKING_URI"
         )
     mlflow.set_tracking_uri(uri)
     if parent:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pydoc_data.topics import topics
 
+from kvpipe import config
 from kvpipe.config import WorkloadConfig
 from kvpipe.errors import ConfigError
 
@@ -29,26 +30,28 @@ def reference_text() -> str:
     return "\n\n".join(topics[name] for name in sorted(topics))
 
 
-# Settings only one kind of workload reads; every other workload.* setting is read by all.
-KIND_FIELDS = {"chat": ("prompts",), "long_context": ("prompt_tokens",)}
-
-
 def reads(kind: str, param: str) -> bool:
     """Whether a workload of this kind reads `workload.<field>` (unknown kinds: assume it does)."""
-    name = param.removeprefix("workload.")
-    owned = {field for fields in KIND_FIELDS.values() for field in fields}
-    return name not in owned or kind not in KIND_FIELDS or name in KIND_FIELDS[kind]
+    return config.reads(config.KIND_FIELDS, kind, param.removeprefix("workload."))
 
 
 def check_fits(workload: WorkloadConfig, shape, prompt_tokens: int) -> None:
     """Prompt plus new tokens must fit the model's positions; checked before the weights load."""
-    total = prompt_tokens + workload.max_new_tokens
-    if shape.max_positions and total > shape.max_positions:
-        raise ConfigError(
-            "workload.max_new_tokens",
-            workload.max_new_tokens,
-            f"prompt ({prompt_tokens}) + new tokens exceed the model's {shape.max_positions} positions",
-        )
+    positions, new = shape.max_positions, workload.max_new_tokens
+    if not positions or prompt_tokens + new <= positions:
+        return
+    # Name the setting that made it so: the prompt length where the user chose it, else what grew past it
+    if workload.kind == "long_context":
+        field, value, expected = "workload.prompt_tokens", workload.prompt_tokens, f"at most {positions - new}"
+    elif prompt_tokens >= positions:
+        field, value, expected = "workload.prompts", f"{prompt_tokens} tokens", f"prompts under {positions} tokens"
+    else:
+        field, value, expected = "workload.max_new_tokens", new, f"at most {positions - prompt_tokens}"
+    raise ConfigError(
+        field,
+        value,
+        f"expected {expected}: prompt ({prompt_tokens}) + new tokens ({new}) exceed the model's {positions} positions",
+    )
 
 
 def build_batches(workload: WorkloadConfig, tokenizer, device: str) -> list[Batch]:

@@ -2,9 +2,9 @@
 
 from kvpipe.model.embedded import cache_dir, embedded_folder, embedded_gguf
 from kvpipe.model.loading import LoadedModel, dtype_name, load, load_tokenizer, resolve_device, resolve_dtype
-from kvpipe.model.shape import ModelShape, describe, local_folder, random_config_dict
+from kvpipe.model.shape import ModelShape, architecture_params, describe, local_folder, random_config_dict
 
 __all__ = [
-    "LoadedModel", "ModelShape", "cache_dir", "describe", "dtype_name", "embedded_folder", "embedded_gguf", "load",
+    "LoadedModel", "ModelShape", "architecture_params", "cache_dir", "describe", "dtype_name", "embedded_folder", "embedded_gguf", "load",
     "load_tokenizer", "local_folder", "random_config_dict", "resolve_device", "resolve_dtype",
 ]  # fmt: skip

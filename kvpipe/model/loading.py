@@ -13,7 +13,7 @@ from typing import Any
 from kvpipe.config import ModelConfig
 from kvpipe.errors import KvpipeError, first_line
 from kvpipe.model.embedded import embedded_folder
-from kvpipe.model.shape import ModelShape, local_folder, random_config_dict, shape_from_config
+from kvpipe.model.shape import ModelFolderError, ModelShape, local_folder, random_config_dict, shape_from_config
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +96,9 @@ def _load_uncached(model_cfg: ModelConfig) -> LoadedModel:
                 **placement,
                 **common,
             )
-        except (OSError, ValueError) as exc:
-            raise KvpipeError(f"model.name_or_path={location!r} could not be loaded: {first_line(exc)}") from exc
+        except Exception as exc:  # noqa: BLE001 - a broken folder fails in many ways (OSError, SafetensorError,
+            # a size mismatch's RuntimeError, ...): each is the user's file, said in one line
+            raise ModelFolderError(f"model.name_or_path={location!r} could not be loaded: {_why(exc)}") from exc
     if model_cfg.device_map:
         device = str(model.device.type)  # where the first layers (and the inputs) live
         model.eval()
@@ -125,6 +126,10 @@ def _load_uncached(model_cfg: ModelConfig) -> LoadedModel:
     )
 
 
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {first_line(exc)}"
+
+
 def make_resident(model) -> None:
     """Copy memory-mapped weights into anonymous memory. safetensors weights on CPU are mapped from
     the file and page in during the first forward pass, so a first call's peak memory would count
@@ -149,8 +154,8 @@ def load_tokenizer(model_cfg: ModelConfig):
             tokenizer = AutoTokenizer.from_pretrained(
                 location, revision=model_cfg.revision, trust_remote_code=model_cfg.trust_remote_code
             )
-        except (OSError, ValueError) as exc:
-            raise KvpipeError(f"model.name_or_path={location!r} has no loadable tokenizer: {first_line(exc)}") from exc
+        except Exception as exc:  # noqa: BLE001 - missing or malformed tokenizer files, as above
+            raise ModelFolderError(f"model.name_or_path={location!r} has no loadable tokenizer: {_why(exc)}") from exc
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "left"  # decoder-only batches pad on the left

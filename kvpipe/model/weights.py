@@ -7,7 +7,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpipe.model.shape import local_folder, random_config_dict, text_config
+from kvpipe.model.shape import ModelFolderError, config_dict, local_folder, random_config_dict, text_config
 from kvpipe.units import DTYPE_BYTES
 
 # safetensors dtypes; from_pretrained(dtype=...) casts the floating ones and keeps the rest as stored
@@ -36,18 +36,11 @@ def weights(model_cfg, dtype: str) -> Weights:
             True,
             f"exact: summed from the safetensors headers in {folder}",
         )
-    if folder:
-        config = json.loads((folder / "config.json").read_text())
-    else:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(
-            model_cfg.name_or_path, revision=model_cfg.revision, trust_remote_code=model_cfg.trust_remote_code
-        ).to_dict()
+    config, origin = config_dict(model_cfg)
     return Weights(
         llama_parameters(config) * DTYPE_BYTES[dtype],
         False,
-        f"ESTIMATED from the config as a Llama-style decoder (no *.safetensors in {folder or model_cfg.name_or_path})",
+        f"ESTIMATED as a Llama-style decoder from {origin} (no *.safetensors in {folder or model_cfg.name_or_path})",
     )
 
 
@@ -62,9 +55,7 @@ def safetensors_bytes(files: list[Path], dtype_bytes: int) -> int:
     """Tensor bytes from each file's header (8-byte little-endian length, then JSON), floats cast to dtype_bytes."""
     total = 0
     for path in files:
-        with path.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
+        header = _header(path)
         for name, info in header.items():
             if name != "__metadata__":
                 numel = 1
@@ -72,6 +63,23 @@ def safetensors_bytes(files: list[Path], dtype_bytes: int) -> int:
                     numel *= size
                 total += numel * (dtype_bytes if info["dtype"] in CAST_ON_LOAD else SAFETENSORS_BYTES[info["dtype"]])
     return total
+
+
+def _header(path: Path) -> dict:
+    """A safetensors file's JSON header; a truncated or foreign file is one line naming it."""
+    try:
+        with path.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > path.stat().st_size - 8:
+                raise ValueError(f"its header claims {length} bytes, more than the file holds")
+            header = json.loads(handle.read(length))
+        if not isinstance(header, dict):
+            raise ValueError("its header is not a JSON object")
+        return header
+    except (struct.error, ValueError, UnicodeDecodeError) as exc:
+        raise ModelFolderError(
+            f"model.name_or_path={path.parent}: {path.name} is not a readable safetensors file ({exc})"
+        ) from None
 
 
 def llama_parameters(config: dict) -> int:

@@ -34,7 +34,7 @@ def upload(spec, result: Result, run_dir: Path, launch_dir: Path, parent_run_id:
     parent_run_id = parent_run_id or result.mlflow_parent_run_id
     try:
         run_id = tracking.log_job(
-            spec.tracking, launch_dir, run_dir, spec.flat_params(), result, config_yaml(spec), parent_run_id
+            spec.tracking, launch_dir, run_dir, result.params or spec.params(), result, config_yaml(spec), parent_run_id
         )
     except tracking.TrackingUnavailable as exc:
         result.mlflow_error = str(exc)

@@ -10,6 +10,8 @@ import dataclasses
 import json
 import math
 import os
+import shlex
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -31,11 +33,14 @@ class Result:
 
     status: str
     config: dict
+    params: dict[str, str] = field(default_factory=dict)  # the settings the job read, as logged to MLflow
     metrics: dict[str, Optional[float]] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     texts: list[dict[str, str]] = field(default_factory=list)
     measurement_key: Optional[str] = None
+    command: Optional[str] = None  # the command line that produced it, as typed
+    overrides: list[str] = field(default_factory=list)  # this job's Hydra overrides (a sweep's: one job's)
     reason: Optional[str] = None
     traceback: Optional[str] = None
     finished_at: str = field(default_factory=_now)
@@ -50,6 +55,9 @@ class Result:
         return cls(
             status="FINISHED",
             config=spec.as_dict(),
+            params={**spec.params(), **job.params},
+            overrides=list(spec.overrides),
+            command=command_line(),
             measurement_key=spec.measurement_key(),
             metrics={name: _json_number(value) for name, value in job.metrics.items()},
             tags=job.tags,
@@ -59,11 +67,26 @@ class Result:
 
     @classmethod
     def unfinished(
-        cls, config: dict, status: str, reason: str, traceback: str | None = None, measurement_key: str | None = None
+        cls,
+        config: dict,
+        status: str,
+        reason: str,
+        traceback: str | None = None,
+        measurement_key: str | None = None,
+        spec=None,
+        overrides: list[str] | None = None,
     ) -> "Result":
-        """A job that did not measure: SKIPPED (with why), FAILED (with the error) or KILLED."""
+        """A job that did not measure: SKIPPED (with why), FAILED (with the error) or KILLED; with
+        its spec's params when it got as far as having one."""
         return cls(
-            status=status, config=config, reason=reason, traceback=traceback or None, measurement_key=measurement_key
+            status=status,
+            config=config,
+            params=spec.params() if spec else {},
+            overrides=list(spec.overrides if spec else overrides or []),
+            command=command_line(),
+            reason=reason,
+            traceback=traceback or None,
+            measurement_key=measurement_key,
         )
 
     def to_dict(self) -> dict:
@@ -88,6 +111,14 @@ class Result:
             handle.write("\n")
         os.replace(handle.name, path)
         return path
+
+
+COMMAND_ENV = "KVPIPE_COMMAND"  # set by the CLI; inherited by launcher processes, whose own argv differs
+
+
+def command_line() -> str:
+    """The command that started this kvpipe process, as typed."""
+    return os.environ.get(COMMAND_ENV) or shlex.join(["python", *sys.argv])
 
 
 def iter_results(directory: Path, recursive: bool = False) -> Iterator[tuple[Path, Result]]:

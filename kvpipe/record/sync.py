@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from kvpipe.config import KvpipeConfig
 from kvpipe.errors import KvpipeError
 from kvpipe.record.recorder import upload
+from kvpipe.record.tracking import add_store_argument
 from kvpipe.record.result import RESULT_FILE, Result, iter_results
 from kvpipe.record.tracking import ARTIFACT_DIR
 from kvpipe.spec import make_spec
@@ -47,7 +48,7 @@ def sync_one(result_path: Path, result: Result, tracking_uri: str | None) -> str
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories (or result.json files)")
-    parser.add_argument("--tracking-uri", help="upload here instead of the store each result names")
+    add_store_argument(parser, "upload here instead of the store each result names")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
 import logging
 import os
+import shlex
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -22,12 +26,39 @@ def default_uri(launch_dir: Path, store_dir: str = TrackingConfig.store_dir) -> 
     return f"sqlite:///{(launch_dir / store_dir / DB_FILE).resolve()}"
 
 
+URI_ENV = "MLFLOW_TRACKING_URI"
+
+
+def resolve_uri(explicit: str | None, launch_dir: Path, spelled: str = "tracking.uri") -> tuple[str, str]:
+    """(tracking URI, where it came from, as the user said it). One order everywhere (runs, compare,
+    recommend, sync): the explicit setting, then $MLFLOW_TRACKING_URI, then the default store."""
+    if explicit:
+        return explicit, f"{spelled}={explicit}"
+    if os.environ.get(URI_ENV):
+        return os.environ[URI_ENV], f"{URI_ENV}={os.environ[URI_ENV]}"
+    uri = default_uri(launch_dir)
+    return uri, f"the default store {uri.removeprefix('sqlite:///')}"
+
+
+def add_store_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """`tracking.uri=URI`, spelt as runs spell it (the CLI turns it into this option; --tracking-uri
+    works too), resolved as runs resolve it: see tracking.resolve_uri."""
+    parser.add_argument(
+        "--tracking-uri",
+        metavar="URI",
+        help=f"{what}; also spelt tracking.uri=URI, as for runs "
+        "(default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db in the current dir)",
+    )
+    parser.set_defaults(uri_spelling="--tracking-uri")
+
+
 def store_paths(tracking: TrackingConfig, launch_dir: Path) -> tuple[str, str | None]:
     """(tracking URI, artifact root). The default store is absolute, whatever the working dir."""
-    if tracking.uri:
-        if tracking.uri.startswith("sqlite:///"):  # keep artifacts beside the database, not in ./mlruns
-            return tracking.uri, (Path(tracking.uri.removeprefix("sqlite:///")).parent / ARTIFACT_DIR).as_uri()
-        return tracking.uri, None
+    uri = tracking.uri or os.environ.get(URI_ENV)
+    if uri:
+        if uri.startswith("sqlite:///"):  # keep artifacts beside the database, not in ./mlruns
+            return uri, (Path(uri.removeprefix("sqlite:///")).parent / ARTIFACT_DIR).as_uri()
+        return uri, None
     store = (launch_dir / tracking.store_dir).resolve()
     store.mkdir(parents=True, exist_ok=True)
     return default_uri(launch_dir, tracking.store_dir), (store / ARTIFACT_DIR).as_uri()
@@ -128,14 +159,15 @@ def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_ya
         tags[KEY_TAG] = result.measurement_key
     if result.reason:
         tags["kvpipe.error"] = result.reason[:5000]
+    tags.update(origin_tags(result))
     metrics = {k: float(v) for k, v in result.metrics.items() if v is not None}
-    run_name = tracking.run_name or result.tags.get("cache.effective") or result.config["cache"]["strategy"]
-    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
+    with mlflow.start_run(experiment_id=experiment_id, run_name=tracking.run_name or run_name(result), tags=tags) as run:
         mlflow.log_params(params)
         mlflow.log_metrics(metrics)
         mlflow.log_text(config_yaml, "config.yaml")
         if result.texts:
             mlflow.log_dict({"texts": result.texts}, "texts.json")
+            log_prompts(result)
         if result.traceback:
             mlflow.log_text(result.traceback, "traceback.txt")
         mlflow.log_artifact(str(run_dir / RESULT_FILE))
@@ -147,13 +179,114 @@ def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_ya
     return run_id
 
 
-def start_parent(tracking: TrackingConfig, launch_dir: Path, name: str, tags: dict[str, str]) -> str:
-    """The parent run of a multirun; its children carry its id."""
+def run_name(result: Result) -> str:
+    """`requested→effective · model · workload`, e.g. `offloaded_static→static · smollm2_135m · chat 32`:
+    the strategy as asked for and as it ran (when they differ), the model, the workload's size."""
+    config = result.config
+    requested = result.tags.get("cache.requested") or config["cache"]["strategy"]
+    effective = result.tags.get("cache.effective") or requested
+    strategy = effective if effective.startswith(requested) else f"{requested}→{effective}"
+    workload = config["workload"]
+    size = workload["max_new_tokens"]
+    if workload["kind"] == "long_context":
+        size = f"{workload['prompt_tokens']}+{size}"
+    batch = f" ×{workload['batch_size']}" if workload["batch_size"] > 1 else ""
+    return f"{strategy} · {config['model']['name']} · {workload['kind']} {size}{batch}"
+
+
+def origin_tags(result: Result) -> dict[str, str]:
+    """What produced the run: the command line as typed, and the job's own Hydra overrides."""
+    tags = {"kvpipe.command": (result.command or "")[:5000]}
+    tags["kvpipe.overrides"] = shlex.join(result.overrides)[:5000] or "(defaults)"
+    return tags
+
+
+def log_prompts(result: Result) -> None:
+    """The workload's prompts as an MLflow dataset input (the run page's Datasets column)."""
+    import mlflow
+    import pandas as pd
+
+    workload = result.config["workload"]
+    prompts = pd.DataFrame({"prompt": list(dict.fromkeys(text["prompt"] for text in result.texts))})
+    name = f"{workload['kind']} prompts" + (f" ({workload['prompt_tokens']} tokens)" if workload["kind"] == "long_context" else "")
+    mlflow.log_input(mlflow.data.from_pandas(prompts, name=name), context="workload")
+
+
+def start_parent(
+    tracking: TrackingConfig, launch_dir: Path, name: str, swept: dict[str, str], tags: dict[str, str]
+) -> str:
+    """The parent run of a multirun, named by its sweep; its params are the swept keys and their
+    values (`cache` = `dynamic,static,quantized`). Its children carry its id."""
+    from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
     with recording(tracking, launch_dir) as experiment_id:
-        tags = {"kvpipe.sweep": "true", **tags}
-        return MlflowClient().create_run(experiment_id, run_name=name, tags=tags).info.run_id
+        client = MlflowClient()
+        tags = {"kvpipe.sweep": "true", SIGNATURE_TAG: sweep_signature(name, swept), **tags}
+        run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+        client.log_batch(run_id, params=[Param(key, value[:6000]) for key, value in swept.items()])
+        return run_id
+
+
+SIGNATURE_TAG = "kvpipe.sweep_signature"
+
+
+def sweep_signature(name: str, swept: dict[str, str]) -> str:
+    """Equal for the same sweep run again (resume=true finds its parent by it)."""
+    return hashlib.sha256(json.dumps([name, swept], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def reopen_parent(
+    tracking: TrackingConfig, launch_dir: Path, name: str, swept: dict[str, str], tags: dict[str, str]
+) -> str | None:
+    """resume=true: the latest parent run of this same sweep, RUNNING again for the new jobs (its
+    children left RUNNING by a kill are marked KILLED; older parents of it left RUNNING, too).
+    None if the sweep never ran here."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    with recording(tracking, launch_dir) as experiment_id:
+        client = MlflowClient()
+        parents = mlflow.search_runs(
+            experiment_ids=[experiment_id],
+            output_format="list",
+            order_by=["attributes.start_time DESC"],
+            filter_string=f"tags.`kvpipe.sweep` = 'true' and tags.`{SIGNATURE_TAG}` = '{sweep_signature(name, swept)}'",
+        )
+        if not parents:
+            return None
+        for run in parents:
+            stale = mlflow.search_runs(
+                experiment_ids=[experiment_id],
+                output_format="list",
+                filter_string=f"tags.`{PARENT_TAG}` = '{run.info.run_id}' and attributes.status = 'RUNNING'",
+            )
+            for child in stale:  # caught half-logged by the kill
+                client.set_terminated(child.info.run_id, status="KILLED")
+            if run is not parents[0] and run.info.status == "RUNNING":
+                client.set_terminated(run.info.run_id, status="KILLED")
+        run_id = parents[0].info.run_id
+        for key, value in tags.items():
+            client.set_tag(run_id, key, value)
+        client.update_run(run_id, status="RUNNING")
+        return run_id
+
+
+def log_skipped(tracking: TrackingConfig, launch_dir: Path, result: Result, parent_run_id: str) -> str:
+    """A skipped job as a child run of its sweep: named `skipped · <its overrides>`, tagged
+    kvpipe.skipped with the reason, its params (when it had a valid config) and no metrics. FINISHED,
+    as MLflow has no skipped status; compare, recommend and resume read only kvpipe.status=FINISHED."""
+    from mlflow.entities import Param
+    from mlflow.tracking import MlflowClient
+
+    with recording(tracking, launch_dir) as experiment_id:
+        client = MlflowClient()
+        tags = {PARENT_TAG: parent_run_id, "kvpipe.status": "SKIPPED", "kvpipe.skipped": result.reason[:5000]}
+        name = "skipped · " + (shlex.join(result.overrides) or "(defaults)")
+        run_id = client.create_run(experiment_id, run_name=name, tags={**tags, **origin_tags(result)}).info.run_id
+        client.log_batch(run_id, params=[Param(key, value[:6000]) for key, value in result.params.items()])
+        client.set_terminated(run_id, status="FINISHED")
+        return run_id
 
 
 def end_parent(tracking: TrackingConfig, launch_dir: Path, run_id: str, status: str, summary: dict) -> None:
@@ -166,8 +299,8 @@ def end_parent(tracking: TrackingConfig, launch_dir: Path, run_id: str, status: 
         client.set_terminated(run_id, status=status)
 
 
-def finished_run_with_key(tracking: TrackingConfig, launch_dir: Path, key: str) -> str | None:
-    """The id of a FINISHED run in the experiment that measured exactly this, if any."""
+def finished_run_with_key(tracking: TrackingConfig, launch_dir: Path, key: str):
+    """A FINISHED run in the experiment that measured exactly this (an mlflow Run), if any."""
     import mlflow
 
     with recording(tracking, launch_dir) as experiment_id:
@@ -178,30 +311,4 @@ def finished_run_with_key(tracking: TrackingConfig, launch_dir: Path, key: str) 
             filter_string=f"tags.`{KEY_TAG}` = '{key}' and attributes.status = 'FINISHED' "
             "and tags.`kvpipe.status` = 'FINISHED'",
         )
-    return runs[0].info.run_id if runs else None
-
-
-def close_stale_parents(tracking: TrackingConfig, launch_dir: Path, name: str) -> int:
-    """Mark KILLED the RUNNING parents of an earlier, killed sweep of this name (a SIGKILL
-    gives no chance to close them); returns how many."""
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
-    with recording(tracking, launch_dir) as experiment_id:
-        stale = mlflow.search_runs(
-            experiment_ids=[experiment_id],
-            output_format="list",
-            filter_string="tags.`kvpipe.sweep` = 'true' and attributes.status = 'RUNNING'",
-        )
-        stale = [run for run in stale if run.info.run_name == name]
-        for run in stale:
-            # children caught half-logged by the kill, then the parent
-            children = mlflow.search_runs(
-                experiment_ids=[experiment_id],
-                output_format="list",
-                filter_string=f"tags.`{PARENT_TAG}` = '{run.info.run_id}' and attributes.status = 'RUNNING'",
-            )
-            for child in children:
-                MlflowClient().set_terminated(child.info.run_id, status="KILLED")
-            MlflowClient().set_terminated(run.info.run_id, status="KILLED")
-    return len(stale)
+    return runs[0] if runs else None
