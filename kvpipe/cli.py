@@ -40,7 +40,8 @@ SUBCOMMANDS = {
 
 # `kvpipe --help` (Hydra's, conf/config.yaml hydra.help) lists them from here
 OmegaConf.register_new_resolver(
-    "kvpipe_subcommands", lambda: "\n".join(f"  {name:10s}  {help_text}" for name, (_, help_text) in SUBCOMMANDS.items())
+    "kvpipe_subcommands",
+    lambda: "\n".join(f"  {name:10s}  {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()),
 )
 
 

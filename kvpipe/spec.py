@@ -78,7 +78,10 @@ class Spec:
         the model fields its source reads, quality's when on; never tracking, never a setting with
         no value. The runner adds what it resolved (dtype, device, the model's architecture)."""
         read, data = self.read_fields(), self.as_dict()
-        owned = {"model": (schema.SOURCE_FIELDS, self.model.source), "workload": (schema.KIND_FIELDS, self.workload.kind)}
+        owned = {
+            "model": (schema.SOURCE_FIELDS, self.model.source),
+            "workload": (schema.KIND_FIELDS, self.workload.kind),
+        }
         params = {}
         for group in ("model", *STRATEGY_GROUPS, "workload", "quality"):
             for key, value in data[group].items():

@@ -7,9 +7,10 @@ import shutil
 
 import pytest
 
-from conftest import run_cli, spec_for
 from kvpipe.errors import KvpipeError
 from kvpipe.model import embedded_folder
+
+from conftest import run_cli, spec_for
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
 SHAPE = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)

@@ -128,7 +128,9 @@ def test_the_command_line_to_use_names_every_setting_of_a_quantized_cache():
         }
     )
     # a run recorded before kvpipe kept each job's overrides: rebuilt from the registry
-    assert recommend.use_command(runs.iloc[0]) == "python -m kvpipe cache=quantized backend=hqq backend.nbits=4 axis=kivi"
+    assert (
+        recommend.use_command(runs.iloc[0]) == "python -m kvpipe cache=quantized backend=hqq backend.nbits=4 axis=kivi"
+    )
 
 
 def test_a_slower_static_cache_is_said_to_be_slower():

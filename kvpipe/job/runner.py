@@ -87,7 +87,11 @@ def run_job(spec: Spec) -> JobResult:
         metrics["quality_ms"] = (time.perf_counter() - started) * 1e3
     metrics["load_average_start"], metrics["load_average_end"] = load_at_start, load_average()
     texts = _texts(loaded.tokenizer, batches, calls[: len(batches)])
-    params = {"model.dtype": loaded.dtype, "model.device": loaded.device, **model.architecture_params(loaded.model.config.to_dict())}
+    params = {
+        "model.dtype": loaded.dtype,
+        "model.device": loaded.device,
+        **model.architecture_params(loaded.model.config.to_dict()),
+    }
     if ran.quality.enabled:
         params["quality.scored_tokens"] = str(int(metrics["quality_scored_tokens"]))
     return JobResult(metrics=metrics, tags=tags, texts=texts, notes=[*spec.warnings, *setup.notes], params=params)

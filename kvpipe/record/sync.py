@@ -15,9 +15,8 @@ from omegaconf import OmegaConf
 from kvpipe.config import KvpipeConfig
 from kvpipe.errors import KvpipeError
 from kvpipe.record.recorder import upload
-from kvpipe.record.tracking import add_store_argument
 from kvpipe.record.result import RESULT_FILE, Result, iter_results
-from kvpipe.record.tracking import ARTIFACT_DIR
+from kvpipe.record.tracking import ARTIFACT_DIR, add_store_argument
 from kvpipe.spec import make_spec
 
 SYNCABLE = ("FINISHED", "FAILED", "KILLED")

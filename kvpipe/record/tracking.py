@@ -161,7 +161,9 @@ def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_ya
         tags["kvpipe.error"] = result.reason[:5000]
     tags.update(origin_tags(result))
     metrics = {k: float(v) for k, v in result.metrics.items() if v is not None}
-    with mlflow.start_run(experiment_id=experiment_id, run_name=tracking.run_name or run_name(result), tags=tags) as run:
+    with mlflow.start_run(
+        experiment_id=experiment_id, run_name=tracking.run_name or run_name(result), tags=tags
+    ) as run:
         mlflow.log_params(params)
         mlflow.log_metrics(metrics)
         mlflow.log_text(config_yaml, "config.yaml")
@@ -208,7 +210,9 @@ def log_prompts(result: Result) -> None:
 
     workload = result.config["workload"]
     prompts = pd.DataFrame({"prompt": list(dict.fromkeys(text["prompt"] for text in result.texts))})
-    name = f"{workload['kind']} prompts" + (f" ({workload['prompt_tokens']} tokens)" if workload["kind"] == "long_context" else "")
+    name = f"{workload['kind']} prompts" + (
+        f" ({workload['prompt_tokens']} tokens)" if workload["kind"] == "long_context" else ""
+    )
     mlflow.log_input(mlflow.data.from_pandas(prompts, name=name), context="workload")
 
 
