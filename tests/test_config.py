@@ -47,11 +47,19 @@ def test_appended_unknown_key_is_rejected_by_the_plan():
         spec_for("+model.colour=red")
 
 
-def test_flat_params_are_dotted_and_complete():
-    params = spec_for().flat_params()
-    assert params["cache.strategy"] == "dynamic"
-    assert params["workload.max_new_tokens"] == "32"
-    assert "model.dtype" in params
+def test_params_are_the_settings_the_job_reads_as_plain_text():
+    params = spec_for().params()
+    assert params["cache.strategy"] == "dynamic" and params["workload.max_new_tokens"] == "32"
+    assert params["quality.enabled"] == "true" and params["workload.ignore_eos"] == "true"  # not True
+    assert not any(name.startswith(("tracking.", "backend.", "axis.")) for name in params)  # dense: no backend
+    assert "workload.prompt_tokens" not in params and "model.hidden_size" not in params  # chat; not random
+    assert "None" not in params.values()
+    quantized = spec_for("cache=quantized", "workload=long_context", "quality=off").params()
+    assert quantized["backend.name"] == "quanto" and quantized["axis.layout"] == "kivi"
+    assert quantized["workload.prompt_tokens"] == "1000" and "workload.prompts" not in quantized
+    assert "quality.windows" not in quantized  # quality off: its settings were not read
+    random = spec_for("model=tiny_random").params()
+    assert random["model.hidden_size"] == "64" and random["model.seed"] == "0"
 
 
 def test_conf_ships_inside_the_package():
