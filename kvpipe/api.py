@@ -20,7 +20,7 @@ import shlex
 from typing import Any, Sequence
 
 from kvpipe.config import compose
-from kvpipe.model.loading import LoadedModel, dtype_name
+from kvpipe.model.loading import LoadedModel
 from kvpipe.model.shape import shape_from_config
 from kvpipe.spec import Spec, make_spec
 
@@ -51,7 +51,7 @@ def wrap(model, tokenizer=None) -> LoadedModel:
         tokenizer=tokenizer,
         shape=shape_from_config(model.config.to_dict()),
         device=model.device.type,
-        dtype=dtype_name(model.dtype),
+        dtype=str(model.dtype).removeprefix("torch."),
         load_s=0.0,
         weights_bytes=weights,
     )

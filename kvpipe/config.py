@@ -59,6 +59,7 @@ class ModelConfig:
 
 # model.* settings only one source reads; every other model.* setting is read by all.
 SOURCE_FIELDS = {
+    "embedded": (),
     "random": ("seed", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window"),
     "hf": ("name_or_path", "revision", "trust_remote_code", "device_map", "architecture"),
@@ -192,9 +193,12 @@ def from_hydra(exc: BaseException) -> Optional[str]:
         return f"{group}={option} is not a known option; " + (choices(options) if options else "no options found")
 
     # Hydra's own hint for a group that the defaults list does not have (experiment=... needs +)
-    append = re.search(r"Could not override '([^']+)'.*?To append to your config use (\S+)", full, re.DOTALL)
+    append = re.search(
+        r"Could not override '([^']+)'. No match in the defaults list.\s*To append to your default list use (\S+)",
+        full,
+    )
     if append:
-        return f"{append.group(1)} is not in the default config; to add it, use {append.group(2)}"
+        return f"{append.group(1)} is not in the defaults list; to add the group, use {append.group(2)}"
 
     unknown_key = re.search(r"Key '([^']+)' not in '(\w+)'", full)
     full_key = re.search(r"full_key: (\S+)", full)

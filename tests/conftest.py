@@ -55,12 +55,20 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.Comp
     """Run `python -m kvpipe ARGS` in cwd, as a user would."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
+    env.pop("MLFLOW_TRACKING_URI", None)  # a test's own mlflow.set_tracking_uri exports it
     return subprocess.run(
         [sys.executable, "-m", "kvpipe", *args], cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout
     )
 
 
 # --- one garbage collection per measured call, made cheap ---------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_tracking_uri(monkeypatch):
+    """mlflow.set_tracking_uri (called by tests that read a store) also sets $MLFLOW_TRACKING_URI,
+    which kvpipe honours as the user's choice: each test starts without it."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
 @pytest.fixture(autouse=True)

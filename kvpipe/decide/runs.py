@@ -12,7 +12,7 @@ from kvpipe import cache
 from kvpipe.errors import ConfigError, KvpipeError
 from kvpipe.job import workloads
 from kvpipe.record.result import iter_results
-from kvpipe.record.tracking import add_store_argument, resolve_uri
+from kvpipe.record.tracking import add_store_argument, point_mlflow_at, resolve_uri
 
 FINISHED = "attributes.status = 'FINISHED' and tags.`kvpipe.status` = 'FINISHED'"
 KEY = "tags.kvpipe.measurement_key"
@@ -51,7 +51,7 @@ def load_runs(
             f"{said}: no MLflow store there; run from the folder the runs were launched in (its "
             "outputs/mlflow.db), or name the store with tracking.uri=URI or MLFLOW_TRACKING_URI"
         )
-    mlflow.set_tracking_uri(uri)
+    point_mlflow_at(uri)
     if parent:
         try:
             parent_run = mlflow.get_run(parent)

@@ -40,6 +40,20 @@ def resolve_uri(explicit: str | None, launch_dir: Path, spelled: str = "tracking
     return uri, f"the default store {uri.removeprefix('sqlite:///')}"
 
 
+def point_mlflow_at(uri: str) -> None:
+    """mlflow.set_tracking_uri, without its side effect on $MLFLOW_TRACKING_URI (MLflow exports the
+    URI there for subprocesses): here that variable is the user's own setting, read by resolve_uri,
+    and must not turn one store's address into every later run's."""
+    import mlflow
+
+    before = os.environ.get(URI_ENV)
+    mlflow.set_tracking_uri(uri)
+    if before is None:
+        os.environ.pop(URI_ENV, None)
+    else:
+        os.environ[URI_ENV] = before
+
+
 def add_store_argument(parser: argparse.ArgumentParser, what: str) -> None:
     """`tracking.uri=URI`, spelt as runs spell it (the CLI turns it into this option; --tracking-uri
     works too), resolved as runs resolve it: see tracking.resolve_uri."""
@@ -103,7 +117,7 @@ def setup(tracking: TrackingConfig, launch_dir: Path) -> str:
     # MLflow's default is 7 retries with exponential backoff (minutes) for a server that went away
     # mid-run; a few seconds is enough to ride out a blip, and the result is safe on disk anyway.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
-    mlflow.set_tracking_uri(uri)
+    point_mlflow_at(uri)
     experiment = mlflow.get_experiment_by_name(tracking.experiment)
     if experiment is not None:
         return experiment.experiment_id
