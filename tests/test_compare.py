@@ -237,7 +237,7 @@ def test_summarise_sweep_of_an_empty_sweep_logs_and_returns(sweep_dir, tmp_path,
     from kvpipe.record import tracking
 
     empty = TrackingConfig(experiment="empty sweeps")  # beside, not in, the experiment other tests read
-    parent = tracking.start_parent(empty, sweep_dir, "nothing ran", {})
+    parent = tracking.start_parent(empty, sweep_dir, "nothing ran", {}, {})
     config = OmegaConf.create({"tracking": OmegaConf.structured(empty), "hydra": {"runtime": {"cwd": str(sweep_dir)}}})
     with caplog.at_level("INFO", logger="kvpipe.decide.compare"):
         compare.summarise_sweep(config, parent, tmp_path / "sweep")
