@@ -62,7 +62,7 @@ def swept_values(config: DictConfig) -> dict[str, list[str]]:
     values = {}
     for override in [*preset, *task]:
         swept = override.is_sweep_override() and override.is_discrete_sweep()
-        key = override.get_key_element()
+        key = override.get_key_element().lstrip("+~")  # +experiment=... sets `experiment`
         values[key] = list(override.sweep_string_iterator()) if swept else [override.get_value_element_as_str()]
     return values
 
@@ -92,13 +92,16 @@ class SweepCallback(Callback):
         tracking_cfg = OmegaConf.to_object(config.tracking)
         parent = None
         tags = {"kvpipe.sweep_dir": str(sweep_dir.resolve()), "kvpipe.total_jobs": str(total)}
-        if tracking_cfg.enabled and config.get("resume"):
-            # the same sweep again: its parent run takes the new jobs, rather than a second, empty parent
-            parent = tracking.reopen_parent(tracking_cfg, launch_dir, name, swept, tags)
-            if parent:
-                log.info("resume: the new jobs join parent run %s of %r", parent, name)
-        if tracking_cfg.enabled and not parent:
-            parent = tracking.start_parent(tracking_cfg, launch_dir, name, swept, tags)
+        try:
+            if tracking_cfg.enabled and config.get("resume"):
+                # the same sweep again: its parent run takes the new jobs, rather than a second, empty parent
+                parent = tracking.reopen_parent(tracking_cfg, launch_dir, name, swept, tags)
+                if parent:
+                    log.info("resume: the new jobs join parent run %s of %r", parent, name)
+            if tracking_cfg.enabled and not parent:
+                parent = tracking.start_parent(tracking_cfg, launch_dir, name, swept, tags)
+        except tracking.TrackingUnavailable as exc:  # Hydra would only warn and lose the sweep's state
+            log.warning("%s; the sweep runs without a parent run, its results safe on disk", exc)
         SweepState(name=name, total_jobs=total, started_at=time.time(), parent_run_id=parent).save(sweep_dir)
         log.info("sweep %r: %d jobs%s", name, total, f", MLflow parent run {parent}" if parent else "")
 

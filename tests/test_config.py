@@ -68,3 +68,23 @@ def test_conf_ships_inside_the_package():
     files = importlib.resources.files("kvpipe.conf")
     assert (files / "config.yaml").is_file()
     assert (files / "model" / "smollm2_135m.yaml").is_file()
+
+
+def test_a_presets_sweep_is_named_and_counted_from_its_own_params_and_the_command_line():
+    from kvpipe.sweep import count_jobs, sweep_name, swept_values
+
+    from kvpipe.config import compose
+
+    from omegaconf import OmegaConf, open_dict
+
+    config = compose(["+experiment=cache_shootout", "model=tiny_random"], with_hydra=True)
+    with open_dict(
+        config
+    ):  # the command line of `kvpipe -m +experiment=cache_shootout model=tiny_random backend.nbits=2,4`
+        config.hydra.overrides.task = ["+experiment=cache_shootout", "model=tiny_random", "backend.nbits=2,4"]
+    assert OmegaConf.select(config, "hydra.sweeper.params.cache")  # the preset's own sweep
+    values = swept_values(config)
+    assert values["experiment"] == ["cache_shootout"] and values["model"] == ["tiny_random"]  # no "+" in a key
+    assert values["cache"] == ["dynamic", "static", "static_compiled", "offloaded", "offloaded_static", "quantized"]
+    assert values["backend.nbits"] == ["2", "4"] and count_jobs(config) == 12
+    assert sweep_name(config) == "cache_shootout"
