@@ -71,11 +71,10 @@ def test_conf_ships_inside_the_package():
 
 
 def test_a_presets_sweep_is_named_and_counted_from_its_own_params_and_the_command_line():
-    from kvpipe.sweep import count_jobs, sweep_name, swept_values
+    from omegaconf import OmegaConf, open_dict
 
     from kvpipe.config import compose
-
-    from omegaconf import OmegaConf, open_dict
+    from kvpipe.sweep import count_jobs, sweep_name, swept_values
 
     config = compose(["+experiment=cache_shootout", "model=tiny_random"], with_hydra=True)
     with open_dict(
