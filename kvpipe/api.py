@@ -20,9 +20,10 @@ import shlex
 from typing import Any, Sequence
 
 from kvpipe.config import compose
-from kvpipe.model.loading import LoadedModel
+from kvpipe.errors import KvpipeError
+from kvpipe.model.loading import LoadedModel, model_bytes
 from kvpipe.model.shape import shape_from_config
-from kvpipe.spec import Spec, make_spec
+from kvpipe.spec import Spec, make_spec, override_group
 
 # Settings that choose the cache; the model is yours, and kvpipe's model, workload and tracking
 # settings mean nothing here.
@@ -32,10 +33,8 @@ CACHE_GROUPS = ("cache", "backend", "axis", "fallback")
 def settings(overrides: str | Sequence[str] = "", max_new_tokens: int = 32) -> Spec:
     """The validated cache settings from kvpipe overrides ("cache=static cache.compile=true")."""
     words = shlex.split(overrides) if isinstance(overrides, str) else list(overrides)
-    unused = [w for w in words if w.lstrip("+~").split("=")[0].split(".")[0].split("/")[0] not in CACHE_GROUPS]
+    unused = [w for w in words if override_group(w) not in CACHE_GROUPS]
     if unused:
-        from kvpipe.errors import KvpipeError
-
         raise KvpipeError(
             f"{' '.join(unused)}: not a cache setting; expected overrides of {', '.join(CACHE_GROUPS)} "
             "(the model is the one you pass)"
@@ -45,7 +44,6 @@ def settings(overrides: str | Sequence[str] = "", max_new_tokens: int = 32) -> S
 
 def wrap(model, tokenizer=None) -> LoadedModel:
     """Your transformers model as kvpipe's runner sees one (shape from its config, device, dtype)."""
-    weights = sum(p.numel() * p.element_size() for p in {p.data_ptr(): p for p in model.parameters()}.values())
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -53,7 +51,7 @@ def wrap(model, tokenizer=None) -> LoadedModel:
         device=model.device.type,
         dtype=str(model.dtype).removeprefix("torch."),
         load_s=0.0,
-        weights_bytes=weights,
+        weights_bytes=model_bytes(model),
     )
 
 

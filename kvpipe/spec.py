@@ -127,8 +127,13 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
         tracking=typed.tracking,
         fallback=tuple(typed.fallback),
     )
-    overridden = frozenset(o.lstrip("+~").split("=")[0].split(".")[0] for o in overrides)
+    overridden = frozenset(override_group(o) for o in overrides)
     return replace(spec, warnings=tuple(spec.strategy.check(overridden)), overrides=tuple(overrides))
+
+
+def override_group(override: str) -> str:
+    """The config group an override sets: `cache` for `cache.compile=true` or `+cache=static`."""
+    return override.lstrip("+~").split("=")[0].split(".")[0]
 
 
 def _reject_unknown_keys(cfg: DictConfig) -> None:

@@ -5,6 +5,6 @@ from kvpipe.model.loading import LoadedModel, dtype_name, load, load_tokenizer, 
 from kvpipe.model.shape import ModelShape, architecture_params, describe, local_folder, random_config_dict
 
 __all__ = [
-    "LoadedModel", "ModelShape", "architecture_params", "cache_dir", "describe", "dtype_name", "embedded_folder", "embedded_gguf", "load",
-    "load_tokenizer", "local_folder", "random_config_dict", "resolve_device", "resolve_dtype",
+    "LoadedModel", "ModelShape", "architecture_params", "cache_dir", "describe", "dtype_name", "embedded_folder",
+    "embedded_gguf", "load", "load_tokenizer", "local_folder", "random_config_dict", "resolve_device", "resolve_dtype",
 ]  # fmt: skip

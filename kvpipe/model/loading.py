@@ -107,8 +107,7 @@ def _load_uncached(model_cfg: ModelConfig) -> LoadedModel:
     if device == "cpu":
         make_resident(model)
     load_s = time.perf_counter() - started
-    weights_bytes = sum(t.numel() * t.element_size() for t in {p.data_ptr(): p for p in model.parameters()}.values())
-    weights_bytes += sum(b.numel() * b.element_size() for b in model.buffers())
+    weights_bytes = model_bytes(model)
     log.info("loaded %s on %s (%s) in %.2f s", model_cfg.name, device, str(dtype).removeprefix("torch."), load_s)
     embedding = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
@@ -124,6 +123,12 @@ def _load_uncached(model_cfg: ModelConfig) -> LoadedModel:
         embedding_row_bytes=embedding.shape[-1] * embedding.element_size(),
         embeddings_tied=head is not None and head.weight.data_ptr() == embedding.data_ptr(),
     )
+
+
+def model_bytes(model) -> int:
+    """Bytes of a model's parameters (tied weights once) and buffers: `weights_bytes`."""
+    parameters = {p.data_ptr(): p for p in model.parameters()}.values()
+    return sum(t.numel() * t.element_size() for t in [*parameters, *model.buffers()])
 
 
 def _why(exc: BaseException) -> str:

@@ -29,14 +29,19 @@ def default_uri(launch_dir: Path, store_dir: str = TrackingConfig.store_dir) -> 
 URI_ENV = "MLFLOW_TRACKING_URI"
 
 
-def resolve_uri(explicit: str | None, launch_dir: Path, spelled: str = "tracking.uri") -> tuple[str, str]:
+def resolve_uri(
+    explicit: str | None,
+    launch_dir: Path,
+    spelled: str = "tracking.uri",
+    store_dir: str = TrackingConfig.store_dir,
+) -> tuple[str, str]:
     """(tracking URI, where it came from, as the user said it). One order everywhere (runs, compare,
     recommend, sync): the explicit setting, then $MLFLOW_TRACKING_URI, then the default store."""
     if explicit:
         return explicit, f"{spelled}={explicit}"
     if os.environ.get(URI_ENV):
         return os.environ[URI_ENV], f"{URI_ENV}={os.environ[URI_ENV]}"
-    uri = default_uri(launch_dir)
+    uri = default_uri(launch_dir, store_dir)
     return uri, f"the default store {uri.removeprefix('sqlite:///')}"
 
 
@@ -67,15 +72,15 @@ def add_store_argument(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def store_paths(tracking: TrackingConfig, launch_dir: Path) -> tuple[str, str | None]:
-    """(tracking URI, artifact root). The default store is absolute, whatever the working dir."""
-    uri = tracking.uri or os.environ.get(URI_ENV)
-    if uri:
-        if uri.startswith("sqlite:///"):  # keep artifacts beside the database, not in ./mlruns
-            return uri, (Path(uri.removeprefix("sqlite:///")).parent / ARTIFACT_DIR).as_uri()
+    """(tracking URI, artifact root), the URI as resolve_uri finds it. The default store is absolute,
+    whatever the working dir, and made if missing."""
+    uri, _ = resolve_uri(tracking.uri, launch_dir, store_dir=tracking.store_dir)
+    if not uri.startswith("sqlite:///"):
         return uri, None
-    store = (launch_dir / tracking.store_dir).resolve()
-    store.mkdir(parents=True, exist_ok=True)
-    return default_uri(launch_dir, tracking.store_dir), (store / ARTIFACT_DIR).as_uri()
+    store = Path(uri.removeprefix("sqlite:///")).parent  # artifacts beside the database, not in ./mlruns
+    if uri == default_uri(launch_dir, tracking.store_dir):
+        store.mkdir(parents=True, exist_ok=True)
+    return uri, (store / ARTIFACT_DIR).as_uri()
 
 
 class TrackingUnavailable(KvpipeError):
@@ -235,14 +240,13 @@ def start_parent(
 ) -> str:
     """The parent run of a multirun, named by its sweep; its params are the swept keys and their
     values (`cache` = `dynamic,static,quantized`). Its children carry its id."""
-    from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
     with recording(tracking, launch_dir) as experiment_id:
         client = MlflowClient()
         tags = {"kvpipe.sweep": "true", SIGNATURE_TAG: sweep_signature(name, swept), **tags}
         run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
-        client.log_batch(run_id, params=[Param(key, value[:6000]) for key, value in swept.items()])
+        _log_params(client, run_id, swept)
         return run_id
 
 
@@ -294,7 +298,6 @@ def log_skipped(tracking: TrackingConfig, launch_dir: Path, result: Result, pare
     """A skipped job as a child run of its sweep: named `skipped · <its overrides>`, tagged
     kvpipe.skipped with the reason, its params (when it had a valid config) and no metrics. FINISHED,
     as MLflow has no skipped status; compare, recommend and resume read only kvpipe.status=FINISHED."""
-    from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
     with recording(tracking, launch_dir) as experiment_id:
@@ -302,9 +305,16 @@ def log_skipped(tracking: TrackingConfig, launch_dir: Path, result: Result, pare
         tags = {PARENT_TAG: parent_run_id, "kvpipe.status": "SKIPPED", "kvpipe.skipped": result.reason[:5000]}
         name = "skipped · " + (shlex.join(result.overrides) or "(defaults)")
         run_id = client.create_run(experiment_id, run_name=name, tags={**tags, **origin_tags(result)}).info.run_id
-        client.log_batch(run_id, params=[Param(key, value[:6000]) for key, value in result.params.items()])
+        _log_params(client, run_id, result.params)
         client.set_terminated(run_id, status="FINISHED")
         return run_id
+
+
+def _log_params(client, run_id: str, params: dict[str, str]) -> None:
+    """Params in one request, each cut to MLflow's 6,000-character limit."""
+    from mlflow.entities import Param
+
+    client.log_batch(run_id, params=[Param(key, value[:6000]) for key, value in params.items()])
 
 
 def end_parent(tracking: TrackingConfig, launch_dir: Path, run_id: str, status: str, summary: dict) -> None:
