@@ -41,7 +41,8 @@ def runs_under_one_parent(uri: str) -> tuple:
 def assert_every_child_under_one_parent(uri: str) -> None:
     parents, children = runs_under_one_parent(uri)
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert len(children) == 3 and all(c.info.status == "FINISHED" for c in children)
+    statuses = [(c.info.run_name, c.info.status, c.data.tags.get("kvpipe.status")) for c in children]
+    assert len(children) == 3 and all(c.info.status == "FINISHED" for c in children), statuses
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
 
 

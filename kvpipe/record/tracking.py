@@ -226,13 +226,20 @@ def log_prompts(result: Result) -> None:
     """The workload's prompts as an MLflow dataset input (the run page's Datasets column)."""
     import mlflow
     import pandas as pd
+    from mlflow.exceptions import MlflowException
 
     workload = result.config["workload"]
     prompts = pd.DataFrame({"prompt": list(dict.fromkeys(text["prompt"] for text in result.texts))})
     name = f"{workload['kind']} prompts" + (
         f" ({workload['prompt_tokens']} tokens)" if workload["kind"] == "long_context" else ""
     )
-    mlflow.log_input(mlflow.data.from_pandas(prompts, name=name), context="workload")
+    dataset = mlflow.data.from_pandas(prompts, name=name)
+    try:
+        mlflow.log_input(dataset, context="workload")
+    except MlflowException:
+        # Parallel jobs logging the same prompts to a tracking server race to create its one dataset
+        # row (a UNIQUE constraint); the loser's second try finds the row the winner made.
+        mlflow.log_input(dataset, context="workload")
 
 
 def start_parent(
