@@ -27,9 +27,10 @@ from kvpipe.units import human_bytes
 log = logging.getLogger(__name__)
 
 OUTPUT_FILES = ("compare.md", "compare.csv", "memory_vs_context.png", "tpot_vs_memory.png")
+RETRIEVAL_FILES = ("retrieval_heatmaps.png", "accuracy_vs_kv_bytes.png")  # when the runs measured retrieval
 FOOTNOTE = (
     "★ Pareto front of each workload over peak memory, TPOT and KL (lower is better; lossy runs without a "
-    "quality pass are left off). ⚠ noisy: TTFT or TPOT changed between repeats by more than the run's "
+    "quality pass are left off), and retrieval accuracy where every run measured it. ⚠ noisy: TTFT or TPOT changed between repeats by more than the run's "
     "workload.noise_threshold, so its place on the front is not firm. Peak memory: the process's (CPU) or the "
     "allocator's (CUDA) peak during a measured call, weights included."
 )
@@ -58,7 +59,13 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
     table["vs fp16 KV"] = show(metric("kv_compression"), "{:.2f}×".format)
     table["KL nats"] = show(metric("kl_vs_reference"), "{:.1e}".format)
     table["agreement"] = show(metric("token_agreement"), "{:.2f}".format)
+    if has_retrieval(runs):
+        table["retrieval"] = show(metric("retrieval_accuracy"), "{:.0%}".format)
     return pd.DataFrame(table)
+
+
+def has_retrieval(runs: pd.DataFrame) -> bool:
+    return column(runs, "metrics.retrieval_accuracy").notna().any()
 
 
 def mixed_environments(runs: pd.DataFrame) -> str | None:
@@ -70,7 +77,7 @@ def mixed_environments(runs: pd.DataFrame) -> str | None:
 
 
 def write_outputs(runs: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
-    """compare.md, compare.csv and the two plots in out_dir; returns their paths."""
+    """compare.md, compare.csv and the plots in out_dir; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     markdown = display_table(runs).to_markdown(index=False, stralign="right")
     warning = mixed_environments(runs)
@@ -78,13 +85,20 @@ def write_outputs(runs: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
         f"# {title}\n\n{markdown}\n\n{FOOTNOTE}\n" + (f"\n**{warning}**\n" if warning else "")
     )
     columns = ["run_id", "label", "workload", "pareto", "memory_bytes", "quality_loss", "context_tokens"]
-    columns += [f"params.{p}" for p in varying_params(runs)] + sorted(c for c in runs if c.startswith("metrics."))
+    # Stepped metrics (name/…, per context length) would show only their last step: left to the plots
+    metrics = sorted(c for c in runs if c.startswith("metrics.") and "/" not in c)
+    columns += [f"params.{p}" for p in varying_params(runs)] + metrics
     runs[columns].to_csv(out_dir / "compare.csv", index=False)
     detail = describe(runs, [p for p in varying_params(runs) if p.startswith(CACHE_PARAMS)])
     runs = runs.assign(point=[f"{label} {more}".strip() for label, more in zip(runs["label"], detail)])
     plots.memory_vs_context(runs, out_dir / "memory_vs_context.png")
     plots.tpot_vs_memory(runs, out_dir / "tpot_vs_memory.png")
-    return [out_dir / name for name in OUTPUT_FILES]
+    if not has_retrieval(runs):
+        return [out_dir / name for name in OUTPUT_FILES]
+    passkey = runs[column(runs, "metrics.retrieval_accuracy").notna()]
+    plots.retrieval_heatmaps(passkey, out_dir / "retrieval_heatmaps.png")
+    plots.accuracy_vs_kv_bytes(passkey, out_dir / "accuracy_vs_kv_bytes.png")
+    return [out_dir / name for name in (*OUTPUT_FILES, *RETRIEVAL_FILES)]
 
 
 def print_table(runs: pd.DataFrame, title: str) -> None:
@@ -104,14 +118,16 @@ def print_table(runs: pd.DataFrame, title: str) -> None:
         console.print(warning, style="bold yellow")
 
 
-def _publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> None:
-    """Write the files, log them on the parent run, print the table."""
+def _publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> list[Path]:
+    """Write the files, log them on the parent run, print the table; returns the files."""
     from mlflow.tracking import MlflowClient
 
     title = f"kvpipe compare · sweep {parent_run.info.run_id[:8]} · {len(runs)} runs"
-    for path in write_outputs(runs, out_dir, title):
+    written = write_outputs(runs, out_dir, title)
+    for path in written:
         MlflowClient().log_artifact(parent_run.info.run_id, str(path), "compare")
     print_table(runs, title)
+    return written
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,10 +140,10 @@ def run(args: argparse.Namespace) -> int:
     runs, parent_run = load_runs(args.experiment, args.parent, args.tracking_uri, spelled=args.uri_spelling)
     sweep_dir = Path(parent_run.data.tags.get("kvpipe.sweep_dir", "/nonexistent"))
     out_dir = args.out or (sweep_dir if sweep_dir.is_dir() else Path("compare") / parent_run.info.run_id[:8])
-    _publish(runs, parent_run, out_dir)
+    written = _publish(runs, parent_run, out_dir)
     if sys.stderr.isatty():
-        written = ", ".join(OUTPUT_FILES)
-        print(f"wrote {written} to {out_dir}; logged on MLflow run {parent_run.info.run_id}", file=sys.stderr)
+        names = ", ".join(path.name for path in written)
+        print(f"wrote {names} to {out_dir}; logged on MLflow run {parent_run.info.run_id}", file=sys.stderr)
     return 0
 
 

@@ -168,9 +168,13 @@ def environments(runs: pd.DataFrame) -> list[str]:
 
 
 def pareto_front(runs: pd.DataFrame) -> pd.Series:
-    """True where no other run is as good on memory, TPOT and quality loss, and better on one."""
-    points = np.column_stack([runs["memory_bytes"], column(runs, "metrics.tpot_ms"), runs["quality_loss"]])
-    points = points.astype(float)
+    """True where no other run is as good on memory, TPOT and quality loss (and passkey retrieval
+    accuracy, where every run measured it), and better on one."""
+    axes = [runs["memory_bytes"], column(runs, "metrics.tpot_ms"), runs["quality_loss"]]
+    accuracy = column(runs, "metrics.retrieval_accuracy")
+    if accuracy.notna().all():
+        axes.append(-accuracy)  # higher is better
+    points = np.column_stack(axes).astype(float)
     known = points[~np.isnan(points).any(axis=1)]  # unknown loss or no timing: no claim either way
     return pd.Series(
         [not np.isnan(p).any() and not ((known <= p).all(axis=1) & (known < p).any(axis=1)).any() for p in points],
@@ -217,3 +221,39 @@ def describe(runs: pd.DataFrame, params: list[str], full: bool = False) -> list[
     """'name=value ...' per run for these params, skipping those its strategy ignores."""
     values = {p if full else p.split(".")[-1]: param_values(runs, p) for p in params}
     return [" ".join(f"{name}={shown[i]}" for name, shown in values.items() if shown[i]) for i in range(len(runs))]
+
+
+def retrieval_history(run_id: str, keys: list[str]) -> list[dict]:
+    """A passkey run's figures per context length, from MLflow's stepped metrics: one dict per
+    (key, length) with the value. The step is the context length (kvpipe.measure.retrieval)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    return [
+        {"metric": key, "context_tokens": point.step, "value": point.value}
+        for key in keys
+        for point in client.get_metric_history(run_id, key)
+    ]
+
+
+def retrieval_cells(run: pd.Series) -> list[dict]:
+    """The run's heatmap cells (context_tokens, depth, retrieval_accuracy), from its stepped metrics."""
+    from kvpipe.measure.retrieval import DEPTH_PREFIX
+
+    keys = [name.removeprefix("metrics.") for name in run.index if name.startswith(f"metrics.{DEPTH_PREFIX}")]
+    keys = [key for key in keys if pd.notna(run[f"metrics.{key}"])]
+    return [
+        {"context_tokens": point["context_tokens"], "depth": float(point["metric"].removeprefix(DEPTH_PREFIX)),
+         "retrieval_accuracy": point["value"]}
+        for point in retrieval_history(run["run_id"], keys)
+    ]  # fmt: skip
+
+
+def retrieval_by_length(run: pd.Series) -> pd.DataFrame:
+    """Per context length: accuracy over every depth and the KV bytes at that length."""
+    history = pd.DataFrame(retrieval_history(run["run_id"], ["retrieval_accuracy/all_depths", "kv_cache_bytes/by_length"]))
+    if history.empty:
+        return pd.DataFrame(columns=["context_tokens", "accuracy", "kv_cache_bytes"])
+    table = history.pivot_table(index="context_tokens", columns="metric", values="value", aggfunc="last")
+    table = table.rename(columns={"retrieval_accuracy/all_depths": "accuracy", "kv_cache_bytes/by_length": "kv_cache_bytes"})
+    return table.reset_index()

@@ -1,7 +1,7 @@
 """The passkey-retrieval workload's prompts: a seeded random key hidden at a chosen depth of filler
 text, then a question, through the model's chat template, each exactly `context_tokens` long.
 
-The filler is Python's own documentation (the long_context text, `workloads.reference_text`):
+The filler is Python's own documentation (the long_context text, `texts.reference_text`):
 real, varied prose in which no sentence repeats, so the key's sentence is not trivially the one
 odd line out. Each trial starts the filler at another place in that text.
 """
@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 
 from kvpipe.errors import ConfigError
-from kvpipe.job.workloads import long_context_ids
+from kvpipe.job.texts import long_context_ids
 
 INSTRUCTION = "A pass key is hidden in the text below. Find it and remember it.\n\n"
 QUESTION = "\n\nWhat is the pass key? Answer with the number only."
@@ -27,6 +27,7 @@ class PasskeyPrompt:
     key: str
     context_tokens: int
     depth: float
+    trial: int
     needle_start: int  # token index of the needle sentence in input_ids
 
 
@@ -57,7 +58,18 @@ def passkey_prompt(tokenizer, context_tokens: int, depth: float, key: str, trial
     cut = round(depth * filler_tokens)
     head = prefix + intro + filler[:cut]
     ids = head + needle_ids + filler[cut:] + question + suffix
-    return PasskeyPrompt(ids, key, context_tokens, depth, needle_start=len(head))
+    return PasskeyPrompt(ids, key, context_tokens, depth, trial, needle_start=len(head))
+
+
+def prompts(workload, tokenizer) -> list[PasskeyPrompt]:
+    """Every prompt of a passkey workload: each length, each depth, each trial, in that order; each
+    with its own seeded key and its own stretch of filler."""
+    return [
+        passkey_prompt(tokenizer, length, depth, passkey_key(workload.seed, length, depth, trial), trial)
+        for length in workload.context_tokens
+        for depth in workload.depths
+        for trial in range(workload.trials)
+    ]
 
 
 def _template_parts(tokenizer) -> tuple[list[int], list[int]]:

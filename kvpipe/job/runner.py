@@ -14,7 +14,7 @@ from kvpipe.job import workloads
 from kvpipe.job.fallback import with_fallback
 from kvpipe.job.generate import Call, measured_generate
 from kvpipe.job.progress import progress_bar
-from kvpipe.measure import quality
+from kvpipe.measure import quality, retrieval
 from kvpipe.measure.environment import environment, load_average
 from kvpipe.measure.metrics import summarise
 from kvpipe.spec import Spec
@@ -31,6 +31,7 @@ class JobResult:
     texts: list[dict[str, str]]
     notes: list[str] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)  # what the job resolved: dtype, device, architecture
+    retrieval: list[dict] = field(default_factory=list)  # passkey: one row per answer (kvpipe.measure.retrieval)
 
 
 def run_job(spec: Spec) -> JobResult:
@@ -56,9 +57,13 @@ def run_job(spec: Spec) -> JobResult:
             f"cache={spec.cache.strategy} ran out of memory; measured cache={ran.cache.strategy} instead"
         )
         setup.requested = spec.cache.strategy
-    metrics, metric_notes = summarise(calls, loaded, ran.strategy, len(batches))
+    metrics, metric_notes = summarise(calls, loaded, ran.strategy)
     setup.notes.extend(metric_notes)
     metrics["warmup_ms"] = sum(warmup_ms)
+    answers = []
+    if batches[0].needles:  # passkey: scored on the measured calls themselves
+        answers = retrieval.score(loaded.tokenizer, eos_ids(loaded.model), batches, calls)
+        metrics.update(retrieval.metrics(answers))
     metrics["load_ms"] = loaded.load_s * 1e3
     if "compile_config" in setup.generate_kwargs:
         # The first call compiles; its extra time over a steady call of the same batch is compile time.
@@ -94,7 +99,14 @@ def run_job(spec: Spec) -> JobResult:
     }
     if ran.quality.enabled:
         params["quality.scored_tokens"] = str(int(metrics["quality_scored_tokens"]))
-    return JobResult(metrics=metrics, tags=tags, texts=texts, notes=[*spec.warnings, *setup.notes], params=params)
+    notes = [*spec.warnings, *setup.notes]
+    return JobResult(metrics=metrics, tags=tags, texts=texts, notes=notes, params=params, retrieval=answers)
+
+
+def eos_ids(model) -> set[int]:
+    """The tokens that end the model's answer (its generation config may name several)."""
+    eos = model.generation_config.eos_token_id
+    return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
 
 def noisy(timing_noise_cv: float, threshold: float) -> str:
@@ -105,16 +117,20 @@ def noisy(timing_noise_cv: float, threshold: float) -> str:
 
 
 def _measure(spec: Spec, loaded, setup, batches) -> tuple[list[Call], list[float]]:
-    """Warm-up calls (timed, not measured), then the measured calls."""
+    """Warm-up calls (timed, not measured) on one batch of each shape, then the measured calls:
+    repeat after repeat over every batch."""
     compiles = "compile_config" in setup.generate_kwargs
     if compiles and spec.workload.warmup == 0:
         setup.notes.append("cache.compile needs a warm-up call to compile outside the timings; ran 1")
     warmup_calls = max(spec.workload.warmup, 1 if compiles else 0)
+    # What a warm-up pays for once (allocation, kernels, a compile) is per shape, not per prompt.
+    shapes = list({tuple(b.input_ids.shape): b for b in batches}.values())
     warmup_ms: list[float] = []
     calls: list[Call] = []
-    with progress_bar(setup.effective, (warmup_calls + spec.workload.repeats) * len(batches)) as advance:
+    total = warmup_calls * len(shapes) + spec.workload.repeats * len(batches)
+    with progress_bar(setup.effective, total) as advance:
         for _ in range(warmup_calls):
-            for batch in batches:
+            for batch in shapes:
                 warmup_ms.append(measured_generate(spec, loaded, setup, batch).timing.e2e_ms)
                 advance()
         for _ in range(spec.workload.repeats):
