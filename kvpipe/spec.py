@@ -229,7 +229,9 @@ def _check_passkey(workload: schema.WorkloadConfig) -> None:
         )
     workload.context_tokens = sorted(set(lengths))
     if not workload.depths or not all(0 <= depth <= 1 for depth in workload.depths):
-        raise ConfigError("workload.depths", workload.depths, "expected fractions of the context from 0 to 1, e.g. [0.1,0.5,0.9]")
+        raise ConfigError(
+            "workload.depths", workload.depths, "expected fractions of the context from 0 to 1, e.g. [0.1,0.5,0.9]"
+        )
     if workload.trials <= 0:
         raise ConfigError("workload.trials", workload.trials, "expected a positive integer")
 

@@ -178,7 +178,9 @@ def test_min_accuracy_rules_out_a_faster_cache_that_loses_the_needle():
 def test_min_accuracy_misses_runs_that_never_measured_retrieval():
     run = fake_runs(DYNAMIC).iloc[0]
     assert Limits(accuracy=0.9).misses(run) == {"accuracy": math.inf}
-    assert "accuracy not measured (run it with workload=passkey)" in choose(fake_runs(DYNAMIC), Limits(accuracy=0.9))[1][1]
+    assert (
+        "accuracy not measured (run it with workload=passkey)" in choose(fake_runs(DYNAMIC), Limits(accuracy=0.9))[1][1]
+    )
 
 
 @pytest.mark.parametrize("value", ["1.5", "-0.1"])

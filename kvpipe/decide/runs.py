@@ -251,9 +251,13 @@ def retrieval_cells(run: pd.Series) -> list[dict]:
 
 def retrieval_by_length(run: pd.Series) -> pd.DataFrame:
     """Per context length: accuracy over every depth and the KV bytes at that length."""
-    history = pd.DataFrame(retrieval_history(run["run_id"], ["retrieval_accuracy/all_depths", "kv_cache_bytes/by_length"]))
+    history = pd.DataFrame(
+        retrieval_history(run["run_id"], ["retrieval_accuracy/all_depths", "kv_cache_bytes/by_length"])
+    )
     if history.empty:
         return pd.DataFrame(columns=["context_tokens", "accuracy", "kv_cache_bytes"])
     table = history.pivot_table(index="context_tokens", columns="metric", values="value", aggfunc="last")
-    table = table.rename(columns={"retrieval_accuracy/all_depths": "accuracy", "kv_cache_bytes/by_length": "kv_cache_bytes"})
+    table = table.rename(
+        columns={"retrieval_accuracy/all_depths": "accuracy", "kv_cache_bytes/by_length": "kv_cache_bytes"}
+    )
     return table.reset_index()

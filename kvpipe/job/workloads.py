@@ -39,7 +39,11 @@ def check_fits(workload: WorkloadConfig, shape, prompt_tokens: int) -> None:
     if workload.kind == "long_context":
         field, value, expected = "workload.prompt_tokens", workload.prompt_tokens, f"at most {positions - new}"
     elif workload.kind == "passkey":
-        field, value, expected = "workload.context_tokens", workload.context_tokens, f"lengths of at most {positions - new}"
+        field, value, expected = (
+            "workload.context_tokens",
+            workload.context_tokens,
+            f"lengths of at most {positions - new}",
+        )
     elif prompt_tokens >= positions:
         field, value, expected = "workload.prompts", f"{prompt_tokens} tokens", f"prompts under {positions} tokens"
     else:

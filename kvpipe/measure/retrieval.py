@@ -56,7 +56,10 @@ def metrics(rows: list[dict]) -> dict[str, float]:
 
 def cells(rows: list[dict]) -> list[dict]:
     """Per (context length, depth): answers, keys found, accuracy, and that cell's mean timings."""
-    return [_aggregate(group, context_tokens=length, depth=depth) for (length, depth), group in _by(rows, "context_tokens", "depth")]
+    return [
+        _aggregate(group, context_tokens=length, depth=depth)
+        for (length, depth), group in _by(rows, "context_tokens", "depth")
+    ]
 
 
 def lengths(rows: list[dict]) -> list[dict]:

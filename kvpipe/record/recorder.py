@@ -11,7 +11,6 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from kvpipe.measure import retrieval
 from kvpipe.record import heatmap, tracking
 from kvpipe.record.result import RESULT_FILE, Result
 
@@ -23,7 +22,11 @@ def record(spec, result: Result, run_dir: Path, launch_dir: Path, parent_run_id:
     path = result.save(run_dir)  # on disk before any MLflow call
     log.info("wrote %s", path)
     if result.retrieval:
-        picture = heatmap.save(retrieval.cells(result.retrieval), run_dir / heatmap.HEATMAP_FILE, tracking.run_name(result))
+        from kvpipe.measure import retrieval  # passkey results only: sync never imports the engine otherwise
+
+        picture = heatmap.save(
+            retrieval.cells(result.retrieval), run_dir / heatmap.HEATMAP_FILE, tracking.run_name(result)
+        )
         log.info("wrote %s", picture)
     if not spec.tracking.enabled:
         return path

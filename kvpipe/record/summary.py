@@ -12,7 +12,7 @@ SUMMARY_METRICS = (
     ("tpot_ms", "TPOT", "ms"),
     ("decode_tokens_per_s", "decode", "tok/s"),
     ("e2e_ms", "end-to-end", "ms"),
-    ("timing_noise_cv", "noise between repeats", "%"),
+    ("timing_noise_cv", "timing noise", "%"),  # between calls of one shape (metrics.repeat_noise)
     ("peak_memory_bytes", "peak memory (weights incl.)", "bytes"),
     ("peak_over_baseline_bytes", "peak over baseline", "bytes"),
     ("kv_cache_bytes", "KV cache", "bytes"),

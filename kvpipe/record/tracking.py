@@ -13,8 +13,8 @@ from pathlib import Path
 
 from kvpipe.config import TrackingConfig
 from kvpipe.errors import KvpipeError, first_line
-from kvpipe.units import param_text
 from kvpipe.record.result import RESULT_FILE, Result
+from kvpipe.units import param_text
 
 log = logging.getLogger(__name__)
 
