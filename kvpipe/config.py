@@ -90,7 +90,7 @@ class WorkloadConfig:
     seed: int = 0
     warmup: int = 1
     repeats: int = 3
-    noise_threshold: float = 0.10  # a TTFT or TPOT that changes more than this between repeats is noisy
+    noise_threshold: float = 0.10  # a TTFT or TPOT that changes more than this between calls of one shape is noisy
 
 
 # workload.* settings only one kind reads; every other workload.* setting is read by all.

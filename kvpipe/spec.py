@@ -61,9 +61,12 @@ class Spec:
 
     def measurement_key(self) -> str:
         """Hash of what is measured: equal for configs that measure the same thing (settings the
-        strategy ignores, and tracking, are left out). Used to skip duplicates and to resume."""
+        strategy or the workload's kind ignores, and tracking, are left out). Used to skip duplicates and to resume."""
         data = self.as_dict()
         data.pop("tracking"), data.pop("fallback")
+        # workload settings its kind does not read (a chat job's passkey depths) measure nothing
+        kind = self.workload.kind
+        data["workload"] = {k: v for k, v in data["workload"].items() if schema.reads(schema.KIND_FIELDS, kind, k)}
         read = self.read_fields()
         for group in STRATEGY_GROUPS:
             kept = {k: v for k, v in data[group].items() if f"{group}.{k}" in read or f"{group}.*" in read}

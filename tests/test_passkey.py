@@ -97,6 +97,13 @@ def test_bad_passkey_settings_name_their_field(tiny_spec, override, field):
         tiny_spec("workload=passkey", override)
 
 
+def test_settings_a_workload_kind_does_not_read_do_not_change_what_it_measures(tiny_spec):
+    assert tiny_spec("workload.trials=5").measurement_key() == tiny_spec().measurement_key()  # chat
+    passkey_key = tiny_spec("workload=passkey").measurement_key()
+    assert tiny_spec("workload=passkey", "workload.prompts=[Hi.]").measurement_key() == passkey_key
+    assert tiny_spec("workload=passkey", "workload.trials=3").measurement_key() != passkey_key
+
+
 def test_batches_hold_every_length_depth_and_trial_once_with_its_needle(tiny_spec, tokenizer):
     spec = tiny_spec(*PASSKEY, "workload.batch_size=3")
     batches = workloads.build_batches(spec.workload, tokenizer, "cpu")
@@ -223,6 +230,10 @@ def test_mlflow_steps_accuracy_by_context_length_and_keeps_the_tables(passkey_sw
 def test_compare_shows_retrieval_and_draws_heatmaps_and_accuracy_against_kv_bytes(passkey_sweep):
     table = (passkey_sweep.sweep_dir / "compare.md").read_text()
     assert "retrieval" in table.splitlines()[2]
+    by_length = table.split("## Passkey retrieval by context length")[1].strip().splitlines()
+    assert all(name in by_length[0] for name in ("cache", "context tokens", "retrieval", "KV cache", "TPOT ms"))
+    rows = [line for line in by_length[2:] if line.startswith("|")]
+    assert len(rows) == 4 and sum(" 200 |" in row for row in rows) == 2 and all("KiB" in row for row in rows)
     for name in ("retrieval_heatmaps.png", "accuracy_vs_kv_bytes.png"):
         assert (passkey_sweep.sweep_dir / name).stat().st_size > 5000
     header = (passkey_sweep.sweep_dir / "compare.csv").read_text().splitlines()[0]

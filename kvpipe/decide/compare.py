@@ -18,6 +18,7 @@ from kvpipe.decide.runs import (
     environments,
     load_runs,
     param_values,
+    retrieval_by_length,
     varying_params,
 )
 from kvpipe.errors import KvpipeError
@@ -30,7 +31,7 @@ OUTPUT_FILES = ("compare.md", "compare.csv", "memory_vs_context.png", "tpot_vs_m
 RETRIEVAL_FILES = ("retrieval_heatmaps.png", "accuracy_vs_kv_bytes.png")  # when the runs measured retrieval
 FOOTNOTE = (
     "★ Pareto front of each workload over peak memory, TPOT and KL (lower is better; lossy runs without a "
-    "quality pass are left off), and retrieval accuracy where every run measured it. ⚠ noisy: TTFT or TPOT changed between repeats by more than the run's "
+    "quality pass are left off), and retrieval accuracy where every run measured it. ⚠ noisy: TTFT or TPOT changed between calls of one shape by more than the run's "
     "workload.noise_threshold, so its place on the front is not firm. Peak memory: the process's (CPU) or the "
     "allocator's (CUDA) peak during a measured call, weights included."
 )
@@ -68,6 +69,25 @@ def has_retrieval(runs: pd.DataFrame) -> bool:
     return column(runs, "metrics.retrieval_accuracy").notna().any()
 
 
+def retrieval_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Passkey runs, a row per run and context length: accuracy over every depth, and what that
+    length cost (KV cache bytes, TTFT and TPOT, measured on the same calls)."""
+    rows = []
+    for _, run in runs[column(runs, "metrics.retrieval_accuracy").notna()].iterrows():
+        for length in retrieval_by_length(run).itertuples():
+            rows.append(
+                {
+                    "cache": run["label"],
+                    "context tokens": f"{length.context_tokens:,.0f}",
+                    "retrieval": f"{length.accuracy:.0%}",
+                    "KV cache": human_bytes(length.kv_cache_bytes),
+                    "TTFT ms": f"{length.ttft_ms:.0f}",
+                    "TPOT ms": f"{length.tpot_ms:.1f}",
+                }
+            )
+    return pd.DataFrame(rows)
+
+
 def mixed_environments(runs: pd.DataFrame) -> str | None:
     """A warning when the runs were measured in more than one environment, else None."""
     found = environments(runs)
@@ -81,8 +101,12 @@ def write_outputs(runs: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     markdown = display_table(runs).to_markdown(index=False, stralign="right")
     warning = mixed_environments(runs)
+    by_length = ""
+    if has_retrieval(runs):
+        table = retrieval_table(runs).to_markdown(index=False, stralign="right")
+        by_length = f"\n## Passkey retrieval by context length\n\n{table}\n"
     (out_dir / "compare.md").write_text(
-        f"# {title}\n\n{markdown}\n\n{FOOTNOTE}\n" + (f"\n**{warning}**\n" if warning else "")
+        f"# {title}\n\n{markdown}\n\n{FOOTNOTE}\n" + (f"\n**{warning}**\n" if warning else "") + by_length
     )
     columns = ["run_id", "label", "workload", "pareto", "memory_bytes", "quality_loss", "context_tokens"]
     # Stepped metrics (name/…, per context length) would show only their last step: left to the plots
@@ -116,6 +140,14 @@ def print_table(runs: pd.DataFrame, title: str) -> None:
     warning = mixed_environments(runs)
     if warning:
         console.print(warning, style="bold yellow")
+    if has_retrieval(runs):
+        by_length = Table(title="passkey retrieval by context length", header_style="bold")
+        frame = retrieval_table(runs)
+        for name in frame.columns:
+            by_length.add_column(name, justify="left" if name == "cache" else "right")
+        for row in frame.itertuples(index=False):
+            by_length.add_row(*row)
+        console.print(by_length)
 
 
 def _publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> list[Path]:

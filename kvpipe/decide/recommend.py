@@ -115,7 +115,7 @@ def summary(run, limits: Limits, baseline=None) -> str:
         parts.append(f"passkey retrieval {accuracy:.0%}{bound}")
     if run.get("noisy"):
         parts.append(
-            f"NOISY: TTFT or TPOT changed by {run.get('metrics.timing_noise_cv', float('nan')):.0%} between repeats"
+            f"NOISY: TTFT or TPOT changed by {run.get('metrics.timing_noise_cv', float('nan')):.0%} between calls of one shape"
         )
     return f"{run['label']}: " + ", ".join(parts)
 

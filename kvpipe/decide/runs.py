@@ -138,7 +138,7 @@ def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
     growth = column(runs, "tags.kvpipe.peak_memory_source", "").fillna("").str.endswith("_growth")
     weights = column(runs, "metrics.weights_bytes").fillna(0)
     runs["memory_bytes"] = column(runs, "metrics.peak_memory_bytes") + weights.where(growth, 0)
-    # A figure that changed between repeats by more than the run's workload.noise_threshold.
+    # A figure that changed between calls of one shape by more than the run's workload.noise_threshold.
     runs["noisy"] = column(runs, "tags.kvpipe.noisy", "").fillna("") == "true"
     # Without a quality pass only a lossless strategy has a known loss.
     lossless = pd.Series(0.0, index=runs.index).where(runs["strategy"].map(is_lossless))
@@ -249,15 +249,18 @@ def retrieval_cells(run: pd.Series) -> list[dict]:
     ]  # fmt: skip
 
 
+BY_LENGTH = {  # stepped metric -> column of retrieval_by_length
+    "retrieval_accuracy/all_depths": "accuracy",
+    "kv_cache_bytes/by_length": "kv_cache_bytes",
+    "ttft_ms/by_length": "ttft_ms",
+    "tpot_ms/by_length": "tpot_ms",
+}
+
+
 def retrieval_by_length(run: pd.Series) -> pd.DataFrame:
-    """Per context length: accuracy over every depth and the KV bytes at that length."""
-    history = pd.DataFrame(
-        retrieval_history(run["run_id"], ["retrieval_accuracy/all_depths", "kv_cache_bytes/by_length"])
-    )
+    """Per context length: accuracy over every depth, and the KV bytes, TTFT and TPOT at that length."""
+    history = pd.DataFrame(retrieval_history(run["run_id"], list(BY_LENGTH)))
     if history.empty:
-        return pd.DataFrame(columns=["context_tokens", "accuracy", "kv_cache_bytes"])
+        return pd.DataFrame(columns=["context_tokens", *BY_LENGTH.values()])
     table = history.pivot_table(index="context_tokens", columns="metric", values="value", aggfunc="last")
-    table = table.rename(
-        columns={"retrieval_accuracy/all_depths": "accuracy", "kv_cache_bytes/by_length": "kv_cache_bytes"}
-    )
-    return table.reset_index()
+    return table.rename(columns=BY_LENGTH).reset_index()

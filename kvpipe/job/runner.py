@@ -81,7 +81,7 @@ def run_job(spec: Spec) -> JobResult:
     }
     if tags["noisy"] == "true":
         setup.notes.append(
-            f"noisy: TTFT or TPOT changed by {metrics['timing_noise_cv']:.0%} between repeats (threshold "
+            f"noisy: TTFT or TPOT changed by {metrics['timing_noise_cv']:.0%} between calls of one shape (threshold "
             f"workload.noise_threshold={spec.workload.noise_threshold:g}); rerun on an idle machine or with more repeats"
         )
     if ran.quality.enabled:
