@@ -175,6 +175,20 @@ def test_min_accuracy_rules_out_a_faster_cache_that_loses_the_needle():
     assert "accuracy 17%, below 50%" in why
 
 
+def test_min_accuracy_stands_in_for_the_default_kl_limit(monkeypatch, capsys):
+    # passkey runs without a KL pass: the quantized one is chosen on its retrieval accuracy alone
+    params = {"backend.name": "quanto", "backend.nbits": 4, "axis.layout": "kivi"}
+    runs = fake_runs({**DYNAMIC, "accuracy": 0.8}, {**INT4, "kl": None, "accuracy": 0.8, "params": params})
+    monkeypatch.setattr(recommend, "load_runs", lambda *a, **k: (runs, None))
+    args = ["--memory-budget", "600MiB", "--min-accuracy", "0.75"]
+    assert cli.subcommand(["recommend", *args]) == 0
+    out = capsys.readouterr().out
+    assert "limits: memory ≤ 600.0 MiB · retrieval ≥ 75%" in out and "recommend: quantized:quanto:int4:kivi" in out
+    assert cli.subcommand(["recommend", *args, "--max-kl", "0.05"]) == 1  # both limits when both are asked for
+    out = capsys.readouterr().out
+    assert "KL ≤ 0.05 nats · retrieval ≥ 75%" in out and "no measured run meets the limits" in out
+
+
 def test_min_accuracy_misses_runs_that_never_measured_retrieval():
     run = fake_runs(DYNAMIC).iloc[0]
     assert Limits(accuracy=0.9).misses(run) == {"accuracy": math.inf}

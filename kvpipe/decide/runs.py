@@ -168,12 +168,17 @@ def environments(runs: pd.DataFrame) -> list[str]:
 
 
 def pareto_front(runs: pd.DataFrame) -> pd.Series:
-    """True where no other run is as good on memory, TPOT and quality loss (and passkey retrieval
-    accuracy, where every run measured it), and better on one."""
-    axes = [runs["memory_bytes"], column(runs, "metrics.tpot_ms"), runs["quality_loss"]]
+    """True where no other run is as good on memory, TPOT and quality, and better on one. Quality is
+    the KL loss, or, where every run measured passkey retrieval, its accuracy (and KL too when every
+    run has it)."""
+    axes = [runs["memory_bytes"], column(runs, "metrics.tpot_ms")]
     accuracy = column(runs, "metrics.retrieval_accuracy")
-    if accuracy.notna().all():
+    if accuracy.notna().all():  # passkey runs: retrieval is their quality, KL too where every run has it
         axes.append(-accuracy)  # higher is better
+        if runs["quality_loss"].notna().all():
+            axes.append(runs["quality_loss"])
+    else:
+        axes.append(runs["quality_loss"])
     points = np.column_stack(axes).astype(float)
     known = points[~np.isnan(points).any(axis=1)]  # unknown loss or no timing: no claim either way
     return pd.Series(
