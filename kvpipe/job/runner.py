@@ -16,6 +16,7 @@ from kvpipe.job.generate import Call, measured_generate
 from kvpipe.job.progress import progress_bar
 from kvpipe.measure import quality, retrieval
 from kvpipe.measure.environment import environment, load_average
+from kvpipe.measure.memory import freeze_long_lived_objects
 from kvpipe.measure.metrics import summarise
 from kvpipe.spec import Spec
 
@@ -45,6 +46,7 @@ def run_job(spec: Spec) -> JobResult:
     spec.strategy.check_for_model(shape, longest_prompt)
 
     loaded = model.load(spec.model)
+    freeze_long_lived_objects()
     load_at_start = load_average()
 
     def measure(attempt: Spec):
