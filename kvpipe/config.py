@@ -27,7 +27,7 @@ DEVICES = ("auto", "cpu", "cuda")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 MODEL_SOURCES = ("embedded", "random", "hf")
 DEVICE_MAPS = ("auto", "balanced", "sequential")
-WORKLOAD_KINDS = ("chat", "long_context")
+WORKLOAD_KINDS = ("chat", "long_context", "passkey")
 
 
 @dataclass
@@ -75,9 +75,14 @@ class AxisConfig:
 
 @dataclass
 class WorkloadConfig:
-    kind: str = "chat"  # chat | long_context
+    kind: str = "chat"  # chat | long_context | passkey
     prompts: List[str] = field(default_factory=list)
     prompt_tokens: int = 1000  # long_context: tokens per prompt
+    # passkey: prompt lengths in tokens (one value or a list), the key's depths (fractions of the
+    # filler), and prompts per (length, depth) cell
+    context_tokens: Any = field(default_factory=lambda: [1000])
+    depths: List[float] = field(default_factory=lambda: [0.1, 0.5, 0.9])
+    trials: int = 2
     max_new_tokens: int = 32
     batch_size: int = 1
     do_sample: bool = False
@@ -85,11 +90,15 @@ class WorkloadConfig:
     seed: int = 0
     warmup: int = 1
     repeats: int = 3
-    noise_threshold: float = 0.10  # a TTFT or TPOT that changes more than this between repeats is noisy
+    noise_threshold: float = 0.10  # a TTFT or TPOT that changes more than this between calls of one shape is noisy
 
 
 # workload.* settings only one kind reads; every other workload.* setting is read by all.
-KIND_FIELDS = {"chat": ("prompts",), "long_context": ("prompt_tokens",)}
+KIND_FIELDS = {
+    "chat": ("prompts",),
+    "long_context": ("prompt_tokens",),
+    "passkey": ("context_tokens", "depths", "trials"),
+}
 
 
 def reads(owned: dict[str, tuple[str, ...]], choice: str | None, name: str) -> bool:

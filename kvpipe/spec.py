@@ -61,9 +61,12 @@ class Spec:
 
     def measurement_key(self) -> str:
         """Hash of what is measured: equal for configs that measure the same thing (settings the
-        strategy ignores, and tracking, are left out). Used to skip duplicates and to resume."""
+        strategy or the workload's kind ignores, and tracking, are left out). Used to skip duplicates and to resume."""
         data = self.as_dict()
         data.pop("tracking"), data.pop("fallback")
+        # workload settings its kind does not read (a chat job's passkey depths) measure nothing
+        kind = self.workload.kind
+        data["workload"] = {k: v for k, v in data["workload"].items() if schema.reads(schema.KIND_FIELDS, kind, k)}
         read = self.read_fields()
         for group in STRATEGY_GROUPS:
             kept = {k: v for k, v in data[group].items() if f"{group}.{k}" in read or f"{group}.*" in read}
@@ -215,6 +218,25 @@ def _check_workload(workload: schema.WorkloadConfig) -> None:
         raise ConfigError("workload.warmup", workload.warmup, "expected 0 or more")
     if workload.kind == "chat" and not workload.prompts:
         raise ConfigError("workload.prompts", [], "expected at least one prompt for workload=chat")
+    if workload.kind == "passkey":
+        _check_passkey(workload)
+
+
+def _check_passkey(workload: schema.WorkloadConfig) -> None:
+    """Lengths become a sorted list of distinct positive ints (one value is a list of one)."""
+    lengths = workload.context_tokens
+    lengths = list(lengths) if isinstance(lengths, (list, tuple)) else [lengths]
+    if not lengths or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths):
+        raise ConfigError(
+            "workload.context_tokens", workload.context_tokens, "expected a positive integer or a list of them"
+        )
+    workload.context_tokens = sorted(set(lengths))
+    if not workload.depths or not all(0 <= depth <= 1 for depth in workload.depths):
+        raise ConfigError(
+            "workload.depths", workload.depths, "expected fractions of the context from 0 to 1, e.g. [0.1,0.5,0.9]"
+        )
+    if workload.trials <= 0:
+        raise ConfigError("workload.trials", workload.trials, "expected a positive integer")
 
 
 def _check_quality(quality: schema.QualityConfig) -> None:

@@ -20,7 +20,8 @@ CACHES = ["dynamic", "static", "quantized:hqq:int2:kivi", "quantized:hqq:int4:ki
 
 
 def fake_runs(*rows: dict) -> pd.DataFrame:
-    """Runs as MLflow's search_runs returns them, from short rows: cache, tpot_ms, peak_mib, kl, params."""
+    """Runs as MLflow's search_runs returns them, from short rows: cache, tpot_ms, peak_mib, kl,
+    accuracy (passkey retrieval), params."""
     records = []
     for i, row in enumerate(rows):
         cache = row.get("cache", "dynamic")
@@ -38,6 +39,8 @@ def fake_runs(*rows: dict) -> pd.DataFrame:
         }
         if row.get("kl") is not None:
             record["metrics.kl_vs_reference"] = row["kl"]
+        if row.get("accuracy") is not None:
+            record["metrics.retrieval_accuracy"] = row["accuracy"]
         record.update({f"params.{k}": str(v) for k, v in row.get("params", {}).items()})
         records.append(record)
     return recorded.with_derived(pd.DataFrame(records))

@@ -98,10 +98,15 @@ def test_first_divergence_is_the_earliest_step_any_sequence_leaves_the_reference
     assert first_divergence([torch.tensor([[1, 2, 3, 9], [5, 6, 0, 8]])], reference) == 2
 
 
-def test_noise_is_the_largest_repeat_to_repeat_variation_of_one_batch():
+def test_noise_is_the_largest_variation_among_calls_of_one_shape():
     # two batches (prompts) of different lengths, three repeats each: [b0, b1, b0, b1, b0, b1]
+    shapes = [(1, 40), (1, 90)] * 3
     steady = {"ttft_ms": [10, 100, 10, 100, 10, 100], "tpot_ms": [5, 50, 5, 50, 5, 50]}
-    assert repeat_noise(steady, batches=2) == 0  # the batches differ, but no repeat does
+    assert repeat_noise(steady, shapes) == 0  # the batches differ, but no repeat does
     jumpy = {"ttft_ms": [10, 100, 10, 100, 10, 100], "tpot_ms": [5, 50, 5, 50, 5, 80]}
-    assert repeat_noise(jumpy, batches=2) == pytest.approx(torch.tensor([50.0, 50, 80]).std().item() / 60)
-    assert math.isnan(repeat_noise({"ttft_ms": [1, 2], "tpot_ms": [1, 2]}, batches=2))  # one repeat: unknown
+    assert repeat_noise(jumpy, shapes) == pytest.approx(torch.tensor([50.0, 50, 80]).std().item() / 60)
+    assert math.isnan(repeat_noise({"ttft_ms": [1, 2], "tpot_ms": [1, 2]}, shapes[:2]))  # one call per shape: unknown
+    # passkey: one repeat, but two prompts of each length; they vary only by noise
+    lengths = [(1, 500), (1, 500), (1, 1000), (1, 1000)]
+    one_repeat = {"ttft_ms": [100, 100, 200, 200], "tpot_ms": [10, 12, 20, 20]}
+    assert repeat_noise(one_repeat, lengths) == pytest.approx(torch.tensor([10.0, 12]).std().item() / 11)

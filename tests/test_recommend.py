@@ -162,6 +162,49 @@ def test_the_python_snippet_runs_in_a_users_own_generate_call(cache, params):
     assert type(namespace["kwargs"]["cache"]).__name__ == ("StaticCache" if cache == "static" else "QuantizedCache")
 
 
+def test_min_accuracy_rules_out_a_faster_cache_that_loses_the_needle():
+    dynamic = {**DYNAMIC, "accuracy": 1.0}
+    int4 = {**INT4, "accuracy": 0.67}
+    int2 = {**INT2, "kl": 0.01, "accuracy": 0.17}  # the fastest, and within KL: only retrieval tells
+    runs = fake_runs(dynamic, int4, int2)
+    assert choose(runs, Limits(600 * MIB, None, 0.05))[0]["label"] == "quantized:quanto:int2:kivi"
+    run, (what, _) = choose(runs, Limits(600 * MIB, None, 0.05, accuracy=0.5))
+    assert run["label"] == "quantized:quanto:int4:kivi"
+    assert what.endswith("passkey retrieval 67% (at least 50%)")
+    _, (_, why) = choose(runs, Limits(300 * MIB, None, 0.05, accuracy=0.5))
+    assert "accuracy 17%, below 50%" in why
+
+
+def test_min_accuracy_stands_in_for_the_default_kl_limit(monkeypatch, capsys):
+    # passkey runs without a KL pass: the quantized one is chosen on its retrieval accuracy alone
+    params = {"backend.name": "quanto", "backend.nbits": 4, "axis.layout": "kivi"}
+    runs = fake_runs({**DYNAMIC, "accuracy": 0.8}, {**INT4, "kl": None, "accuracy": 0.8, "params": params})
+    monkeypatch.setattr(recommend, "load_runs", lambda *a, **k: (runs, None))
+    args = ["--memory-budget", "600MiB", "--min-accuracy", "0.75"]
+    assert cli.subcommand(["recommend", *args]) == 0
+    out = capsys.readouterr().out
+    assert "limits: memory ≤ 600.0 MiB · retrieval ≥ 75%" in out and "recommend: quantized:quanto:int4:kivi" in out
+    assert cli.subcommand(["recommend", *args, "--max-kl", "0.05"]) == 1  # both limits when both are asked for
+    out = capsys.readouterr().out
+    assert "KL ≤ 0.05 nats · retrieval ≥ 75%" in out and "no measured run meets the limits" in out
+
+
+def test_min_accuracy_misses_runs_that_never_measured_retrieval():
+    run = fake_runs(DYNAMIC).iloc[0]
+    assert Limits(accuracy=0.9).misses(run) == {"accuracy": math.inf}
+    assert (
+        "accuracy not measured (run it with workload=passkey)" in choose(fake_runs(DYNAMIC), Limits(accuracy=0.9))[1][1]
+    )
+
+
+@pytest.mark.parametrize("value", ["1.5", "-0.1"])
+def test_min_accuracy_outside_0_to_1_is_one_line_with_exit_2(tmp_path, value):
+    proc = run_cli(["recommend", "--min-accuracy", value], cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        f"kvpipe: error: --min-accuracy={float(value)} is not valid: expected a fraction from 0 to 1, e.g. 0.9"
+    ]
+
+
 def test_overshoot_is_infinite_for_a_figure_that_was_not_measured():
     runs = fake_runs({key: value for key, value in INT4.items() if key != "kl"})
     assert Limits(kl=0.05).misses(runs.iloc[0]) == {"KL": math.inf}

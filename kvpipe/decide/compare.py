@@ -18,6 +18,7 @@ from kvpipe.decide.runs import (
     environments,
     load_runs,
     param_values,
+    retrieval_by_length,
     varying_params,
 )
 from kvpipe.errors import KvpipeError
@@ -27,11 +28,13 @@ from kvpipe.units import human_bytes
 log = logging.getLogger(__name__)
 
 OUTPUT_FILES = ("compare.md", "compare.csv", "memory_vs_context.png", "tpot_vs_memory.png")
+RETRIEVAL_FILES = ("retrieval_heatmaps.png", "accuracy_vs_kv_bytes.png")  # when the runs measured retrieval
 FOOTNOTE = (
     "★ Pareto front of each workload over peak memory, TPOT and KL (lower is better; lossy runs without a "
-    "quality pass are left off). ⚠ noisy: TTFT or TPOT changed between repeats by more than the run's "
-    "workload.noise_threshold, so its place on the front is not firm. Peak memory: the process's (CPU) or the "
-    "allocator's (CUDA) peak during a measured call, weights included."
+    "quality pass are left off); where every run measured passkey retrieval, over its accuracy in place of KL "
+    "(and KL too when every run has it). ⚠ noisy: TTFT or TPOT changed between calls of one shape by more than "
+    "the run's workload.noise_threshold, so its place on the front is not firm. Peak memory: the process's "
+    "(CPU) or the allocator's (CUDA) peak during a measured call, weights included."
 )
 MIB = 2**20
 
@@ -58,7 +61,32 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
     table["vs fp16 KV"] = show(metric("kv_compression"), "{:.2f}×".format)
     table["KL nats"] = show(metric("kl_vs_reference"), "{:.1e}".format)
     table["agreement"] = show(metric("token_agreement"), "{:.2f}".format)
+    if has_retrieval(runs):
+        table["retrieval"] = show(metric("retrieval_accuracy"), "{:.0%}".format)
     return pd.DataFrame(table)
+
+
+def has_retrieval(runs: pd.DataFrame) -> bool:
+    return column(runs, "metrics.retrieval_accuracy").notna().any()
+
+
+def retrieval_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Passkey runs, a row per run and context length: accuracy over every depth, and what that
+    length cost (KV cache bytes, TTFT and TPOT, measured on the same calls)."""
+    rows = []
+    for _, run in runs[column(runs, "metrics.retrieval_accuracy").notna()].iterrows():
+        for length in retrieval_by_length(run).itertuples():
+            rows.append(
+                {
+                    "cache": run["label"],
+                    "context tokens": f"{length.context_tokens:,.0f}",
+                    "retrieval": f"{length.accuracy:.0%}",
+                    "KV cache": human_bytes(length.kv_cache_bytes),
+                    "TTFT ms": f"{length.ttft_ms:.0f}",
+                    "TPOT ms": f"{length.tpot_ms:.1f}",
+                }
+            )
+    return pd.DataFrame(rows)
 
 
 def mixed_environments(runs: pd.DataFrame) -> str | None:
@@ -70,21 +98,32 @@ def mixed_environments(runs: pd.DataFrame) -> str | None:
 
 
 def write_outputs(runs: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
-    """compare.md, compare.csv and the two plots in out_dir; returns their paths."""
+    """compare.md, compare.csv and the plots in out_dir; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     markdown = display_table(runs).to_markdown(index=False, stralign="right")
     warning = mixed_environments(runs)
+    by_length = ""
+    if has_retrieval(runs):
+        table = retrieval_table(runs).to_markdown(index=False, stralign="right")
+        by_length = f"\n## Passkey retrieval by context length\n\n{table}\n"
     (out_dir / "compare.md").write_text(
-        f"# {title}\n\n{markdown}\n\n{FOOTNOTE}\n" + (f"\n**{warning}**\n" if warning else "")
+        f"# {title}\n\n{markdown}\n\n{FOOTNOTE}\n" + (f"\n**{warning}**\n" if warning else "") + by_length
     )
     columns = ["run_id", "label", "workload", "pareto", "memory_bytes", "quality_loss", "context_tokens"]
-    columns += [f"params.{p}" for p in varying_params(runs)] + sorted(c for c in runs if c.startswith("metrics."))
+    # Stepped metrics (name/…, per context length) would show only their last step: left to the plots
+    metrics = sorted(c for c in runs if c.startswith("metrics.") and "/" not in c)
+    columns += [f"params.{p}" for p in varying_params(runs)] + metrics
     runs[columns].to_csv(out_dir / "compare.csv", index=False)
     detail = describe(runs, [p for p in varying_params(runs) if p.startswith(CACHE_PARAMS)])
     runs = runs.assign(point=[f"{label} {more}".strip() for label, more in zip(runs["label"], detail)])
     plots.memory_vs_context(runs, out_dir / "memory_vs_context.png")
     plots.tpot_vs_memory(runs, out_dir / "tpot_vs_memory.png")
-    return [out_dir / name for name in OUTPUT_FILES]
+    if not has_retrieval(runs):
+        return [out_dir / name for name in OUTPUT_FILES]
+    passkey = runs[column(runs, "metrics.retrieval_accuracy").notna()]
+    plots.retrieval_heatmaps(passkey, out_dir / "retrieval_heatmaps.png")
+    plots.accuracy_vs_kv_bytes(passkey, out_dir / "accuracy_vs_kv_bytes.png")
+    return [out_dir / name for name in (*OUTPUT_FILES, *RETRIEVAL_FILES)]
 
 
 def print_table(runs: pd.DataFrame, title: str) -> None:
@@ -102,16 +141,26 @@ def print_table(runs: pd.DataFrame, title: str) -> None:
     warning = mixed_environments(runs)
     if warning:
         console.print(warning, style="bold yellow")
+    if has_retrieval(runs):
+        by_length = Table(title="passkey retrieval by context length", header_style="bold")
+        frame = retrieval_table(runs)
+        for name in frame.columns:
+            by_length.add_column(name, justify="left" if name == "cache" else "right")
+        for row in frame.itertuples(index=False):
+            by_length.add_row(*row)
+        console.print(by_length)
 
 
-def _publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> None:
-    """Write the files, log them on the parent run, print the table."""
+def _publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> list[Path]:
+    """Write the files, log them on the parent run, print the table; returns the files."""
     from mlflow.tracking import MlflowClient
 
     title = f"kvpipe compare · sweep {parent_run.info.run_id[:8]} · {len(runs)} runs"
-    for path in write_outputs(runs, out_dir, title):
+    written = write_outputs(runs, out_dir, title)
+    for path in written:
         MlflowClient().log_artifact(parent_run.info.run_id, str(path), "compare")
     print_table(runs, title)
+    return written
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,10 +173,10 @@ def run(args: argparse.Namespace) -> int:
     runs, parent_run = load_runs(args.experiment, args.parent, args.tracking_uri, spelled=args.uri_spelling)
     sweep_dir = Path(parent_run.data.tags.get("kvpipe.sweep_dir", "/nonexistent"))
     out_dir = args.out or (sweep_dir if sweep_dir.is_dir() else Path("compare") / parent_run.info.run_id[:8])
-    _publish(runs, parent_run, out_dir)
+    written = _publish(runs, parent_run, out_dir)
     if sys.stderr.isatty():
-        written = ", ".join(OUTPUT_FILES)
-        print(f"wrote {written} to {out_dir}; logged on MLflow run {parent_run.info.run_id}", file=sys.stderr)
+        names = ", ".join(path.name for path in written)
+        print(f"wrote {names} to {out_dir}; logged on MLflow run {parent_run.info.run_id}", file=sys.stderr)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The compare plots: memory against context, and TPOT against memory with the Pareto front."""
+"""The compare plots: memory against context, TPOT against memory with the Pareto front, and for
+passkey sweeps, each run's retrieval heatmap and accuracy against KV bytes."""
 
 from __future__ import annotations
 
@@ -6,7 +7,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvpipe.decide.runs import CACHE_PARAMS, CONTEXT_PARAMS, column, describe, varying_params
+from kvpipe.decide.runs import (
+    CACHE_PARAMS,
+    CONTEXT_PARAMS,
+    column,
+    describe,
+    retrieval_by_length,
+    retrieval_cells,
+    varying_params,
+)
+from kvpipe.record import heatmap
 
 MIB = 2**20
 
@@ -62,6 +72,53 @@ def tpot_vs_memory(runs: pd.DataFrame, path: Path) -> None:
         ylabel="TPOT (ms)",
         title="TPOT vs memory · ★ Pareto front (memory, TPOT, KL)",
     )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    figure.savefig(path, dpi=110)
+
+
+def retrieval_heatmaps(runs: pd.DataFrame, path: Path) -> None:
+    """One needle-in-a-haystack heatmap per run, side by side on one colour scale."""
+    from matplotlib.figure import Figure
+
+    panels = [(run.point, retrieval_cells(run)) for _, run in runs.iterrows()]
+    panels = [(title, cells) for title, cells in panels if cells]
+    columns = min(3, len(panels))
+    rows = -(-len(panels) // columns)
+    lengths = max(len({cell["context_tokens"] for cell in cells}) for _, cells in panels)
+    figure = Figure(figsize=(columns * (1.6 + 1.0 * lengths), rows * 3.2 + 0.6), layout="constrained")
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    for ax, (title, cells) in zip(axes, panels):
+        image = heatmap.draw(ax, cells, title)
+    for ax in axes[len(panels) :]:
+        ax.set_axis_off()
+    figure.colorbar(image, ax=list(axes), label="retrieval accuracy", shrink=0.8)
+    figure.suptitle("passkey retrieval accuracy by context length and key depth")
+    figure.savefig(path, dpi=110)
+
+
+def accuracy_vs_kv_bytes(runs: pd.DataFrame, path: Path) -> None:
+    """Retrieval accuracy against the KV cache's bytes: a line per run through its context lengths,
+    each point labelled with its length. Up and left is better."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 5.5), layout="constrained")
+    ax = figure.subplots()
+    # Hollow markers of different shapes and sizes: runs that score alike (int4 in two backends) stay visible
+    for index, (_, run) in enumerate(runs.iterrows()):
+        table = retrieval_by_length(run)
+        if table.empty:
+            continue
+        style = {"marker": "osD^vP*X"[index % 8], "markersize": max(5, 12 - 1.5 * index), "fillstyle": "none"}
+        line = ax.plot(table["kv_cache_bytes"] / MIB, table["accuracy"], label=run.point, alpha=0.85, **style)[0]
+        for row in table.itertuples():
+            ax.annotate(f"{row.context_tokens:,.0f}", (row.kv_cache_bytes / MIB, row.accuracy),
+                        textcoords="offset points", xytext=(4, 4), fontsize="x-small", color=line.get_color())  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_ylim(-0.05, 1.05)
+    ax.yaxis.set_major_formatter("{x:.0%}")
+    ax.set(xlabel="KV cache (MiB, log scale; labels: context tokens)", ylabel="passkey retrieval accuracy",
+           title="retrieval accuracy vs KV cache bytes")  # fmt: skip
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     figure.savefig(path, dpi=110)

@@ -2,7 +2,8 @@
 
 The guide's rules, in order, over the runs that meet every limit: dynamic, which grows only as needed,
 unless static (or static+compile) is at least 10% faster; static when dynamic misses a limit; when memory
-binds (every dense run is over budget), offloaded (lossless) before quantized (fastest within --max-kl).
+binds (every dense run is over budget), offloaded (lossless) before quantized (fastest within --max-kl
+and --min-accuracy).
 Otherwise no recommendation, and the run that comes closest, with the limits it misses.
 """
 
@@ -19,6 +20,7 @@ from kvpipe.decide.runs import add_source_arguments, is_lossless, load_runs  # m
 from kvpipe.errors import ConfigError
 from kvpipe.units import human_bytes, parse_bytes
 
+DEFAULT_KL = 0.05  # nats: the quality limit when none is given
 PAYS_OFF = 0.10  # static must beat dynamic's TPOT by this much to be worth a fixed, preallocated cache
 DYNAMIC, STATIC, OFFLOADED, QUANTIZED = cache.FAMILIES  # the guide's rules are written per family
 DENSE, MEMORY_SAVERS = (DYNAMIC, STATIC), (OFFLOADED, QUANTIZED)  # lossless before lossy, when memory binds
@@ -35,13 +37,15 @@ class Limits:
 
     memory_bytes: float | None = None
     tpot_ms: float | None = None
-    kl: float = 0.05
+    kl: float | None = 0.05
+    accuracy: float | None = None  # passkey retrieval accuracy, a minimum
 
     def describe(self) -> str:
         parts = [
             f"memory ≤ {human_bytes(self.memory_bytes)}" if self.memory_bytes is not None else "",
             f"TPOT ≤ {self.tpot_ms:g} ms" if self.tpot_ms is not None else "",
-            f"KL ≤ {self.kl:g} nats",
+            f"KL ≤ {self.kl:g} nats" if self.kl is not None else "",
+            f"retrieval ≥ {self.accuracy:.0%}" if self.accuracy is not None else "",
         ]
         return " · ".join(p for p in parts if p)
 
@@ -55,7 +59,9 @@ class Limits:
                 continue
             if value is None or math.isnan(value):
                 overshoot[name] = math.inf
-            elif value > limit:
+            elif name in MINIMUMS and value < limit:
+                overshoot[name] = 1 - value / limit  # the share of the required accuracy it lacks
+            elif name not in MINIMUMS and value > limit:
                 overshoot[name] = value / limit - 1 if limit > 0 else math.inf
         return overshoot
 
@@ -64,19 +70,28 @@ class Limits:
             "memory": (run["memory_bytes"], self.memory_bytes),
             "TPOT": (run["metrics.tpot_ms"], self.tpot_ms),
             "KL": (run["quality_loss"], self.kl),
+            "accuracy": (run.get("metrics.retrieval_accuracy", math.nan), self.accuracy),
         }
+
+
+MINIMUMS = ("accuracy",)  # limits a run must reach; the others it must stay under
 
 
 def _figure(name: str, value: float) -> str:
     if name == "memory":
         return human_bytes(value)
+    if name == "accuracy":
+        return f"{value:.0%}"
     return f"{value:.1f} ms" if name == "TPOT" else f"{value:.2g} nats"
 
 
 def _miss_text(run, name: str, overshoot: float, limits: Limits) -> str:
     value, limit = limits.checks(run)[name]
     if math.isinf(overshoot):
-        return f"{name} not measured" + (" (run it with quality=on)" if name == "KL" else "")
+        rerun = {"KL": " (run it with quality=on)", "accuracy": " (run it with workload=passkey)"}
+        return f"{name} not measured" + rerun.get(name, "")
+    if name in MINIMUMS:
+        return f"{name} {_figure(name, value)}, below {_figure(name, limit)}"
     return f"{name} by {overshoot:.0%} ({_figure(name, value)} vs {_figure(name, limit)})"
 
 
@@ -94,10 +109,17 @@ def summary(run, limits: Limits, baseline=None) -> str:
         + (f" within {human_bytes(limits.memory_bytes)}" if limits.memory_bytes is not None else "")
     )
     lossless = is_lossless(run["strategy"]) and run["quality_loss"] == 0
-    parts.append("lossless" if lossless else f"KL {run['quality_loss']:.2g} nats within {limits.kl:g}")
+    if lossless:
+        parts.append("lossless")
+    elif run["quality_loss"] == run["quality_loss"]:  # not NaN: measured
+        parts.append(f"KL {run['quality_loss']:.2g} nats" + (f" within {limits.kl:g}" if limits.kl is not None else ""))
+    accuracy = run.get("metrics.retrieval_accuracy", math.nan)
+    if accuracy == accuracy:  # not NaN: a passkey run
+        bound = f" (at least {limits.accuracy:.0%})" if limits.accuracy is not None else ""
+        parts.append(f"passkey retrieval {accuracy:.0%}{bound}")
     if run.get("noisy"):
         parts.append(
-            f"NOISY: TTFT or TPOT changed by {run.get('metrics.timing_noise_cv', float('nan')):.0%} between repeats"
+            f"NOISY: TTFT or TPOT changed by {run.get('metrics.timing_noise_cv', float('nan')):.0%} between calls of one shape"
         )
     return f"{run['label']}: " + ", ".join(parts)
 
@@ -208,9 +230,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-kl",
         type=float,
-        default=0.05,
         metavar="NATS",
-        help="KL divergence vs the full-precision reference (default: 0.05)",
+        help=f"KL divergence vs the full-precision reference (default: {DEFAULT_KL}, or none with --min-accuracy)",
+    )
+    parser.add_argument(
+        "--min-accuracy",
+        type=float,
+        metavar="FRACTION",
+        help="passkey retrieval accuracy, from runs with workload=passkey, e.g. 0.9; the quality limit in "
+        "place of the default --max-kl (default: none)",
     )
     parser.add_argument("--all", action="store_true", help="every FINISHED run in the experiment, not one sweep")
     add_source_arguments(parser)
@@ -221,8 +249,13 @@ def run(args: argparse.Namespace) -> int:
     for name, value in (("--max-tpot-ms", args.max_tpot_ms), ("--max-kl", args.max_kl)):
         if value is not None and not value >= 0:
             raise ConfigError(name, value, "expected a number ≥ 0")
+    if args.min_accuracy is not None and not 0 <= args.min_accuracy <= 1:
+        raise ConfigError("--min-accuracy", args.min_accuracy, "expected a fraction from 0 to 1, e.g. 0.9")
     budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
-    limits = Limits(memory_bytes=budget, tpot_ms=args.max_tpot_ms, kl=args.max_kl)
+    # One quality limit by default: KL, or retrieval accuracy when asked for (passkey runs score
+    # their answers, and their KL would be over the reference's rambling past the answer); both when both are given
+    kl = args.max_kl if args.max_kl is not None or args.min_accuracy is not None else DEFAULT_KL
+    limits = Limits(memory_bytes=budget, tpot_ms=args.max_tpot_ms, kl=kl, accuracy=args.min_accuracy)
     runs, parent_run = load_runs(
         args.experiment, args.parent, args.tracking_uri, whole_experiment=args.all, spelled=args.uri_spelling
     )

@@ -138,7 +138,7 @@ def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
     growth = column(runs, "tags.kvpipe.peak_memory_source", "").fillna("").str.endswith("_growth")
     weights = column(runs, "metrics.weights_bytes").fillna(0)
     runs["memory_bytes"] = column(runs, "metrics.peak_memory_bytes") + weights.where(growth, 0)
-    # A figure that changed between repeats by more than the run's workload.noise_threshold.
+    # A figure that changed between calls of one shape by more than the run's workload.noise_threshold.
     runs["noisy"] = column(runs, "tags.kvpipe.noisy", "").fillna("") == "true"
     # Without a quality pass only a lossless strategy has a known loss.
     lossless = pd.Series(0.0, index=runs.index).where(runs["strategy"].map(is_lossless))
@@ -168,9 +168,18 @@ def environments(runs: pd.DataFrame) -> list[str]:
 
 
 def pareto_front(runs: pd.DataFrame) -> pd.Series:
-    """True where no other run is as good on memory, TPOT and quality loss, and better on one."""
-    points = np.column_stack([runs["memory_bytes"], column(runs, "metrics.tpot_ms"), runs["quality_loss"]])
-    points = points.astype(float)
+    """True where no other run is as good on memory, TPOT and quality, and better on one. Quality is
+    the KL loss, or, where every run measured passkey retrieval, its accuracy (and KL too when every
+    run has it)."""
+    axes = [runs["memory_bytes"], column(runs, "metrics.tpot_ms")]
+    accuracy = column(runs, "metrics.retrieval_accuracy")
+    if accuracy.notna().all():  # passkey runs: retrieval is their quality, KL too where every run has it
+        axes.append(-accuracy)  # higher is better
+        if runs["quality_loss"].notna().all():
+            axes.append(runs["quality_loss"])
+    else:
+        axes.append(runs["quality_loss"])
+    points = np.column_stack(axes).astype(float)
     known = points[~np.isnan(points).any(axis=1)]  # unknown loss or no timing: no claim either way
     return pd.Series(
         [not np.isnan(p).any() and not ((known <= p).all(axis=1) & (known < p).any(axis=1)).any() for p in points],
@@ -217,3 +226,46 @@ def describe(runs: pd.DataFrame, params: list[str], full: bool = False) -> list[
     """'name=value ...' per run for these params, skipping those its strategy ignores."""
     values = {p if full else p.split(".")[-1]: param_values(runs, p) for p in params}
     return [" ".join(f"{name}={shown[i]}" for name, shown in values.items() if shown[i]) for i in range(len(runs))]
+
+
+def retrieval_history(run_id: str, keys: list[str]) -> list[dict]:
+    """A passkey run's figures per context length, from MLflow's stepped metrics: one dict per
+    (key, length) with the value. The step is the context length (kvpipe.measure.retrieval)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    return [
+        {"metric": key, "context_tokens": point.step, "value": point.value}
+        for key in keys
+        for point in client.get_metric_history(run_id, key)
+    ]
+
+
+def retrieval_cells(run: pd.Series) -> list[dict]:
+    """The run's heatmap cells (context_tokens, depth, retrieval_accuracy), from its stepped metrics."""
+    from kvpipe.measure.retrieval import DEPTH_PREFIX
+
+    keys = [name.removeprefix("metrics.") for name in run.index if name.startswith(f"metrics.{DEPTH_PREFIX}")]
+    keys = [key for key in keys if pd.notna(run[f"metrics.{key}"])]
+    return [
+        {"context_tokens": point["context_tokens"], "depth": float(point["metric"].removeprefix(DEPTH_PREFIX)),
+         "retrieval_accuracy": point["value"]}
+        for point in retrieval_history(run["run_id"], keys)
+    ]  # fmt: skip
+
+
+BY_LENGTH = {  # stepped metric -> column of retrieval_by_length
+    "retrieval_accuracy/all_depths": "accuracy",
+    "kv_cache_bytes/by_length": "kv_cache_bytes",
+    "ttft_ms/by_length": "ttft_ms",
+    "tpot_ms/by_length": "tpot_ms",
+}
+
+
+def retrieval_by_length(run: pd.Series) -> pd.DataFrame:
+    """Per context length: accuracy over every depth, and the KV bytes, TTFT and TPOT at that length."""
+    history = pd.DataFrame(retrieval_history(run["run_id"], list(BY_LENGTH)))
+    if history.empty:
+        return pd.DataFrame(columns=["context_tokens", *BY_LENGTH.values()])
+    table = history.pivot_table(index="context_tokens", columns="metric", values="value", aggfunc="last")
+    return table.rename(columns=BY_LENGTH).reset_index()

@@ -14,8 +14,9 @@ from kvpipe.job import workloads
 from kvpipe.job.fallback import with_fallback
 from kvpipe.job.generate import Call, measured_generate
 from kvpipe.job.progress import progress_bar
-from kvpipe.measure import quality
+from kvpipe.measure import quality, retrieval
 from kvpipe.measure.environment import environment, load_average
+from kvpipe.measure.memory import freeze_long_lived_objects
 from kvpipe.measure.metrics import summarise
 from kvpipe.spec import Spec
 
@@ -31,6 +32,7 @@ class JobResult:
     texts: list[dict[str, str]]
     notes: list[str] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)  # what the job resolved: dtype, device, architecture
+    retrieval: list[dict] = field(default_factory=list)  # passkey: one row per answer (kvpipe.measure.retrieval)
 
 
 def run_job(spec: Spec) -> JobResult:
@@ -44,6 +46,7 @@ def run_job(spec: Spec) -> JobResult:
     spec.strategy.check_for_model(shape, longest_prompt)
 
     loaded = model.load(spec.model)
+    freeze_long_lived_objects()
     load_at_start = load_average()
 
     def measure(attempt: Spec):
@@ -56,9 +59,13 @@ def run_job(spec: Spec) -> JobResult:
             f"cache={spec.cache.strategy} ran out of memory; measured cache={ran.cache.strategy} instead"
         )
         setup.requested = spec.cache.strategy
-    metrics, metric_notes = summarise(calls, loaded, ran.strategy, len(batches))
+    metrics, metric_notes = summarise(calls, loaded, ran.strategy)
     setup.notes.extend(metric_notes)
     metrics["warmup_ms"] = sum(warmup_ms)
+    answers = []
+    if batches[0].needles:  # passkey: scored on the measured calls themselves
+        answers = retrieval.score(loaded.tokenizer, eos_ids(loaded.model), batches, calls)
+        metrics.update(retrieval.metrics(answers))
     metrics["load_ms"] = loaded.load_s * 1e3
     if "compile_config" in setup.generate_kwargs:
         # The first call compiles; its extra time over a steady call of the same batch is compile time.
@@ -76,7 +83,7 @@ def run_job(spec: Spec) -> JobResult:
     }
     if tags["noisy"] == "true":
         setup.notes.append(
-            f"noisy: TTFT or TPOT changed by {metrics['timing_noise_cv']:.0%} between repeats (threshold "
+            f"noisy: TTFT or TPOT changed by {metrics['timing_noise_cv']:.0%} between calls of one shape (threshold "
             f"workload.noise_threshold={spec.workload.noise_threshold:g}); rerun on an idle machine or with more repeats"
         )
     if ran.quality.enabled:
@@ -94,7 +101,14 @@ def run_job(spec: Spec) -> JobResult:
     }
     if ran.quality.enabled:
         params["quality.scored_tokens"] = str(int(metrics["quality_scored_tokens"]))
-    return JobResult(metrics=metrics, tags=tags, texts=texts, notes=[*spec.warnings, *setup.notes], params=params)
+    notes = [*spec.warnings, *setup.notes]
+    return JobResult(metrics=metrics, tags=tags, texts=texts, notes=notes, params=params, retrieval=answers)
+
+
+def eos_ids(model) -> set[int]:
+    """The tokens that end the model's answer (its generation config may name several)."""
+    eos = model.generation_config.eos_token_id
+    return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
 
 def noisy(timing_noise_cv: float, threshold: float) -> str:
@@ -105,16 +119,23 @@ def noisy(timing_noise_cv: float, threshold: float) -> str:
 
 
 def _measure(spec: Spec, loaded, setup, batches) -> tuple[list[Call], list[float]]:
-    """Warm-up calls (timed, not measured), then the measured calls."""
+    """Warm-up calls (timed, not measured) on one batch of each shape, then the measured calls:
+    repeat after repeat over every batch."""
     compiles = "compile_config" in setup.generate_kwargs
     if compiles and spec.workload.warmup == 0:
         setup.notes.append("cache.compile needs a warm-up call to compile outside the timings; ran 1")
     warmup_calls = max(spec.workload.warmup, 1 if compiles else 0)
+    # What a warm-up pays for once (allocation, kernels, a compile) is per shape, not per prompt.
+    first_of_shape: dict[tuple, object] = {}
+    for batch in batches:
+        first_of_shape.setdefault(tuple(batch.input_ids.shape), batch)
+    shapes = list(first_of_shape.values())  # the first batch first: compile_ms compares against it
     warmup_ms: list[float] = []
     calls: list[Call] = []
-    with progress_bar(setup.effective, (warmup_calls + spec.workload.repeats) * len(batches)) as advance:
+    total = warmup_calls * len(shapes) + spec.workload.repeats * len(batches)
+    with progress_bar(setup.effective, total) as advance:
         for _ in range(warmup_calls):
-            for batch in batches:
+            for batch in shapes:
                 warmup_ms.append(measured_generate(spec, loaded, setup, batch).timing.e2e_ms)
                 advance()
         for _ in range(spec.workload.repeats):

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-from pydoc_data.topics import topics
 
 from kvpipe import config
 from kvpipe.config import WorkloadConfig
 from kvpipe.errors import ConfigError
+from kvpipe.job import passkey
+from kvpipe.job.texts import long_context_ids
 
 
 @dataclass
@@ -18,16 +18,11 @@ class Batch:
     input_ids: object  # torch.LongTensor [batch, prompt_len]
     attention_mask: object
     texts: list[str]
+    needles: list[passkey.PasskeyPrompt] | None = None  # passkey: each row's key, depth and trial
 
     @property
     def prompt_tokens(self) -> int:
         return int(self.input_ids.shape[1])
-
-
-@lru_cache(maxsize=1)
-def reference_text() -> str:
-    """Real English text that ships with Python: the pydoc topic pages, in a fixed order."""
-    return "\n\n".join(topics[name] for name in sorted(topics))
 
 
 def reads(kind: str, param: str) -> bool:
@@ -43,6 +38,12 @@ def check_fits(workload: WorkloadConfig, shape, prompt_tokens: int) -> None:
     # Name the setting that made it so: the prompt length where the user chose it, else what grew past it
     if workload.kind == "long_context":
         field, value, expected = "workload.prompt_tokens", workload.prompt_tokens, f"at most {positions - new}"
+    elif workload.kind == "passkey":
+        field, value, expected = (
+            "workload.context_tokens",
+            workload.context_tokens,
+            f"lengths of at most {positions - new}",
+        )
     elif prompt_tokens >= positions:
         field, value, expected = "workload.prompts", f"{prompt_tokens} tokens", f"prompts under {positions} tokens"
     else:
@@ -58,6 +59,8 @@ def build_batches(workload: WorkloadConfig, tokenizer, device: str) -> list[Batc
     """Every batch of the workload, on the device."""
     if workload.kind == "long_context":
         return [_long_context_batch(workload, tokenizer, device)]
+    if workload.kind == "passkey":
+        return _passkey_batches(workload, tokenizer, device)
     return _chat_batches(workload, tokenizer, device)
 
 
@@ -73,13 +76,18 @@ class Window:
 def scoring_windows(workload: WorkloadConfig, tokenizer, count: int, scored_tokens: int) -> list[Window]:
     """What quality scores, following the workload: long_context, `count` windows of its own text at
     its own prompt length, each followed by `scored_tokens` tokens of that text; chat, its first
-    `count` prompts as the model sees them."""
+    `count` prompts as the model sees them; passkey, `count` of its longest prompts, one per depth
+    in turn (the reference writes what follows, as for chat)."""
     if workload.kind == "long_context":
         windows = []
         for index in range(count):
             ids = long_context_ids(tokenizer, workload.prompt_tokens + scored_tokens, offset=index * _ROW_STRIDE)
             windows.append(Window(ids[: workload.prompt_tokens], ids[workload.prompt_tokens :]))
         return windows
+    if workload.kind == "passkey":
+        longest = [p for p in passkey.prompts(workload, tokenizer) if p.context_tokens == max(workload.context_tokens)]
+        by_depth_first = sorted(longest, key=lambda p: (p.trial, workload.depths.index(p.depth)))
+        return [Window(p.input_ids, None) for p in by_depth_first[:count]]
     texts = [_chat_text(tokenizer, prompt) for prompt in workload.prompts[:count]]
     return [Window(tokenizer(text, add_special_tokens=False)["input_ids"], None) for text in texts]
 
@@ -109,24 +117,6 @@ def _chat_text(tokenizer, prompt: str) -> str:
 _ROW_STRIDE = 7919  # tokens between the starts of two rows (or quality windows): each its own text
 
 
-def long_context_ids(tokenizer, tokens: int, offset: int = 0) -> list[int]:
-    """Exactly `tokens` token ids of reference text, starting `offset` tokens in (wrapping around)."""
-    ids = _reference_ids(tokenizer)
-    start = offset % len(ids)
-    window = (ids[start:] + ids)[:tokens]
-    while len(window) < tokens:
-        window += ids[: tokens - len(window)]
-    return window
-
-
-def _reference_ids(tokenizer) -> list[int]:
-    cached = getattr(tokenizer, "_kvpipe_reference_ids", None)
-    if cached is None:
-        cached = tokenizer(reference_text(), add_special_tokens=False)["input_ids"]
-        tokenizer._kvpipe_reference_ids = cached
-    return cached
-
-
 def _long_context_batch(workload: WorkloadConfig, tokenizer, device: str) -> Batch:
     import torch
 
@@ -137,3 +127,20 @@ def _long_context_batch(workload: WorkloadConfig, tokenizer, device: str) -> Bat
     input_ids = torch.tensor(rows, dtype=torch.long, device=device)
     texts = [tokenizer.decode(row) for row in rows]
     return Batch(input_ids, torch.ones_like(input_ids), texts)
+
+
+def _passkey_batches(workload: WorkloadConfig, tokenizer, device: str) -> list[Batch]:
+    """Prompts of one length share batches of batch_size (equal lengths: no padding); a length's
+    last batch may be smaller, as no prompt is repeated to fill it."""
+    import torch
+
+    batches = []
+    prompts = passkey.prompts(workload, tokenizer)
+    for length in workload.context_tokens:
+        same = [p for p in prompts if p.context_tokens == length]
+        for start in range(0, len(same), workload.batch_size):
+            rows = same[start : start + workload.batch_size]
+            input_ids = torch.tensor([p.input_ids for p in rows], dtype=torch.long, device=device)
+            texts = [tokenizer.decode(p.input_ids) for p in rows]
+            batches.append(Batch(input_ids, torch.ones_like(input_ids), texts, needles=rows))
+    return batches

@@ -22,7 +22,7 @@ ENVIRONMENT_TAGS = ("host", "cpu_model", "gpu_name", "torch_version", "transform
 
 def environment(device: str) -> dict[str, str]:
     """Tags: host, CPU model and physical cores, torch threads, GPU name, CUDA and driver versions
-    (on CUDA), and the torch, transformers and kvpipe versions."""
+    (on CUDA), and the torch, transformers, kvpipe and Python versions."""
     import torch
     import transformers
 
@@ -34,6 +34,7 @@ def environment(device: str) -> dict[str, str]:
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "kvpipe_version": __version__,
+        "python_version": platform.python_version(),  # its pydoc pages are the long_context and passkey text
     }
     if device == "cuda":
         tags["gpu_name"] = torch.cuda.get_device_name()

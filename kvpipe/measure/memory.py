@@ -114,6 +114,15 @@ class _RssSampler:
         return max(self._peak, _rss_bytes())
 
 
+def freeze_long_lived_objects() -> None:
+    """Move what is alive now (modules, classes, the loaded model) out of the collector's reach, so
+    that the collection before each measured call walks only what was made since. With torch,
+    transformers and mlflow imported, a full collection walks ~500,000 objects: 3 s a call on 2
+    cores, longer than many calls it precedes. Garbage made afterwards is collected as before."""
+    gc.collect()
+    gc.freeze()
+
+
 def release_freed_memory(device: str) -> None:
     """Return freed memory to the OS, so one call's peak does not hide inside the last one's."""
     gc.collect()

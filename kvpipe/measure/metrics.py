@@ -13,9 +13,9 @@ TIMINGS = ("ttft_ms", "tpot_ms", "e2e_ms", "decode_tokens_per_s", "prefill_token
 NOISE_JUDGED = ("ttft_ms", "tpot_ms")  # the figures a run is marked noisy by
 
 
-def summarise(calls: list, loaded, strategy, batches: int) -> tuple[dict[str, float], list[str]]:
-    """Metrics over the measured calls (kvpipe.job.generate.Call) of one job, made repeat after
-    repeat over `batches` batches; and notes on figures that could not be given."""
+def summarise(calls: list, loaded, strategy) -> tuple[dict[str, float], list[str]]:
+    """Metrics over the measured calls (kvpipe.job.generate.Call) of one job; and notes on figures
+    that could not be given."""
     metrics: dict[str, float] = {}
     per_call = {
         "ttft_ms": [c.timing.ttft_ms for c in calls],
@@ -31,7 +31,7 @@ def summarise(calls: list, loaded, strategy, batches: int) -> tuple[dict[str, fl
         values = [v for v in per_call[name] if not math.isnan(v)]
         mean, std = mean_std(values)
         metrics[name], metrics[name + "_std"], metrics[name + "_cv"] = mean, std, std / mean if mean else math.nan
-    metrics["timing_noise_cv"] = repeat_noise(per_call, batches)
+    metrics["timing_noise_cv"] = repeat_noise(per_call, [(c.batch_size, c.prompt_tokens) for c in calls])
     itl = [ms for c in calls for ms in c.timing.itl_ms]
     for q in (50, 90, 99):
         metrics[f"itl_p{q}_ms"] = percentile(itl, q)
@@ -77,18 +77,20 @@ def weights_read_per_step(loaded, batch_size: int) -> int:
     return loaded.weights_bytes - loaded.input_embedding_bytes + batch_size * loaded.embedding_row_bytes
 
 
-def repeat_noise(per_call: dict[str, list[float]], batches: int) -> float:
-    """How much TTFT and TPOT change from one repeat to the next: the largest coefficient of
-    variation of one batch's figure across repeats (different prompts differ for other reasons).
-    NaN with a single repeat: one sample says nothing about noise."""
+def repeat_noise(per_call: dict[str, list[float]], shapes: list[tuple]) -> float:
+    """How much TTFT and TPOT change between calls of the same shape (batch size, prompt length):
+    the largest coefficient of variation of a figure within one shape. Calls of another shape
+    differ for other reasons; calls of one shape differ only by noise (the repeats of a batch, or a
+    passkey workload's prompts of one length). NaN when no shape was measured twice."""
     worst = math.nan
     for name in NOISE_JUDGED:
-        values = per_call[name]
-        for batch in range(batches):
-            samples = values[batch::batches]
-            if len(samples) < 2:
+        samples: dict[tuple, list[float]] = {}
+        for shape, value in zip(shapes, per_call[name]):
+            samples.setdefault(shape, []).append(value)
+        for values in samples.values():
+            if len(values) < 2:
                 continue
-            mean, std = mean_std(samples)
+            mean, std = mean_std(values)
             cv = std / mean if mean else math.nan
             worst = cv if math.isnan(worst) else max(worst, cv)
     return worst

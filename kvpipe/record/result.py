@@ -38,6 +38,7 @@ class Result:
     tags: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     texts: list[dict[str, str]] = field(default_factory=list)
+    retrieval: Optional[list[dict]] = None  # passkey: a row per answer (kvpipe.measure.retrieval)
     measurement_key: Optional[str] = None
     command: Optional[str] = None  # the command line that produced it, as typed
     overrides: list[str] = field(default_factory=list)  # this job's Hydra overrides (a sweep's: one job's)
@@ -63,6 +64,7 @@ class Result:
             tags=job.tags,
             notes=job.notes,
             texts=job.texts,
+            retrieval=job.retrieval or None,
         )
 
     @classmethod

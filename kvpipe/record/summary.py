@@ -12,7 +12,7 @@ SUMMARY_METRICS = (
     ("tpot_ms", "TPOT", "ms"),
     ("decode_tokens_per_s", "decode", "tok/s"),
     ("e2e_ms", "end-to-end", "ms"),
-    ("timing_noise_cv", "noise between repeats", "%"),
+    ("timing_noise_cv", "timing noise", "%"),  # between calls of one shape (metrics.repeat_noise)
     ("peak_memory_bytes", "peak memory (weights incl.)", "bytes"),
     ("peak_over_baseline_bytes", "peak over baseline", "bytes"),
     ("kv_cache_bytes", "KV cache", "bytes"),
@@ -22,6 +22,7 @@ SUMMARY_METRICS = (
     ("token_agreement", "token agreement", "x"),
     ("kl_vs_reference", "KL vs reference", "nats"),
     ("ppl", "perplexity", "x"),
+    ("retrieval_accuracy", "passkey retrieval", "%"),
 )
 
 
@@ -54,9 +55,29 @@ def print_summary(result: Result, result_path: Path) -> None:
             table.add_row(label, format_metric(metrics, name, unit))
     console = Console()
     console.print(table)
+    if result.retrieval:
+        console.print(retrieval_table(result.retrieval))
     for note in result.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
     console.print(f"result: {result_path}")
+
+
+def retrieval_table(rows: list[dict]):
+    """Keys found / answers per context length (rows) and depth (columns)."""
+    from rich.table import Table
+
+    from kvpipe.measure.retrieval import cells
+
+    found = {(c["context_tokens"], c["depth"]): c for c in cells(rows)}
+    depths = sorted({depth for _, depth in found})
+    table = Table(title="passkey found / asked", header_style="bold")
+    table.add_column("context tokens", justify="right")
+    for depth in depths:
+        table.add_column(f"depth {depth:.0%}", justify="right")
+    for length in sorted({length for length, _ in found}):
+        cells_of_length = [found.get((length, depth)) for depth in depths]
+        table.add_row(f"{length:,}", *(f"{c['found']}/{c['answers']}" if c else "" for c in cells_of_length))
+    return table
 
 
 def print_sweep_summary(counts: dict[str, int], sweep_dir: Path, parent_run_id: str | None) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from kvpipe.config import TrackingConfig
 from kvpipe.errors import KvpipeError, first_line
 from kvpipe.record.result import RESULT_FILE, Result
+from kvpipe.units import param_text
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +192,8 @@ def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_ya
             log_prompts(result)
         if result.traceback:
             mlflow.log_text(result.traceback, "traceback.txt")
+        if result.retrieval:
+            log_retrieval(run.info.run_id, run_dir, result.retrieval)
         mlflow.log_artifact(str(run_dir / RESULT_FILE))
         # Last: a run killed while logging never claims to hold a complete result
         mlflow.set_tag("kvpipe.status", result.status)
@@ -211,8 +214,32 @@ def run_name(result: Result) -> str:
     size = workload["max_new_tokens"]
     if workload["kind"] == "long_context":
         size = f"{workload['prompt_tokens']}+{size}"
+    elif workload["kind"] == "passkey":
+        size = ",".join(str(n) for n in workload["context_tokens"])
     batch = f" ×{workload['batch_size']}" if workload["batch_size"] > 1 else ""
     return f"{strategy} · {config['model']['name']} · {workload['kind']} {size}{batch}"
+
+
+def log_retrieval(run_id: str, run_dir: Path, rows: list[dict]) -> None:
+    """Passkey: accuracy and the length's timings stepped by context length, the answers and cells
+    as MLflow tables (the run's Evaluation view), and the heatmap."""
+    import time
+
+    import mlflow
+    import pandas as pd
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    from kvpipe.measure import retrieval
+    from kvpipe.record.heatmap import HEATMAP_FILE
+
+    now = int(time.time() * 1000)
+    stepped = [Metric(name, float(value), now, step) for name, value, step in retrieval.stepped_metrics(rows)]
+    MlflowClient().log_batch(run_id, metrics=stepped)
+    mlflow.log_table(pd.DataFrame(rows), "retrieval/answers.json")
+    mlflow.log_table(pd.DataFrame(retrieval.cells(rows)), "retrieval/cells.json")
+    if (run_dir / HEATMAP_FILE).is_file():
+        mlflow.log_artifact(str(run_dir / HEATMAP_FILE), "retrieval")
 
 
 def origin_tags(result: Result) -> dict[str, str]:
@@ -230,9 +257,10 @@ def log_prompts(result: Result) -> None:
 
     workload = result.config["workload"]
     prompts = pd.DataFrame({"prompt": list(dict.fromkeys(text["prompt"] for text in result.texts))})
-    name = f"{workload['kind']} prompts" + (
-        f" ({workload['prompt_tokens']} tokens)" if workload["kind"] == "long_context" else ""
-    )
+    tokens = {"long_context": workload["prompt_tokens"], "passkey": workload.get("context_tokens")}
+    name = f"{workload['kind']} prompts"
+    if workload["kind"] in tokens:
+        name += f" ({param_text(tokens[workload['kind']]).strip('[]')} tokens)"
     dataset = mlflow.data.from_pandas(prompts, name=name)
     try:
         mlflow.log_input(dataset, context="workload")

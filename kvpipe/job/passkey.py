@@ -1,0 +1,92 @@
+"""The passkey-retrieval workload's prompts: a seeded random key hidden at a chosen depth of filler
+text, then a question, through the model's chat template, each exactly `context_tokens` long.
+
+The filler is Python's own documentation (the long_context text, `texts.reference_text`):
+real, varied prose in which no sentence repeats, so the key's sentence is not trivially the one
+odd line out. Each trial starts the filler at another place in that text.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from kvpipe.errors import ConfigError
+from kvpipe.job.texts import long_context_ids
+
+INSTRUCTION = "A pass key is hidden in the text below. Find it and remember it.\n\n"
+QUESTION = "\n\nWhat is the pass key? Answer with the number only."
+_TRIAL_STRIDE = 104_729  # filler tokens between two trials' starting points: each its own text
+
+
+@dataclass(frozen=True)
+class PasskeyPrompt:
+    """One prompt of the workload: its token ids, the key, and where the key starts."""
+
+    input_ids: list[int]
+    key: str
+    context_tokens: int
+    depth: float
+    trial: int
+    needle_start: int  # token index of the needle sentence in input_ids
+
+
+def passkey_key(seed: int, context_tokens: int, depth: float, trial: int, digits: int = 5) -> str:
+    """The key of one cell and trial: random digits, the same for the same seed, cell and trial."""
+    rng = random.Random(f"{seed}:{context_tokens}:{depth}:{trial}")
+    return str(rng.randrange(10 ** (digits - 1), 10**digits))
+
+
+def needle(key: str) -> str:
+    return f" The pass key is {key}. Remember it. {key} is the pass key. "
+
+
+def passkey_prompt(tokenizer, context_tokens: int, depth: float, key: str, trial: int = 0) -> PasskeyPrompt:
+    """Exactly `context_tokens` ids: template prefix, instruction, filler with the needle at `depth`
+    (a fraction of the filler), the question, template suffix."""
+    prefix, suffix = _template_parts(tokenizer)
+    intro = tokenizer(INSTRUCTION, add_special_tokens=False)["input_ids"]
+    question = tokenizer(QUESTION, add_special_tokens=False)["input_ids"]
+    needle_ids = tokenizer(needle(key), add_special_tokens=False)["input_ids"]
+    fixed = len(prefix) + len(intro) + len(needle_ids) + len(question) + len(suffix)
+    filler_tokens = context_tokens - fixed
+    if filler_tokens < 0:
+        raise ConfigError(
+            "workload.context_tokens", context_tokens, f"expected at least {fixed}: the template, question and key"
+        )
+    filler = long_context_ids(tokenizer, filler_tokens, offset=trial * _TRIAL_STRIDE)
+    cut = round(depth * filler_tokens)
+    head = prefix + intro + filler[:cut]
+    ids = head + needle_ids + filler[cut:] + question + suffix
+    return PasskeyPrompt(ids, key, context_tokens, depth, trial, needle_start=len(head))
+
+
+def prompts(workload, tokenizer) -> list[PasskeyPrompt]:
+    """Every prompt of a passkey workload: each length, each depth, each trial, in that order; each
+    with its own seeded key and its own stretch of filler."""
+    return [
+        passkey_prompt(tokenizer, length, depth, passkey_key(workload.seed, length, depth, trial), trial)
+        for length in workload.context_tokens
+        for depth in workload.depths
+        for trial in range(workload.trials)
+    ]
+
+
+def _template_parts(tokenizer) -> tuple[list[int], list[int]]:
+    """The chat template's ids before and after the user's message (none without a template)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return [], []
+    marker = "\x00KVPIPE\x00"
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=True
+    )
+    before, after = text.split(marker)
+    encode = lambda part: tokenizer(part, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return encode(before), encode(after)
+
+
+def found(answer: str, key: str) -> bool:
+    """Retrieval succeeded: the exact key appears in the answer as a whole number."""
+    import re
+
+    return re.search(rf"(?<!\d){re.escape(key)}(?!\d)", answer) is not None
