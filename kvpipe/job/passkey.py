@@ -2,8 +2,8 @@
 text, then a question, through the model's chat template, each exactly `context_tokens` long.
 
 The filler is Python's own documentation (the long_context text, `texts.reference_text`):
-real, varied prose in which no sentence repeats, so the key's sentence is not trivially the one
-odd line out. Each trial starts the filler at another place in that text.
+real, varied technical prose rather than a few sentences repeated, so the key's sentence is not
+trivially the one odd line out. Each trial starts the filler at another place in that text.
 """
 
 from __future__ import annotations
