@@ -200,6 +200,7 @@ def passkey_sweep(tmp_path_factory, existing_store):
     return SimpleNamespace(launch_dir=launch_dir, sweep_dir=sweep_dir, uri=f"sqlite:///{launch_dir}/outputs/mlflow.db")
 
 
+@pytest.mark.slow  # one real sweep in a separate process, shared by these tests
 def test_each_run_records_every_answer_and_its_heatmap(passkey_sweep):
     results = [result for _, result in iter_results(passkey_sweep.sweep_dir)]
     assert [r.status for r in results] == ["FINISHED", "FINISHED"]
@@ -212,6 +213,7 @@ def test_each_run_records_every_answer_and_its_heatmap(passkey_sweep):
         assert (path.parent / "retrieval_heatmap.png").stat().st_size > 5000
 
 
+@pytest.mark.slow  # one real sweep in a separate process, shared by these tests
 def test_mlflow_steps_accuracy_by_context_length_and_keeps_the_tables(passkey_sweep):
     from mlflow.tracking import MlflowClient
 
@@ -227,6 +229,7 @@ def test_mlflow_steps_accuracy_by_context_length_and_keeps_the_tables(passkey_sw
         assert artifacts == {"retrieval/answers.json", "retrieval/cells.json", "retrieval/retrieval_heatmap.png"}
 
 
+@pytest.mark.slow  # one real sweep in a separate process, shared by these tests
 def test_compare_shows_retrieval_and_draws_heatmaps_and_accuracy_against_kv_bytes(passkey_sweep):
     table = (passkey_sweep.sweep_dir / "compare.md").read_text()
     assert "retrieval" in table.splitlines()[2]
@@ -240,6 +243,7 @@ def test_compare_shows_retrieval_and_draws_heatmaps_and_accuracy_against_kv_byte
     assert "metrics.retrieval_accuracy" in header and "/" not in header.replace("params.", "")
 
 
+@pytest.mark.slow  # one real sweep in a separate process, shared by these tests
 def test_recommend_with_min_accuracy_names_the_accuracy_a_run_lacks(passkey_sweep):
     proc = run_cli(["recommend", "--min-accuracy", "0.9"], cwd=passkey_sweep.launch_dir, timeout=120)
     # a random-weight model finds no key: nothing is recommended, and recommend says why
