@@ -27,6 +27,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 from kvpipe.config import compose, register_schemas  # noqa: E402
+from kvpipe.measure.memory import freeze_long_lived_objects  # noqa: E402
 from kvpipe.spec import Spec, make_spec  # noqa: E402
 
 register_schemas()
@@ -80,8 +81,7 @@ def _freeze_long_lived_objects():
     what is alive (gc.freeze: modules and classes, mostly) so that collections skip it; garbage made
     afterwards is collected as before."""
     if len(gc.get_objects()) > 50_000:  # frozen objects are not counted: this is what a collection walks
-        gc.collect()
-        gc.freeze()
+        freeze_long_lived_objects()
     yield
 
 

@@ -37,7 +37,7 @@ class Limits:
 
     memory_bytes: float | None = None
     tpot_ms: float | None = None
-    kl: float | None = 0.05
+    kl: float | None = DEFAULT_KL
     accuracy: float | None = None  # passkey retrieval accuracy, a minimum
 
     def describe(self) -> str:

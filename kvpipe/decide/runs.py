@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -231,14 +232,20 @@ def describe(runs: pd.DataFrame, params: list[str], full: bool = False) -> list[
 def retrieval_history(run_id: str, keys: list[str]) -> list[dict]:
     """A passkey run's figures per context length, from MLflow's stepped metrics: one dict per
     (key, length) with the value. The step is the context length (kvpipe.measure.retrieval)."""
+    return [
+        {"metric": key, "context_tokens": step, "value": value}
+        for key in keys
+        for step, value in _metric_history(run_id, key)
+    ]
+
+
+@lru_cache(maxsize=1024)
+def _metric_history(run_id: str, key: str) -> tuple[tuple[int, float], ...]:
+    """(step, value) of a finished run's metric, fetched once: compare's markdown, terminal table and
+    plots all read the same histories."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient()
-    return [
-        {"metric": key, "context_tokens": point.step, "value": point.value}
-        for key in keys
-        for point in client.get_metric_history(run_id, key)
-    ]
+    return tuple((point.step, point.value) for point in MlflowClient().get_metric_history(run_id, key))
 
 
 def retrieval_cells(run: pd.Series) -> list[dict]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvpipe import config
 from kvpipe.config import WorkloadConfig
@@ -85,7 +85,7 @@ def scoring_windows(workload: WorkloadConfig, tokenizer, count: int, scored_toke
             windows.append(Window(ids[: workload.prompt_tokens], ids[workload.prompt_tokens :]))
         return windows
     if workload.kind == "passkey":
-        longest = [p for p in passkey.prompts(workload, tokenizer) if p.context_tokens == max(workload.context_tokens)]
+        longest = passkey.prompts(replace(workload, context_tokens=[max(workload.context_tokens)]), tokenizer)
         by_depth_first = sorted(longest, key=lambda p: (p.trial, workload.depths.index(p.depth)))
         return [Window(p.input_ids, None) for p in by_depth_first[:count]]
     texts = [_chat_text(tokenizer, prompt) for prompt in workload.prompts[:count]]
