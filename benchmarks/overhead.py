@@ -21,7 +21,7 @@ import pandas as pd
 
 from kvpipe import model
 from kvpipe.config import compose
-from kvpipe.job import workloads
+from kvpipe import workload
 from kvpipe.job.generate import measured_generate
 from kvpipe.spec import make_spec
 
@@ -55,7 +55,7 @@ def bare_e2e_s(loaded, setup, batch, new_tokens: int) -> float:
 
 def compare(label: str, spec, rounds: int) -> dict:
     loaded = model.load(spec.model)
-    batch = workloads.build_batches(spec.workload, model.load_tokenizer(spec.model), loaded.device)[0]
+    batch = spec.workload_kind.batches(model.load_tokenizer(spec.model), loaded.device)[0]
     setup = spec.strategy.setup(loaded, batch.prompt_tokens)
     new = spec.workload.max_new_tokens
     for _ in range(2):  # warm-up both paths (and compile, for static+compile)

@@ -1,10 +1,11 @@
 """Typed schemas for every config group, registered in Hydra's ConfigStore.
 
 The schema is the first entry of `conf/config.yaml`'s defaults list, so a misspelt key or a wrong
-type in any group file or override fails at composition, not silently. The `cache` and `backend`
-schemas are the union of what the registered strategies and backends read (each declares its own
+type in any group file or override fails at composition, not silently. The `cache`, `backend` and
+`workload` schemas are the union of what the registered strategies, backends and workloads read (each declares its own
 `Settings`), so adding one never edits this file. Composition errors from Hydra and OmegaConf
-become one line here (`from_hydra`). Pure Python: importing this module must not import torch,
+become one line here (`from_hydra`). The `workload` schema is assembled the same way, from the common
+settings and each registered workload's own. Pure Python: importing this module must not import torch,
 transformers or mlflow.
 """
 
@@ -18,7 +19,7 @@ from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from kvpipe import cache
+from kvpipe import cache, workload
 from kvpipe.cache import backends
 from kvpipe.errors import choices
 
@@ -27,7 +28,6 @@ DEVICES = ("auto", "cpu", "cuda")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 MODEL_SOURCES = ("embedded", "random", "hf")
 DEVICE_MAPS = ("auto", "balanced", "sequential")
-WORKLOAD_KINDS = ("chat", "long_context", "passkey")
 
 
 @dataclass
@@ -73,34 +73,6 @@ class AxisConfig:
     value: Optional[int] = None  # raw backend axis for values; overrides layout
 
 
-@dataclass
-class WorkloadConfig:
-    kind: str = "chat"  # chat | long_context | passkey
-    prompts: List[str] = field(default_factory=list)
-    prompt_tokens: int = 1000  # long_context: tokens per prompt
-    # passkey: prompt lengths in tokens (one value or a list), the key's depths (fractions of the
-    # filler), and prompts per (length, depth) cell
-    context_tokens: Any = field(default_factory=lambda: [1000])
-    depths: List[float] = field(default_factory=lambda: [0.1, 0.5, 0.9])
-    trials: int = 2
-    max_new_tokens: int = 32
-    batch_size: int = 1
-    do_sample: bool = False
-    ignore_eos: bool = True  # generate exactly max_new_tokens, as benchmarks do
-    seed: int = 0
-    warmup: int = 1
-    repeats: int = 3
-    noise_threshold: float = 0.10  # a TTFT or TPOT that changes more than this between calls of one shape is noisy
-
-
-# workload.* settings only one kind reads; every other workload.* setting is read by all.
-KIND_FIELDS = {
-    "chat": ("prompts",),
-    "long_context": ("prompt_tokens",),
-    "passkey": ("context_tokens", "depths", "trials"),
-}
-
-
 def reads(owned: dict[str, tuple[str, ...]], choice: str | None, name: str) -> bool:
     """Whether a model source or workload kind (`choice`) reads its group's setting `name`, given
     which settings each choice owns alone (an unknown choice: assume it does)."""
@@ -111,7 +83,7 @@ def reads(owned: dict[str, tuple[str, ...]], choice: str | None, name: str) -> b
 @dataclass
 class QualityConfig:
     enabled: bool = True
-    windows: int = 3  # texts scored: long_context, windows of its text; chat, its first prompts
+    windows: int = 3  # texts scored: each workload's own (kvpipe.workload: Workload.windows)
     scored_tokens: Optional[int] = None  # fed one by one and scored; default max(64, backend.residual_length + 32)
 
 
@@ -124,27 +96,35 @@ class TrackingConfig:
     run_name: Optional[str] = None
 
 
-def _union(name: str, key: str, options: list) -> type:
-    """A dataclass with `key` (the option's name, defaulting to the first option) and every field any
-    option's Settings declares, with the first declaring option's type and default."""
+def _union(name: str, key: str, options: list, common: type | None = None) -> type:
+    """A dataclass with `key` (the option's name, defaulting to the first option), the `common`
+    settings every option reads, and every field any option's Settings declares, with the first
+    declaring option's type and default."""
     found: dict[str, tuple] = {}
-    for option in options:
-        hints = typing.get_type_hints(option.Settings)
-        for setting in dataclasses.fields(option.Settings):
-            found.setdefault(setting.name, (setting.name, hints[setting.name], field(default=setting.default)))
+    for settings in [*([common] if common else []), *(option.Settings for option in options)]:
+        hints = typing.get_type_hints(settings)
+        for setting in dataclasses.fields(settings):
+            default = (
+                field(default_factory=setting.default_factory)
+                if setting.default_factory is not dataclasses.MISSING
+                else field(default=setting.default)
+            )
+            found.setdefault(setting.name, (setting.name, hints[setting.name], default))
     schema = dataclasses.make_dataclass(name, [(key, str, field(default=options[0].name)), *found.values()])
     schema.__module__ = __name__  # picklable by reference: launchers ship configs to other processes
     return schema
 
 
 def _build_unions() -> None:
-    global CacheConfig, BackendConfig
+    global CacheConfig, BackendConfig, WorkloadConfig
     CacheConfig = _union("CacheConfig", "strategy", cache.registered())
     BackendConfig = _union("BackendConfig", "name", backends.registered())
+    WorkloadConfig = _union("WorkloadConfig", "kind", workload.registered(), common=workload.Common)
 
 
 CacheConfig: type
 BackendConfig: type
+WorkloadConfig: type
 _build_unions()
 
 
@@ -154,7 +134,7 @@ class KvpipeConfig:
     cache: CacheConfig = field(default_factory=lambda: CacheConfig())
     backend: BackendConfig = field(default_factory=lambda: BackendConfig())
     axis: AxisConfig = field(default_factory=AxisConfig)
-    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    workload: WorkloadConfig = field(default_factory=lambda: WorkloadConfig())
     quality: QualityConfig = field(default_factory=QualityConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     print_table: bool = True
@@ -165,7 +145,7 @@ class KvpipeConfig:
 
 def register_schemas() -> None:
     """Store the schema under `kvpipe_schema`, the first entry of conf/config.yaml's defaults; the
-    cache and backend unions are rebuilt first, so strategies registered since import count."""
+    cache, backend and workload unions are rebuilt first, so plugins registered since import count."""
     _build_unions()
     ConfigStore.instance().store(name="kvpipe_schema", node=KvpipeConfig)
 

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvpipe import cache as cache_strategies
 from kvpipe import config as schema
+from kvpipe import workload as workloads
 from kvpipe.errors import ConfigError, require_choice
 from kvpipe.units import param_text
 
@@ -31,7 +32,7 @@ class Spec:
     cache: Any  # schema.CacheConfig, the union of every strategy's settings
     backend: Any  # schema.BackendConfig, likewise for backends
     axis: schema.AxisConfig
-    workload: schema.WorkloadConfig
+    workload: Any  # schema.WorkloadConfig, likewise for workloads
     quality: schema.QualityConfig
     tracking: schema.TrackingConfig
     fallback: tuple[str, ...] = ()
@@ -47,6 +48,11 @@ class Spec:
     def strategy(self) -> cache_strategies.CacheStrategy:
         """The cache strategy this spec names, bound to it."""
         return cache_strategies.get(self.cache.strategy)(self)
+
+    @property
+    def workload_kind(self) -> workloads.Workload:
+        """The workload this spec names, bound to its settings."""
+        return workloads.get(self.workload.kind)(self.workload)
 
     def with_strategy(self, name: str, defaults: bool = False, **groups) -> "Spec":
         """This spec with another cache strategy (its settings kept, or reset with defaults=True) and
@@ -64,9 +70,9 @@ class Spec:
         strategy or the workload's kind ignores, and tracking, are left out). Used to skip duplicates and to resume."""
         data = self.as_dict()
         data.pop("tracking"), data.pop("fallback")
-        # workload settings its kind does not read (a chat job's passkey depths) measure nothing
-        kind = self.workload.kind
-        data["workload"] = {k: v for k, v in data["workload"].items() if schema.reads(schema.KIND_FIELDS, kind, k)}
+        # what the workload reads, and what that points at (a dataset file's digest): a chat job's
+        # passkey depths measure nothing, a changed file is a new measurement
+        data["workload"] = self.workload_kind.identity()
         read = self.read_fields()
         for group in STRATEGY_GROUPS:
             kept = {k: v for k, v in data[group].items() if f"{group}.{k}" in read or f"{group}.*" in read}
@@ -81,10 +87,7 @@ class Spec:
         the model fields its source reads, quality's when on; never tracking, never a setting with
         no value. The runner adds what it resolved (dtype, device, the model's architecture)."""
         read, data = self.read_fields(), self.as_dict()
-        owned = {
-            "model": (schema.SOURCE_FIELDS, self.model.source),
-            "workload": (schema.KIND_FIELDS, self.workload.kind),
-        }
+        owned = {"model": (schema.SOURCE_FIELDS, self.model.source)}
         params = {}
         for group in ("model", *STRATEGY_GROUPS, "workload", "quality"):
             for key, value in data[group].items():
@@ -92,6 +95,8 @@ class Spec:
                 if group in STRATEGY_GROUPS and name not in read and f"{group}.*" not in read:
                     continue
                 if group in owned and not schema.reads(*owned[group], key):
+                    continue
+                if group == "workload" and not workloads.reads(self.workload.kind, key):
                     continue
                 if group == "quality" and key != "enabled" and not self.quality.enabled:
                     continue
@@ -116,7 +121,7 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
         _reject_unknown_keys(cfg)
     typed = OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
     _check_model(typed.model)
-    _check_workload(typed.workload)
+    typed.workload = _check_workload(typed.workload)
     _check_quality(typed.quality)
     for index, strategy in enumerate(typed.fallback):
         require_choice(f"fallback[{index}]", strategy, cache_strategies.names())
@@ -206,37 +211,11 @@ def _check_model_location(name_or_path: str | None) -> None:
             )
 
 
-def _check_workload(workload: schema.WorkloadConfig) -> None:
-    require_choice("workload.kind", workload.kind, schema.WORKLOAD_KINDS)
-    for name in ("max_new_tokens", "batch_size", "repeats", "prompt_tokens"):
-        value = getattr(workload, name)
-        if value <= 0:
-            raise ConfigError(f"workload.{name}", value, "expected a positive integer")
-    if not workload.noise_threshold > 0:
-        raise ConfigError("workload.noise_threshold", workload.noise_threshold, "expected a fraction above 0, e.g. 0.1")
-    if workload.warmup < 0:
-        raise ConfigError("workload.warmup", workload.warmup, "expected 0 or more")
-    if workload.kind == "chat" and not workload.prompts:
-        raise ConfigError("workload.prompts", [], "expected at least one prompt for workload=chat")
-    if workload.kind == "passkey":
-        _check_passkey(workload)
-
-
-def _check_passkey(workload: schema.WorkloadConfig) -> None:
-    """Lengths become a sorted list of distinct positive ints (one value is a list of one)."""
-    lengths = workload.context_tokens
-    lengths = list(lengths) if isinstance(lengths, (list, tuple)) else [lengths]
-    if not lengths or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths):
-        raise ConfigError(
-            "workload.context_tokens", workload.context_tokens, "expected a positive integer or a list of them"
-        )
-    workload.context_tokens = sorted(set(lengths))
-    if not workload.depths or not all(0 <= depth <= 1 for depth in workload.depths):
-        raise ConfigError(
-            "workload.depths", workload.depths, "expected fractions of the context from 0 to 1, e.g. [0.1,0.5,0.9]"
-        )
-    if workload.trials <= 0:
-        raise ConfigError("workload.trials", workload.trials, "expected a positive integer")
+def _check_workload(workload):
+    """The workload's own checks (kvpipe.workload); the config with what they normalised."""
+    require_choice("workload.kind", workload.kind, workloads.names())
+    normalised = workloads.get(workload.kind)(workload).check()
+    return replace(workload, **normalised)
 
 
 def _check_quality(quality: schema.QualityConfig) -> None:

@@ -9,9 +9,9 @@ import torch
 
 from kvpipe import model as models
 from kvpipe.errors import ConfigError
-from kvpipe.job import passkey, workloads
-from kvpipe.job.passkey import QUESTION, found, needle, passkey_key, passkey_prompt
-from kvpipe.measure import retrieval
+from kvpipe.workload.passkey import prompts as passkey
+from kvpipe.workload.passkey.prompts import QUESTION, found, needle, passkey_key, passkey_prompt
+from kvpipe.workload.passkey import retrieval
 from kvpipe.record.result import iter_results
 
 from conftest import run_cli, spec_for
@@ -106,15 +106,15 @@ def test_settings_a_workload_kind_does_not_read_do_not_change_what_it_measures(t
 
 def test_batches_hold_every_length_depth_and_trial_once_with_its_needle(tiny_spec, tokenizer):
     spec = tiny_spec(*PASSKEY, "workload.batch_size=3")
-    batches = workloads.build_batches(spec.workload, tokenizer, "cpu")
+    batches = spec.workload_kind.batches(tokenizer, "cpu")
     # 4 prompts per length in batches of 3: a full batch and a batch of one, never a repeated prompt
     assert [tuple(b.input_ids.shape) for b in batches] == [(3, 200), (1, 200), (3, 400), (1, 400)]
-    needles = [n for b in batches for n in b.needles]
+    needles = [n for b in batches for n in b.rows]
     assert sorted((n.context_tokens, n.depth, n.trial) for n in needles) == sorted(
         (length, depth, trial) for length in (200, 400) for depth in (0.25, 0.75) for trial in (0, 1)
     )
     for batch in batches:
-        for row, needle_prompt in zip(batch.input_ids.tolist(), batch.needles):
+        for row, needle_prompt in zip(batch.input_ids.tolist(), batch.rows):
             assert row == needle_prompt.input_ids and needle_prompt.key in tokenizer.decode(row)
     assert len({n.key for n in needles}) == len(needles)
 
@@ -130,9 +130,9 @@ def test_a_passkey_prompt_past_the_models_positions_names_context_tokens(tiny_sp
 
 def test_quality_scores_the_longest_prompts_one_depth_after_another(tiny_spec, tokenizer):
     spec = tiny_spec(*PASSKEY)
-    windows = workloads.scoring_windows(spec.workload, tokenizer, 3, 64)
+    windows = spec.workload_kind.windows(tokenizer, 3, 64)
     assert [len(w.prefix) for w in windows] == [400, 400, 400] and all(w.continuation is None for w in windows)
-    longest = [p for p in passkey.prompts(spec.workload, tokenizer) if p.context_tokens == 400]
+    longest = [p for p in spec.workload_kind.prompts(tokenizer) if p.context_tokens == 400]
     by_cell = {(p.depth, p.trial): p.input_ids for p in longest}
     assert [w.prefix for w in windows] == [by_cell[0.25, 0], by_cell[0.75, 0], by_cell[0.25, 1]]
 
@@ -147,8 +147,8 @@ def test_answers_are_cut_at_end_of_sequence_and_scored_per_cell(tokenizer):
     say = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     make = lambda length, depth, key: passkey.PasskeyPrompt([], key, length, depth, 0, 0)  # noqa: E731
     batches = [
-        SimpleNamespace(needles=[make(200, 0.5, "11111"), make(200, 0.5, "22222")]),
-        SimpleNamespace(needles=[make(400, 0.5, "33333")]),
+        SimpleNamespace(rows=[make(200, 0.5, "11111"), make(200, 0.5, "22222")]),
+        SimpleNamespace(rows=[make(400, 0.5, "33333")]),
     ]
     # after end-of-sequence the fixed-length generation rambles on; what it says there does not count
     first = say("The pass key is 11111.") + [eos]
@@ -205,9 +205,9 @@ def test_each_run_records_every_answer_and_its_heatmap(passkey_sweep):
     results = [result for _, result in iter_results(passkey_sweep.sweep_dir)]
     assert [r.status for r in results] == ["FINISHED", "FINISHED"]
     for path, result in iter_results(passkey_sweep.sweep_dir):
-        cells = {(row["context_tokens"], row["depth"]) for row in result.retrieval}
-        assert len(result.retrieval) == 4 and cells == {(200, 0.25), (200, 0.75), (400, 0.25), (400, 0.75)}
-        found = sum(row["found"] for row in result.retrieval)
+        cells = {(row["context_tokens"], row["depth"]) for row in result.answers}
+        assert len(result.answers) == 4 and cells == {(200, 0.25), (200, 0.75), (400, 0.25), (400, 0.75)}
+        found = sum(row["found"] for row in result.answers)
         assert result.metrics["retrieval_accuracy"] == found / 4 and result.metrics["retrieval_answers"] == 4
         assert result.params["workload.context_tokens"] == "[200, 400]" and "workload.prompts" not in result.params
         assert (path.parent / "retrieval_heatmap.png").stat().st_size > 5000

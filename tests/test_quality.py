@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from kvpipe import model
-from kvpipe.job import workloads
 from kvpipe.job.runner import run_job
 from kvpipe.measure import quality
 
@@ -35,20 +34,20 @@ def test_kl_is_positive_for_a_different_distribution():
 def test_long_context_quality_scores_windows_of_the_workloads_own_text_at_its_prompt_length():
     spec = spec_for(*TINY)
     tokenizer = model.load_tokenizer(spec.model)
-    windows = workloads.scoring_windows(spec.workload, tokenizer, 3, 32)
+    windows = spec.workload_kind.windows(tokenizer, 3, 32)
     assert (
         len(windows) == 3
         and {len(w.prefix) for w in windows} == {41}
         and {len(w.continuation) for w in windows} == {32}
     )
     assert len({tuple(w.prefix) for w in windows}) == 3  # three different texts
-    first_prompt = workloads.build_batches(spec.workload, tokenizer, "cpu")[0].input_ids[0].tolist()
+    first_prompt = spec.workload_kind.batches(tokenizer, "cpu")[0].input_ids[0].tolist()
     assert windows[0].prefix == first_prompt  # the workload's own prompt
 
 
 def test_chat_quality_scores_the_workloads_prompts_continued_by_the_reference():
     spec = spec_for("model=tiny_random", "tracking=off", "quality.windows=3", "quality.scored_tokens=8")
-    windows = workloads.scoring_windows(spec.workload, model.load_tokenizer(spec.model), 3, 8)
+    windows = spec.workload_kind.windows(model.load_tokenizer(spec.model), 3, 8)
     assert len(windows) == 3 and all(w.continuation is None for w in windows)
     metrics = run_job(spec_for("model=tiny_random", "tracking=off", "workload.warmup=0", "workload.repeats=1",
                                "workload.max_new_tokens=3", "quality.windows=3", "quality.scored_tokens=8")).metrics  # fmt: skip
@@ -76,8 +75,8 @@ def test_a_compiled_cache_is_scored_through_its_compiled_decode_call(monkeypatch
         return lambda **kwargs: steps.append(1) or loaded.model(**kwargs)
 
     monkeypatch.setattr(loaded.model, "get_compiled_call", compiled_call)
-    batches = workloads.build_batches(spec.workload, loaded.tokenizer, "cpu")
-    metrics = quality.measure(loaded, spec, batches, [torch.zeros(1, 8, dtype=torch.long)], setup)
+    batches = spec.workload_kind.batches(loaded.tokenizer, "cpu")
+    metrics = quality.measure(loaded, spec, spec.workload_kind, batches, [torch.zeros(1, 8, dtype=torch.long)], setup)
     assert len(steps) == 2 * (32 - 1)  # every single-token step of both windows; prefill is eager, as in generate
     assert metrics["kl_vs_reference"] < 1e-6
 

@@ -54,7 +54,7 @@ def test_a_noisy_run_on_the_front_is_marked_in_compare():
     )
     shown = compare.display_table(table)
     assert list(shown["★"]) == ["", "★ ⚠"]
-    assert list(shown["noise"]) == ["2%", "35%"]
+    assert list(shown["timing noise"]) == ["2%", "35%"]
     assert "⚠ noisy" in compare.FOOTNOTE
 
 

@@ -4,7 +4,7 @@
 names a strategy. Backends for cache=quantized live in `kvpipe.cache.backends`, the same way.
 """
 
-from kvpipe.cache._discover import import_plugins
+from kvpipe.plugins import import_plugins
 from kvpipe.cache.base import FAMILIES, REGISTRY, CacheSetup, CacheStrategy, get, names, registered
 
 import_plugins(__name__, __path__)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from kvpipe import catalogue
 from kvpipe.decide import plots
 from kvpipe.decide.runs import (
     CACHE_PARAMS,
@@ -40,30 +41,22 @@ MIB = 2**20
 
 
 def display_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row of strings per run: ★, cache label, varying params, then the key figures."""
-
-    def show(values, fmt):
-        return ["–" if pd.isna(v) else fmt(v) for v in values]
-
-    def metric(name):
-        return column(runs, f"metrics.{name}")
-
+    """One row of strings per run: ★, cache label, varying params, then the catalogue's compare
+    figures that some run measured (kvpipe.catalogue), each as mean ± spread."""
     stars = [("★" if p else "") + (" ⚠" if n else "") for p, n in zip(runs["pareto"], runs["noisy"])]
     table = {"★": stars, "cache": list(runs["label"])}
     table.update({p: param_values(runs, p) for p in varying_params(runs)})
-    table["TPOT ms"] = [
-        "–" if pd.isna(t) else f"{t:.1f} ± {s:.1f}" for t, s in zip(metric("tpot_ms"), metric("tpot_ms_std").fillna(0))
-    ]
-    table["noise"] = show(metric("timing_noise_cv"), "{:.0%}".format)
-    table["decode tok/s"] = show(metric("decode_tokens_per_s"), "{:.1f}".format)
-    table["peak memory"] = show(runs["memory_bytes"], human_bytes)
-    table["KV cache"] = show(metric("kv_cache_bytes"), human_bytes)
-    table["vs fp16 KV"] = show(metric("kv_compression"), "{:.2f}×".format)
-    table["KL nats"] = show(metric("kl_vs_reference"), "{:.1e}".format)
-    table["agreement"] = show(metric("token_agreement"), "{:.2f}".format)
-    if has_retrieval(runs):
-        table["retrieval"] = show(metric("retrieval_accuracy"), "{:.0%}".format)
+    for metric in catalogue.catalogue().values():
+        values = figure_column(runs, metric.name)
+        if metric.compare and values.notna().any():
+            spreads = column(runs, f"metrics.{metric.name}_std")
+            table[metric.header()] = [metric.cell(v, s if pd.notna(s) else None) for v, s in zip(values, spreads)]
     return pd.DataFrame(table)
+
+
+def figure_column(runs: pd.DataFrame, name: str) -> pd.Series:
+    """A metric's column; peak memory as the runs' derived memory_bytes (runs.with_derived)."""
+    return runs["memory_bytes"] if name == "peak_memory_bytes" else column(runs, f"metrics.{name}")
 
 
 def has_retrieval(runs: pd.DataFrame) -> bool:

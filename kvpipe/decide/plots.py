@@ -9,14 +9,14 @@ import pandas as pd
 
 from kvpipe.decide.runs import (
     CACHE_PARAMS,
-    CONTEXT_PARAMS,
     column,
+    context_params,
     describe,
     retrieval_by_length,
     retrieval_cells,
     varying_params,
 )
-from kvpipe.record import heatmap
+from kvpipe.workload.passkey import heatmap
 
 MIB = 2**20
 
@@ -25,7 +25,7 @@ def memory_vs_context(runs: pd.DataFrame, path: Path) -> None:
     from matplotlib.figure import Figure  # no pyplot: no global backend state, renders with Agg
 
     # A line per cache and workload, bar the context length on the x axis.
-    others = describe(runs, [p for p in varying_params(runs) if not p.startswith(CACHE_PARAMS + CONTEXT_PARAMS)])
+    others = describe(runs, [p for p in varying_params(runs) if not p.startswith(CACHE_PARAMS + context_params())])
     runs = runs.assign(series=[f"{point} {more}".strip() for point, more in zip(runs["point"], others)])
     figure = Figure(figsize=(12, 4.5), layout="constrained")
     for ax, figure_column, name in zip(

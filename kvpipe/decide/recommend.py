@@ -15,7 +15,7 @@ import math
 import shlex
 from dataclasses import dataclass
 
-from kvpipe import cache
+from kvpipe import cache, catalogue
 from kvpipe.decide.runs import add_source_arguments, is_lossless, load_runs  # mlflow only once limits are valid
 from kvpipe.errors import ConfigError
 from kvpipe.units import human_bytes, parse_bytes
@@ -77,12 +77,12 @@ class Limits:
 MINIMUMS = ("accuracy",)  # limits a run must reach; the others it must stay under
 
 
+# Each limit's figure, as the catalogue shows it
+LIMIT_METRICS = {"memory": "peak_memory_bytes", "TPOT": "tpot_ms", "KL": "kl_vs_reference", "accuracy": "retrieval_accuracy"}
+
+
 def _figure(name: str, value: float) -> str:
-    if name == "memory":
-        return human_bytes(value)
-    if name == "accuracy":
-        return f"{value:.0%}"
-    return f"{value:.1f} ms" if name == "TPOT" else f"{value:.2g} nats"
+    return catalogue.get(LIMIT_METRICS[name]).show(value)
 
 
 def _miss_text(run, name: str, overshoot: float, limits: Limits) -> str:
@@ -98,29 +98,28 @@ def _miss_text(run, name: str, overshoot: float, limits: Limits) -> str:
 def summary(run, limits: Limits, baseline=None) -> str:
     """'static+compile: TPOT 31.2 ms vs 40.1 ms for dynamic (-22%), peak 612 MiB within 8 GiB, lossless'."""
     tpot = run["metrics.tpot_ms"]
-    parts = [f"TPOT {tpot:.1f} ms"]
+    parts = [f"TPOT {_figure('TPOT', tpot)}"]
     if baseline is not None:
         base = baseline["metrics.tpot_ms"]
-        parts[0] += f" vs {base:.1f} ms for {baseline['label']} ({tpot / base - 1:+.0%})"
+        parts[0] += f" vs {_figure('TPOT', base)} for {baseline['label']} ({tpot / base - 1:+.0%})"
     elif limits.tpot_ms is not None:
         parts[0] += f" within {limits.tpot_ms:g} ms"
     parts.append(
-        f"peak {human_bytes(run['memory_bytes'])}"
-        + (f" within {human_bytes(limits.memory_bytes)}" if limits.memory_bytes is not None else "")
+        f"peak {_figure('memory', run['memory_bytes'])}"
+        + (f" within {_figure('memory', limits.memory_bytes)}" if limits.memory_bytes is not None else "")
     )
     lossless = is_lossless(run["strategy"]) and run["quality_loss"] == 0
     if lossless:
         parts.append("lossless")
     elif run["quality_loss"] == run["quality_loss"]:  # not NaN: measured
-        parts.append(f"KL {run['quality_loss']:.2g} nats" + (f" within {limits.kl:g}" if limits.kl is not None else ""))
+        parts.append(f"KL {_figure('KL', run['quality_loss'])}" + (f" within {limits.kl:g}" if limits.kl is not None else ""))
     accuracy = run.get("metrics.retrieval_accuracy", math.nan)
     if accuracy == accuracy:  # not NaN: a passkey run
-        bound = f" (at least {limits.accuracy:.0%})" if limits.accuracy is not None else ""
-        parts.append(f"passkey retrieval {accuracy:.0%}{bound}")
+        bound = f" (at least {_figure('accuracy', limits.accuracy)})" if limits.accuracy is not None else ""
+        parts.append(f"passkey retrieval {_figure('accuracy', accuracy)}{bound}")
     if run.get("noisy"):
-        parts.append(
-            f"NOISY: TTFT or TPOT changed by {run.get('metrics.timing_noise_cv', float('nan')):.0%} between calls of one shape"
-        )
+        noise = catalogue.get("timing_noise_cv").show(run.get("metrics.timing_noise_cv", float("nan")))
+        parts.append(f"NOISY: TTFT or TPOT changed by {noise} between calls of one shape")
     return f"{run['label']}: " + ", ".join(parts)
 
 

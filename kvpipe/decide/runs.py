@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvpipe import cache
+from kvpipe import cache, workload
 from kvpipe.errors import ConfigError, KvpipeError
-from kvpipe.job import workloads
 from kvpipe.record.result import iter_results
 from kvpipe.record.tracking import add_store_argument, point_mlflow_at, resolve_uri
 
@@ -19,7 +18,11 @@ FINISHED = "attributes.status = 'FINISHED' and tags.`kvpipe.status` = 'FINISHED'
 KEY = "tags.kvpipe.measurement_key"
 NOT_MEASURED = ("tracking.", "print_table", "resume", "sweep_name", "fallback")
 CACHE_PARAMS = ("cache.", "backend.", "axis.")  # the rest says what was measured: the workload
-CONTEXT_PARAMS = ("workload.kind", "workload.prompts", "workload.prompt_tokens")  # the x axis covers these
+
+
+def context_params() -> tuple[str, ...]:
+    """Params that set the prompt length (each workload's `context_fields`): the x axis covers them."""
+    return ("workload.kind", *(f"workload.{name}" for kind in workload.registered() for name in kind.context_fields))
 
 
 def in_label() -> set[str]:
@@ -197,7 +200,7 @@ def is_lossless(strategy: str) -> bool:
 def _reads(run: pd.Series, param: str) -> bool:
     """Whether this run's strategy (or workload) reads the param, as the measurement key decides."""
     if param.startswith("workload."):
-        return workloads.reads(run.get("params.workload.kind"), param)
+        return workload.reads(run.get("params.workload.kind"), param)
     if not param.startswith(CACHE_PARAMS):
         return True
     strategy = cache.REGISTRY.get(run.get("params.cache.strategy"))
@@ -231,7 +234,7 @@ def describe(runs: pd.DataFrame, params: list[str], full: bool = False) -> list[
 
 def retrieval_history(run_id: str, keys: list[str]) -> list[dict]:
     """A passkey run's figures per context length, from MLflow's stepped metrics: one dict per
-    (key, length) with the value. The step is the context length (kvpipe.measure.retrieval)."""
+    (key, length) with the value. The step is the context length (kvpipe.workload.passkey.retrieval)."""
     return [
         {"metric": key, "context_tokens": step, "value": value}
         for key in keys
@@ -250,7 +253,7 @@ def _metric_history(run_id: str, key: str) -> tuple[tuple[int, float], ...]:
 
 def retrieval_cells(run: pd.Series) -> list[dict]:
     """The run's heatmap cells (context_tokens, depth, retrieval_accuracy), from its stepped metrics."""
-    from kvpipe.measure.retrieval import DEPTH_PREFIX
+    from kvpipe.workload.passkey.retrieval import DEPTH_PREFIX
 
     keys = [name.removeprefix("metrics.") for name in run.index if name.startswith(f"metrics.{DEPTH_PREFIX}")]
     keys = [key for key in keys if pd.notna(run[f"metrics.{key}"])]

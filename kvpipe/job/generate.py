@@ -31,6 +31,7 @@ def measured_generate(spec, loaded, setup, batch) -> Call:
     import torch
 
     workload = spec.workload
+    new_tokens = batch.max_new_tokens or workload.max_new_tokens  # a dataset row may set its own
     cache = setup.make_cache()
     clock = TokenClock(sync_cuda=loaded.device == "cuda")
     release_freed_memory(loaded.device)
@@ -41,9 +42,9 @@ def measured_generate(spec, loaded, setup, batch) -> Call:
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
             cache=cache,
-            max_new_tokens=workload.max_new_tokens,
+            max_new_tokens=new_tokens,
             # A fixed token count keeps runs comparable: EOS would end strategies at different steps.
-            min_new_tokens=workload.max_new_tokens if workload.ignore_eos else None,
+            min_new_tokens=new_tokens if workload.ignore_eos else None,
             do_sample=workload.do_sample,
             streamer=clock,
             pad_token_id=loaded.tokenizer.pad_token_id,

@@ -10,14 +10,13 @@ import time
 from dataclasses import dataclass, field
 
 from kvpipe import model
-from kvpipe.job import workloads
 from kvpipe.job.fallback import with_fallback
 from kvpipe.job.generate import Call, measured_generate
 from kvpipe.job.progress import progress_bar
-from kvpipe.measure import quality, retrieval
+from kvpipe.measure import quality
 from kvpipe.measure.environment import environment, load_average
 from kvpipe.measure.memory import freeze_long_lived_objects
-from kvpipe.measure.metrics import summarise
+from kvpipe.measure.metrics import prompt_lengths, summarise
 from kvpipe.spec import Spec
 
 log = logging.getLogger(__name__)
@@ -32,7 +31,7 @@ class JobResult:
     texts: list[dict[str, str]]
     notes: list[str] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)  # what the job resolved: dtype, device, architecture
-    retrieval: list[dict] = field(default_factory=list)  # passkey: one row per answer (kvpipe.measure.retrieval)
+    answers: list[dict] = field(default_factory=list)  # the workload's own scoring: a row per answer
 
 
 def run_job(spec: Spec) -> JobResult:
@@ -40,9 +39,13 @@ def run_job(spec: Spec) -> JobResult:
     shape = model.describe(spec.model)
     tokenizer = model.load_tokenizer(spec.model)
     device = model.resolve_device(spec.model.device)
-    batches = workloads.build_batches(spec.workload, tokenizer, device)
-    longest_prompt = max(b.prompt_tokens for b in batches)
-    workloads.check_fits(spec.workload, shape, longest_prompt)
+    workload = spec.workload_kind
+    batches = workload.batches(tokenizer, device)
+    workload.check_fits(shape, batches)
+    # Caches are sized for prompt + workload.max_new_tokens: the longest context, less that, is the
+    # prompt length they must be built for (a batch with its own, longer, output counts in full).
+    new_tokens = spec.workload.max_new_tokens
+    longest_prompt = max(b.prompt_tokens + (b.max_new_tokens or new_tokens) for b in batches) - new_tokens
     spec.strategy.check_for_model(shape, longest_prompt)
 
     loaded = model.load(spec.model)
@@ -51,7 +54,7 @@ def run_job(spec: Spec) -> JobResult:
 
     def measure(attempt: Spec):
         setup = attempt.strategy.setup(loaded, longest_prompt)
-        return setup, *_measure(attempt, loaded, setup, batches)
+        return setup, *_measure(attempt, loaded, setup, batches, workload.warmup_key)
 
     ran, (setup, calls, warmup_ms), fallback_tags = with_fallback(spec, loaded, measure)
     if fallback_tags:
@@ -62,10 +65,10 @@ def run_job(spec: Spec) -> JobResult:
     metrics, metric_notes = summarise(calls, loaded, ran.strategy)
     setup.notes.extend(metric_notes)
     metrics["warmup_ms"] = sum(warmup_ms)
-    answers = []
-    if batches[0].needles:  # passkey: scored on the measured calls themselves
-        answers = retrieval.score(loaded.tokenizer, eos_ids(loaded.model), batches, calls)
-        metrics.update(retrieval.metrics(answers))
+    metrics.update(prompt_lengths([n for batch in batches for n in batch.row_tokens]))
+    # The workload's own scoring (passkey: its keys), on the measured calls themselves
+    scores, answers = workload.score(loaded.tokenizer, eos_ids(loaded.model), batches, calls)
+    metrics.update(scores)
     metrics["load_ms"] = loaded.load_s * 1e3
     if "compile_config" in setup.generate_kwargs:
         # The first call compiles; its extra time over a steady call of the same batch is compile time.
@@ -79,6 +82,7 @@ def run_job(spec: Spec) -> JobResult:
         "peak_memory_source": calls[0].peak.source,
         "noisy": noisy(metrics["timing_noise_cv"], spec.workload.noise_threshold),
         **fallback_tags,
+        **workload.tags(loaded.tokenizer),
         **environment(loaded.device),
     }
     if tags["noisy"] == "true":
@@ -89,7 +93,7 @@ def run_job(spec: Spec) -> JobResult:
     if ran.quality.enabled:
         started = time.perf_counter()
         generated = [c.new_tokens for c in calls[: len(batches)]]
-        metrics.update(quality.measure(loaded, ran, batches, generated, setup))
+        metrics.update(quality.measure(loaded, ran, workload, batches, generated, setup))
         tags["quality_reference"] = f"DynamicCache, {loaded.dtype}"  # the same weights and dtype as the run
         metrics["quality_ms"] = (time.perf_counter() - started) * 1e3
     metrics["load_average_start"], metrics["load_average_end"] = load_at_start, load_average()
@@ -102,7 +106,7 @@ def run_job(spec: Spec) -> JobResult:
     if ran.quality.enabled:
         params["quality.scored_tokens"] = str(int(metrics["quality_scored_tokens"]))
     notes = [*spec.warnings, *setup.notes]
-    return JobResult(metrics=metrics, tags=tags, texts=texts, notes=notes, params=params, retrieval=answers)
+    return JobResult(metrics=metrics, tags=tags, texts=texts, notes=notes, params=params, answers=answers)
 
 
 def eos_ids(model) -> set[int]:
@@ -118,7 +122,7 @@ def noisy(timing_noise_cv: float, threshold: float) -> str:
     return "true" if timing_noise_cv > threshold else "false"
 
 
-def _measure(spec: Spec, loaded, setup, batches) -> tuple[list[Call], list[float]]:
+def _measure(spec: Spec, loaded, setup, batches, warmup_key) -> tuple[list[Call], list[float]]:
     """Warm-up calls (timed, not measured) on one batch of each shape, then the measured calls:
     repeat after repeat over every batch."""
     compiles = "compile_config" in setup.generate_kwargs
@@ -128,7 +132,7 @@ def _measure(spec: Spec, loaded, setup, batches) -> tuple[list[Call], list[float
     # What a warm-up pays for once (allocation, kernels, a compile) is per shape, not per prompt.
     first_of_shape: dict[tuple, object] = {}
     for batch in batches:
-        first_of_shape.setdefault(tuple(batch.input_ids.shape), batch)
+        first_of_shape.setdefault(warmup_key(batch), batch)
     shapes = list(first_of_shape.values())  # the first batch first: compile_ms compares against it
     warmup_ms: list[float] = []
     calls: list[Call] = []

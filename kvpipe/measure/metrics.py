@@ -69,6 +69,18 @@ def summarise(calls: list, loaded, strategy) -> tuple[dict[str, float], list[str
     return metrics, notes
 
 
+def prompt_lengths(tokens: list[int]) -> dict[str, float]:
+    """The distribution of the prompts' lengths in tokens (unpadded, BOS included), over one repeat's
+    batches: how many, mean, p50, p90 and max."""
+    return {
+        "prompt_count": len(tokens),
+        "prompt_tokens_mean": statistics.fmean(tokens),
+        "prompt_tokens_p50": percentile(tokens, 50),
+        "prompt_tokens_p90": percentile(tokens, 90),
+        "prompt_tokens_max": max(tokens),
+    }
+
+
 def weights_read_per_step(loaded, batch_size: int) -> int:
     """Weight bytes one decode step reads: every weight once, except untied input embeddings, of
     which each sequence reads its one row (tied ones are read whole by the output head)."""
@@ -81,7 +93,7 @@ def repeat_noise(per_call: dict[str, list[float]], shapes: list[tuple]) -> float
     """How much TTFT and TPOT change between calls of the same shape (batch size, prompt length):
     the largest coefficient of variation of a figure within one shape. Calls of another shape
     differ for other reasons; calls of one shape differ only by noise (the repeats of a batch, or a
-    passkey workload's prompts of one length). NaN when no shape was measured twice."""
+    workload's prompts of one length, as passkey's). NaN when no shape was measured twice."""
     worst = math.nan
     for name in NOISE_JUDGED:
         samples: dict[tuple, list[float]] = {}

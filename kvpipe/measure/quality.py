@@ -1,6 +1,6 @@
 """Output quality against a full-precision DynamicCache reference of the same model, in the same process.
 
-Scored teacher-forced, on the workload's own texts (`workloads.scoring_windows`): long_context,
+Scored teacher-forced, on the workload's own texts (its `windows`, handed in by the runner): long_context,
 windows of its text at its prompt length, followed by the text's real continuation; chat, its
 prompts, followed by the reference's own greedy continuation. Each window's prefix is read into
 the cache under test, then the continuation is fed one token at a time, so every scored prediction
@@ -14,7 +14,9 @@ compiled forward that its decoding uses. `first_divergence` compares free-runnin
 the first step at which any sequence leaves the reference's path (-1: none does).
 
 References (the greedy tokens, the continuations and the reference's log-probabilities) are made
-once per model + workload and reused by every later job in the process: a sweep pays for them once.
+once per model, dtype, workload and quality settings, and reused by every later job in the process:
+a sweep pays for them once. The workload's side of the key is its own defining fields, from the
+registry (`Workload.reference_key`), so two settings never share a reference.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import math
 import statistics
 from dataclasses import astuple
 
-from kvpipe.job.workloads import scoring_windows
 from kvpipe.model.loading import LoadedModel
 
 _REFERENCES: dict[tuple, object] = {}
@@ -80,19 +81,21 @@ def teacher_forced(loaded: LoadedModel, make_cache, prefix: list[int], continuat
     return torch.stack(logprobs)
 
 
-def measure(loaded: LoadedModel, spec, batches, generated: list, setup) -> dict[str, float]:
-    """Every quality metric of one job."""
+def measure(loaded: LoadedModel, spec, workload, batches, generated: list, setup) -> dict[str, float]:
+    """Every quality metric of one job; `workload` is its kvpipe.workload.Workload (its windows, its
+    reference key), handed in by the runner."""
     import torch
 
     metrics: dict[str, float] = {}
-    # A sampled text has no greedy path to leave; a passkey answer is scored against its key
-    # (retrieval_accuracy), which says more than where it left the reference's path, for free.
-    if not spec.workload.do_sample and spec.workload.kind != "passkey":
-        metrics["first_divergence"] = first_divergence(generated, _reference_tokens(loaded, spec, batches))
+    # A sampled text has no greedy path to leave; some workloads score their answers their own way
+    # (passkey, against its keys), which says more than where they left the reference's path.
+    if not spec.workload.do_sample and workload.compares_greedy_path:
+        reference = _reference_tokens(loaded, spec, workload, batches)
+        metrics["first_divergence"] = first_divergence(generated, reference)
     compile_config = setup.generate_kwargs.get("compile_config")
     step = loaded.model.get_compiled_call(compile_config) if compile_config is not None else None
     per_window = []
-    for prefix, continuation, reference in _reference_windows(loaded, spec):
+    for prefix, continuation, reference in _reference_windows(loaded, spec, workload):
         logprobs = teacher_forced(loaded, setup.make_cache, prefix, continuation, step)
         per_window.append(window_scores(logprobs, reference, torch.tensor(continuation)))
     for name in per_window[0]:
@@ -104,28 +107,32 @@ def measure(loaded: LoadedModel, spec, batches, generated: list, setup) -> dict[
     return metrics
 
 
-def _workload_key(loaded: LoadedModel, spec) -> tuple:
-    workload = spec.workload
-    return (astuple(spec.model), loaded.dtype, workload.kind, tuple(workload.prompts), workload.prompt_tokens)
+def reference_key(loaded: LoadedModel, spec, workload, what: str) -> tuple:
+    """What a reference depends on: the model, its dtype, the workload's own defining fields (with
+    how its calls generate, for the greedy tokens), and for windows the quality settings."""
+    generation = what == "tokens"
+    quality = () if generation else (spec.quality.windows, scored_tokens(spec))
+    return (what, astuple(spec.model), loaded.dtype, workload.reference_key(generation), quality)
 
 
-def _reference_tokens(loaded: LoadedModel, spec, batches) -> list:
+def _reference_tokens(loaded: LoadedModel, spec, workload, batches) -> list:
     """Greedy tokens of the full-precision DynamicCache on the job's batches."""
     import torch
     from transformers import DynamicCache
 
-    workload = spec.workload
-    key = ("tokens", *_workload_key(loaded, spec), workload.max_new_tokens, workload.batch_size, workload.ignore_eos)
+    settings = spec.workload
+    key = reference_key(loaded, spec, workload, "tokens")
     if key not in _REFERENCES:
         outputs = []
         with torch.inference_mode():
             for batch in batches:
+                new_tokens = batch.max_new_tokens or settings.max_new_tokens
                 out = loaded.model.generate(
                     input_ids=batch.input_ids,
                     attention_mask=batch.attention_mask,
                     cache=DynamicCache(config=loaded.model.config),
-                    max_new_tokens=workload.max_new_tokens,
-                    min_new_tokens=workload.max_new_tokens if workload.ignore_eos else None,
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens if settings.ignore_eos else None,
                     do_sample=False,
                     pad_token_id=loaded.tokenizer.pad_token_id,
                 )
@@ -134,22 +141,22 @@ def _reference_tokens(loaded: LoadedModel, spec, batches) -> list:
     return _REFERENCES[key]
 
 
-def _reference_windows(loaded: LoadedModel, spec) -> list[tuple[list[int], list[int], object]]:
+def _reference_windows(loaded: LoadedModel, spec, workload) -> list[tuple[list[int], list[int], object]]:
     """(prefix, continuation, reference log-probabilities) per scoring window."""
     import torch
     from transformers import DynamicCache
 
     scored = scored_tokens(spec)
-    key = ("windows", *_workload_key(loaded, spec), spec.quality.windows, scored)
+    key = reference_key(loaded, spec, workload, "windows")
     if key not in _REFERENCES:
 
         def dense(capacity: int = 0):
             return DynamicCache(config=loaded.model.config)
 
         made = []
-        for window in scoring_windows(spec.workload, loaded.tokenizer, spec.quality.windows, scored):
+        for window in workload.windows(loaded.tokenizer, spec.quality.windows, scored):
             continuation = window.continuation
-            if continuation is None:  # chat: what the reference itself writes after the prompt
+            if continuation is None:  # what the reference itself writes after the prompt
                 with torch.inference_mode():
                     out = loaded.model.generate(
                         input_ids=torch.tensor([window.prefix], device=loaded.device),

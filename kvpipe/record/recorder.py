@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from kvpipe.record import heatmap, tracking
+from kvpipe.record import tracking
 from kvpipe.record.result import RESULT_FILE, Result
 
 log = logging.getLogger(__name__)
@@ -21,13 +21,9 @@ def record(spec, result: Result, run_dir: Path, launch_dir: Path, parent_run_id:
     """result.json, then (tracking on) MLflow; the run id goes back into result.json once logged."""
     path = result.save(run_dir)  # on disk before any MLflow call
     log.info("wrote %s", path)
-    if result.retrieval:
-        from kvpipe.measure import retrieval  # passkey results only: sync never imports the engine otherwise
-
-        picture = heatmap.save(
-            retrieval.cells(result.retrieval), run_dir / heatmap.HEATMAP_FILE, tracking.run_name(result)
-        )
-        log.info("wrote %s", picture)
+    if result.answers:  # the workload's own files (passkey: its heatmap)
+        for written in result.workload().write_files(result.answers, run_dir, tracking.run_name(result)):
+            log.info("wrote %s", written)
     if not spec.tracking.enabled:
         return path
     return upload(spec, result, run_dir, launch_dir, parent_run_id)

@@ -38,7 +38,7 @@ class Result:
     tags: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     texts: list[dict[str, str]] = field(default_factory=list)
-    retrieval: Optional[list[dict]] = None  # passkey: a row per answer (kvpipe.measure.retrieval)
+    answers: Optional[list[dict]] = None  # the workload's own scoring, a row per answer (passkey: per key asked)
     measurement_key: Optional[str] = None
     command: Optional[str] = None  # the command line that produced it, as typed
     overrides: list[str] = field(default_factory=list)  # this job's Hydra overrides (a sweep's: one job's)
@@ -64,7 +64,7 @@ class Result:
             tags=job.tags,
             notes=job.notes,
             texts=job.texts,
-            retrieval=job.retrieval or None,
+            answers=job.answers or None,
         )
 
     @classmethod
@@ -91,6 +91,13 @@ class Result:
             measurement_key=measurement_key,
         )
 
+    def workload(self):
+        """The workload that produced it (a kvpipe.workload.Workload), from its config."""
+        from kvpipe import workload
+
+        settings = self.config["workload"]
+        return workload.get(settings["kind"])(settings)
+
     def to_dict(self) -> dict:
         """The JSON document; fields with no value are left out."""
         return {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
@@ -98,6 +105,8 @@ class Result:
     @classmethod
     def from_dict(cls, document: dict) -> "Result":
         known = {f.name for f in dataclasses.fields(cls)}
+        if "retrieval" in document and "answers" not in document:  # passkey results written before 0.2
+            document = {**document, "answers": document["retrieval"]}
         return cls(**{name: value for name, value in document.items() if name in known})
 
     @classmethod

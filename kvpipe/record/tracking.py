@@ -14,7 +14,6 @@ from pathlib import Path
 from kvpipe.config import TrackingConfig
 from kvpipe.errors import KvpipeError, first_line
 from kvpipe.record.result import RESULT_FILE, Result
-from kvpipe.units import param_text
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +191,8 @@ def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_ya
             log_prompts(result)
         if result.traceback:
             mlflow.log_text(result.traceback, "traceback.txt")
-        if result.retrieval:
-            log_retrieval(run.info.run_id, run_dir, result.retrieval)
+        if result.answers:
+            result.workload().log_mlflow(run.info.run_id, run_dir, result.answers)
         mlflow.log_artifact(str(run_dir / RESULT_FILE))
         # Last: a run killed while logging never claims to hold a complete result
         mlflow.set_tag("kvpipe.status", result.status)
@@ -205,41 +204,16 @@ def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_ya
 
 def run_name(result: Result) -> str:
     """`requested→effective · model · workload`, e.g. `offloaded_static→static · smollm2_135m · chat 32`:
-    the strategy as asked for and as it ran (when they differ), the model, the workload's size."""
+    the strategy as asked for and as it ran (when they differ), the model, the workload's size (its
+    class says how: `long_context 1000+64`, `passkey 500,1000`, `dataset prompts.jsonl`)."""
     config = result.config
     requested = result.tags.get("cache.requested") or config["cache"]["strategy"]
     effective = result.tags.get("cache.effective") or requested
     strategy = effective if effective.startswith(requested) else f"{requested}→{effective}"
     workload = config["workload"]
-    size = workload["max_new_tokens"]
-    if workload["kind"] == "long_context":
-        size = f"{workload['prompt_tokens']}+{size}"
-    elif workload["kind"] == "passkey":
-        size = ",".join(str(n) for n in workload["context_tokens"])
+    size = result.workload().size_label()
     batch = f" ×{workload['batch_size']}" if workload["batch_size"] > 1 else ""
     return f"{strategy} · {config['model']['name']} · {workload['kind']} {size}{batch}"
-
-
-def log_retrieval(run_id: str, run_dir: Path, rows: list[dict]) -> None:
-    """Passkey: accuracy and the length's timings stepped by context length, the answers and cells
-    as MLflow tables (the run's Evaluation view), and the heatmap."""
-    import time
-
-    import mlflow
-    import pandas as pd
-    from mlflow.entities import Metric
-    from mlflow.tracking import MlflowClient
-
-    from kvpipe.measure import retrieval
-    from kvpipe.record.heatmap import HEATMAP_FILE
-
-    now = int(time.time() * 1000)
-    stepped = [Metric(name, float(value), now, step) for name, value, step in retrieval.stepped_metrics(rows)]
-    MlflowClient().log_batch(run_id, metrics=stepped)
-    mlflow.log_table(pd.DataFrame(rows), "retrieval/answers.json")
-    mlflow.log_table(pd.DataFrame(retrieval.cells(rows)), "retrieval/cells.json")
-    if (run_dir / HEATMAP_FILE).is_file():
-        mlflow.log_artifact(str(run_dir / HEATMAP_FILE), "retrieval")
 
 
 def origin_tags(result: Result) -> dict[str, str]:
@@ -255,13 +229,9 @@ def log_prompts(result: Result) -> None:
     import pandas as pd
     from mlflow.exceptions import MlflowException
 
-    workload = result.config["workload"]
-    prompts = pd.DataFrame({"prompt": list(dict.fromkeys(text["prompt"] for text in result.texts))})
-    tokens = {"long_context": workload["prompt_tokens"], "passkey": workload.get("context_tokens")}
-    name = f"{workload['kind']} prompts"
-    if workload["kind"] in tokens:
-        name += f" ({param_text(tokens[workload['kind']]).strip('[]')} tokens)"
-    dataset = mlflow.data.from_pandas(prompts, name=name)
+    texts = list(dict.fromkeys(text["prompt"] for text in result.texts))
+    name, digest = result.workload().dataset_input(texts)  # a user's file: its name and content digest
+    dataset = mlflow.data.from_pandas(pd.DataFrame({"prompt": texts}), name=name, digest=digest)
     try:
         mlflow.log_input(dataset, context="workload")
     except MlflowException:

@@ -1,6 +1,6 @@
 """Quantization backends for cache=quantized: one module per backend, registered on import."""
 
-from kvpipe.cache._discover import import_plugins
+from kvpipe.plugins import import_plugins
 from kvpipe.cache.backends.base import (
     LAYOUTS,
     GroupedBackend,

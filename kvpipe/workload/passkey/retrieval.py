@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from kvpipe.job.passkey import found
+from kvpipe.workload.passkey.prompts import found
 
 
 def score(tokenizer, eos_ids: set[int], batches: list, calls: list) -> list[dict]:
@@ -18,7 +18,7 @@ def score(tokenizer, eos_ids: set[int], batches: list, calls: list) -> list[dict
     rows = []
     for index, call in enumerate(calls):
         batch = batches[index % len(batches)]
-        for needle, tokens in zip(batch.needles, call.new_tokens.tolist()):
+        for needle, tokens in zip(batch.rows, call.new_tokens.tolist()):
             answer = tokenizer.decode(_until_eos(tokens, eos_ids), skip_special_tokens=True).strip()
             rows.append(
                 {

@@ -6,6 +6,8 @@ from __future__ import annotations
 from functools import lru_cache
 from pydoc_data.topics import topics
 
+from kvpipe.workload._encoding import raw_ids
+
 
 @lru_cache(maxsize=1)
 def reference_text() -> str:
@@ -26,6 +28,6 @@ def long_context_ids(tokenizer, tokens: int, offset: int = 0) -> list[int]:
 def _reference_ids(tokenizer) -> list[int]:
     cached = getattr(tokenizer, "_kvpipe_reference_ids", None)
     if cached is None:
-        cached = tokenizer(reference_text(), add_special_tokens=False)["input_ids"]
+        cached = raw_ids(tokenizer, reference_text())
         tokenizer._kvpipe_reference_ids = cached
     return cached

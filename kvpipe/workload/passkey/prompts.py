@@ -1,7 +1,7 @@
 """The passkey-retrieval workload's prompts: a seeded random key hidden at a chosen depth of filler
 text, then a question, through the model's chat template, each exactly `context_tokens` long.
 
-The filler is Python's own documentation (the long_context text, `texts.reference_text`):
+The filler is Python's own documentation (the long_context text, `_texts.reference_text`):
 real, varied technical prose rather than a few sentences repeated, so the key's sentence is not
 trivially the one odd line out. Each trial starts the filler at another place in that text.
 """
@@ -12,7 +12,8 @@ import random
 from dataclasses import dataclass
 
 from kvpipe.errors import ConfigError
-from kvpipe.job.texts import long_context_ids
+from kvpipe.workload._encoding import raw_ids, template_parts, with_prefix
+from kvpipe.workload._texts import long_context_ids
 
 INSTRUCTION = "A pass key is hidden in the text below. Find it and remember it.\n\n"
 QUESTION = "\n\nWhat is the pass key? Answer with the number only."
@@ -42,12 +43,14 @@ def needle(key: str) -> str:
 
 
 def passkey_prompt(tokenizer, context_tokens: int, depth: float, key: str, trial: int = 0) -> PasskeyPrompt:
-    """Exactly `context_tokens` ids: template prefix, instruction, filler with the needle at `depth`
-    (a fraction of the filler), the question, template suffix."""
-    prefix, suffix = _template_parts(tokenizer)
-    intro = tokenizer(INSTRUCTION, add_special_tokens=False)["input_ids"]
-    question = tokenizer(QUESTION, add_special_tokens=False)["input_ids"]
-    needle_ids = tokenizer(needle(key), add_special_tokens=False)["input_ids"]
+    """Exactly `context_tokens` ids: template prefix (BOS once, where the tokenizer adds one),
+    instruction, filler with the needle at `depth` (a fraction of the filler), the question,
+    template suffix."""
+    before, after = template_parts(tokenizer)
+    prefix, suffix = with_prefix(tokenizer, raw_ids(tokenizer, before)), raw_ids(tokenizer, after)
+    intro = raw_ids(tokenizer, INSTRUCTION)
+    question = raw_ids(tokenizer, QUESTION)
+    needle_ids = raw_ids(tokenizer, needle(key))
     fixed = len(prefix) + len(intro) + len(needle_ids) + len(question) + len(suffix)
     filler_tokens = context_tokens - fixed
     if filler_tokens < 0:
@@ -61,28 +64,15 @@ def passkey_prompt(tokenizer, context_tokens: int, depth: float, key: str, trial
     return PasskeyPrompt(ids, key, context_tokens, depth, trial, needle_start=len(head))
 
 
-def prompts(workload, tokenizer) -> list[PasskeyPrompt]:
+def prompts(tokenizer, lengths: list[int], depths: list[float], trials: int, seed: int) -> list[PasskeyPrompt]:
     """Every prompt of a passkey workload: each length, each depth, each trial, in that order; each
     with its own seeded key and its own stretch of filler."""
     return [
-        passkey_prompt(tokenizer, length, depth, passkey_key(workload.seed, length, depth, trial), trial)
-        for length in workload.context_tokens
-        for depth in workload.depths
-        for trial in range(workload.trials)
+        passkey_prompt(tokenizer, length, depth, passkey_key(seed, length, depth, trial), trial)
+        for length in lengths
+        for depth in depths
+        for trial in range(trials)
     ]
-
-
-def _template_parts(tokenizer) -> tuple[list[int], list[int]]:
-    """The chat template's ids before and after the user's message (none without a template)."""
-    if not getattr(tokenizer, "chat_template", None):
-        return [], []
-    marker = "\x00KVPIPE\x00"
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=True
-    )
-    before, after = text.split(marker)
-    encode = lambda part: tokenizer(part, add_special_tokens=False)["input_ids"]  # noqa: E731
-    return encode(before), encode(after)
 
 
 def found(answer: str, key: str) -> bool:

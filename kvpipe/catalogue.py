@@ -1,0 +1,131 @@
+"""The metric catalogue: every figure a run reports, once, with its unit, format, direction and label.
+
+The run's terminal table, `compare` and `recommend` all read it, so a figure reads the same
+everywhere; a workload's own scoring adds its metrics through its class (`Workload.metrics`).
+README's metrics table is the public contract: a test checks every name here appears in it.
+Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpipe.units import human_bytes
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One reported figure. `spec` is a format spec for the value ('bytes': human_bytes); `unit` is
+    what follows it in running text; `lower_is_better` None where neither is (a count, a setting)."""
+
+    name: str
+    label: str
+    unit: str = ""
+    spec: str = ".1f"
+    lower_is_better: bool | None = None
+    summary: bool = False  # a row of the run's terminal table
+    compare: bool = False  # a column of compare's table (where some run has it)
+
+    def number(self, value: float, std: float | None = None) -> str:
+        """The value (± std where there is a spread), without the unit: a table cell under a header
+        that names the unit."""
+        if value is None or value != value:
+            return "–"
+        if self.spec == "bytes":
+            return human_bytes(value)
+        text = format(value, self.spec)
+        if std and self.spec.endswith("f"):
+            text += f" ± {format(std, self.spec)}"
+        return text
+
+    def show(self, value: float, std: float | None = None) -> str:
+        """The value with its unit, for running text and the run's table: `51.1 ± 2.5 ms`."""
+        text = self.number(value, std)
+        return text if text == "–" or not self.unit or self.spec == "bytes" else f"{text} {self.unit}".replace(" ×", "×")
+
+    def header(self) -> str:
+        """A table column's title: the label, and a unit that is a word (ms, tok/s, nats)."""
+        return f"{self.label} {self.unit}" if self._unit_in_header() else self.label
+
+    def cell(self, value: float, std: float | None = None) -> str:
+        """A table cell under `header()`: the unit only where the header leaves it out (1.95×)."""
+        return self.number(value, std) if self._unit_in_header() else self.show(value, std)
+
+    def _unit_in_header(self) -> bool:
+        return bool(self.unit) and self.unit != "×" and self.spec != "bytes"
+
+
+def _m(name, label, unit="", spec=".1f", lower=None, summary=False, compare=False) -> Metric:
+    return Metric(name, label, unit, spec, lower, summary, compare)
+
+
+LOWER, HIGHER = True, False
+# In table order: the run's terminal table and compare's columns follow it.
+CORE = (
+    _m("ttft_ms", "TTFT", "ms", lower=LOWER, summary=True),
+    _m("tpot_ms", "TPOT", "ms", lower=LOWER, summary=True, compare=True),
+    _m("timing_noise_cv", "timing noise", "", ".0%", LOWER, summary=True, compare=True),
+    _m("decode_tokens_per_s", "decode", "tok/s", lower=HIGHER, summary=True, compare=True),
+    _m("e2e_ms", "end-to-end", "ms", lower=LOWER, summary=True),
+    _m("prefill_tokens_per_s", "prefill", "tok/s", lower=HIGHER),
+    _m("itl_p50_ms", "ITL p50", "ms", lower=LOWER),
+    _m("itl_p90_ms", "ITL p90", "ms", lower=LOWER),
+    _m("itl_p99_ms", "ITL p99", "ms", lower=LOWER),
+    _m("peak_memory_bytes", "peak memory", spec="bytes", lower=LOWER, summary=True, compare=True),
+    _m("peak_over_baseline_bytes", "peak over baseline", spec="bytes", lower=LOWER, summary=True),
+    _m("peak_reserved_bytes", "peak reserved", spec="bytes", lower=LOWER),
+    _m("kv_cache_bytes", "KV cache", spec="bytes", lower=LOWER, summary=True, compare=True),
+    _m("kv_cache_host_bytes", "KV cache in host memory", spec="bytes"),
+    _m("kv_cache_tokens", "KV cache tokens", "tokens", ".0f"),
+    _m("kv_cache_bytes_fp16", "KV cache at fp16", spec="bytes"),
+    _m("kv_compression", "vs fp16 KV", "×", ".2f", HIGHER, summary=True, compare=True),
+    _m("compile_ms", "compile", "ms", lower=LOWER, summary=True),
+    _m("roofline_fraction", "of memory roofline", "", ".2f", HIGHER, summary=True),
+    _m("weights_bytes", "weights", spec="bytes"),
+    _m("weights_read_bytes_per_step", "weight bytes read per step", spec="bytes"),
+    _m("kv_read_bytes_per_step", "KV bytes read per step", spec="bytes"),
+    _m("decode_bytes_per_step", "bytes read per step", spec="bytes"),
+    _m("memory_bandwidth_bytes_per_s", "memory bandwidth", "B/s", ".3g"),
+    _m("token_agreement", "token agreement", "", ".2f", HIGHER, summary=True, compare=True),
+    _m("kl_vs_reference", "KL vs reference", "nats", ".2g", LOWER, summary=True, compare=True),
+    _m("ppl", "perplexity", "", ".2f", LOWER, summary=True),
+    _m("first_divergence", "first divergence", "step", ".0f"),
+    _m("quality_windows", "quality windows", "", ".0f"),
+    _m("quality_scored_tokens", "scored tokens", "tokens", ".0f"),
+    _m("quality_ms", "quality pass", "ms", lower=LOWER),
+    _m("load_ms", "load", "ms"),
+    _m("warmup_ms", "warm-up", "ms"),
+    _m("prompt_tokens", "prompt tokens", "tokens", ".0f"),
+    _m("prompt_count", "prompts", "", ".0f"),
+    _m("prompt_tokens_mean", "prompt tokens, mean", "tokens", ".1f"),
+    _m("prompt_tokens_p50", "prompt tokens, p50", "tokens", ".0f"),
+    _m("prompt_tokens_p90", "prompt tokens, p90", "tokens", ".0f"),
+    _m("prompt_tokens_max", "prompt tokens, max", "tokens", ".0f"),
+    _m("new_tokens", "new tokens", "tokens", ".0f"),
+    _m("batch_size", "batch", "", ".0f"),
+    _m("load_average_start", "load average at start", "", ".2f"),
+    _m("load_average_end", "load average at end", "", ".2f"),
+)
+
+
+def catalogue() -> dict[str, Metric]:
+    """Every metric by name: the core ones, then each registered workload's own."""
+    from kvpipe import workload  # its classes declare their metrics; imported here, as it imports this module
+
+    found = {metric.name: metric for metric in CORE}
+    for kind in workload.registered():
+        for metric in kind.metrics:
+            found.setdefault(metric.name, metric)
+    return found
+
+
+def get(name: str) -> Metric:
+    return catalogue()[name]
+
+
+def base_name(name: str) -> str:
+    """A companion's metric: tpot_ms_std and tpot_ms_cv belong to tpot_ms."""
+    for suffix in ("_std", "_cv"):
+        if name.endswith(suffix) and name.removesuffix(suffix) in catalogue():
+            return name.removesuffix(suffix)
+    return name

@@ -1,0 +1,13 @@
+"""The workload stage: every kind of prompts a job can run (one module or folder each, registered
+on import) and the registry callers ask.
+
+`get(kind)` gives a workload's class, `registered()` all of them; no other module names a kind.
+`conf/workload/NAME.yaml` is each one's config file.
+"""
+
+from kvpipe.plugins import import_plugins
+from kvpipe.workload.base import REGISTRY, Batch, Common, Window, Workload, get, names, params, reads, registered
+
+import_plugins(__name__, __path__, packages=True)
+
+__all__ = ["REGISTRY", "Batch", "Common", "Window", "Workload", "get", "names", "params", "reads", "registered"]

@@ -1,0 +1,265 @@
+"""What a workload is: one class that knows everything kvpipe asks about the prompts a job runs.
+
+A workload owns its settings (the `workload.*` fields it reads beyond the common ones), its checks
+(against the config alone, and that its prompts fit the model's positions), its batches, the
+windows quality scores, the fields that define what it measures (the measurement key, the MLflow
+params, the run name and the quality reference's key), and any scoring of its own, with its metrics,
+files and MLflow records. Subclassing registers it under `name`; every other module asks the
+registry (`kvpipe.workload.get`, `registered`) and never spells a kind. Pure Python at import:
+torch and the tokenizer arrive as arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
+
+from kvpipe.errors import ConfigError, require_choice
+from kvpipe.units import param_text
+from kvpipe.workload import _encoding
+
+REGISTRY: dict[str, type[Workload]] = {}
+
+
+@dataclass
+class Common:
+    """The workload.* settings every kind reads."""
+
+    max_new_tokens: int = 32
+    batch_size: int = 1
+    do_sample: bool = False
+    ignore_eos: bool = True  # generate exactly max_new_tokens, as benchmarks do
+    seed: int = 0
+    warmup: int = 1
+    repeats: int = 3
+    noise_threshold: float = 0.10  # a TTFT or TPOT that changes more than this between calls of one shape is noisy
+
+
+COMMON_FIELDS = tuple(f.name for f in dataclasses.fields(Common))
+# How often and how strictly calls are timed: not what the model is given or generates.
+TIMING_ONLY = ("warmup", "repeats", "noise_threshold")
+# How the job's own calls generate: what the reference's greedy tokens depend on, and its windows do not.
+GENERATION = ("max_new_tokens", "batch_size", "do_sample", "ignore_eos")
+
+
+@dataclass
+class Batch:
+    """One generate() call: left-padded input ids, their attention mask, the prompt texts, and the
+    workload's own per-row facts for its scoring (passkey: each row's key)."""
+
+    input_ids: Any  # torch.LongTensor [batch, prompt_len]
+    attention_mask: Any
+    texts: list[str]
+    rows: list | None = None
+    max_new_tokens: int | None = None  # this batch's own length (a dataset's max_new_tokens column)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    @property
+    def row_tokens(self) -> list[int]:
+        """Each row's prompt length without padding."""
+        return [int(n) for n in self.attention_mask.sum(dim=1).tolist()]
+
+
+@dataclass
+class Window:
+    """A text quality is scored on: a prefix read into the cache, and what follows it (the
+    workload's own text; None where the reference model writes the continuation)."""
+
+    prefix: list[int]
+    continuation: list[int] | None
+
+
+@dataclass
+class NoSettings:
+    """A workload that reads only the common settings."""
+
+
+class Workload:
+    """Base class: subclass it, set `name` and `Settings`, and override `batches` and `windows`."""
+
+    name: ClassVar[str]
+    order: ClassVar[int] = 100  # listing order; the first registered is the default kind
+    Settings: ClassVar[type] = NoSettings  # dataclass of the workload.* fields it alone reads
+    chat_style: ClassVar[bool] = False  # renders prompts through the model's chat template
+    context_fields: ClassVar[tuple[str, ...]] = ()  # settings that set its prompt length (compare's x axis)
+    compares_greedy_path: ClassVar[bool] = True  # quality's first_divergence means something for it
+    metrics: ClassVar[tuple] = ()  # kvpipe.metrics.Metric: what its own scoring adds to a run
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            REGISTRY[cls.name] = cls
+
+    def __init__(self, config):
+        """`config` is the workload group (kvpipe.config.WorkloadConfig, or a dict from result.json)."""
+        get_value = config.get if isinstance(config, Mapping) else lambda name, default: getattr(config, name, default)
+        self.config = config
+        self.common = Common(**{f.name: get_value(f.name, f.default) for f in dataclasses.fields(Common)})
+        self.settings = self.Settings(
+            **{f.name: get_value(f.name, _default(f)) for f in dataclasses.fields(self.Settings)}
+        )
+
+    # ---- what it reads ------------------------------------------------------------------------
+
+    @classmethod
+    def own_fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls.Settings))
+
+    @classmethod
+    def read_fields(cls) -> tuple[str, ...]:
+        """The workload.* fields (without the prefix) this kind reads: what it measures depends on them."""
+        return ("kind", *COMMON_FIELDS, *cls.own_fields())
+
+    def identity(self) -> dict[str, Any]:
+        """What defines its measurement: every field it reads, plus what the fields point at where
+        that can change under them (a dataset file's content digest)."""
+        values = {"kind": self.name, **dataclasses.asdict(self.common), **dataclasses.asdict(self.settings)}
+        return {**values, **self.identity_extras()}
+
+    def identity_extras(self) -> dict[str, Any]:
+        return {}
+
+    def reference_key(self, generation: bool) -> tuple:
+        """The quality reference's key, from the workload's side: its identity less how calls are
+        timed, and (generation=False, for scoring windows) less how the job's own calls generate."""
+        dropped = TIMING_ONLY + (() if generation else GENERATION)
+        return tuple(sorted((k, repr(v)) for k, v in self.identity().items() if k not in dropped))
+
+    def size_label(self) -> str:
+        """How big one job is, for the run name after the kind: `32` new tokens by default."""
+        return str(self.common.max_new_tokens)
+
+    # ---- checks -------------------------------------------------------------------------------
+
+    def check(self) -> dict[str, Any]:
+        """Checks against the config alone; raises ConfigError naming the field. Returns the
+        settings it normalised (field -> value), for the Spec to keep."""
+        for name in ("max_new_tokens", "batch_size", "repeats"):
+            value = getattr(self.common, name)
+            if value <= 0:
+                raise ConfigError(f"workload.{name}", value, "expected a positive integer")
+        if not self.common.noise_threshold > 0:
+            raise ConfigError(
+                "workload.noise_threshold", self.common.noise_threshold, "expected a fraction above 0, e.g. 0.1"
+            )
+        if self.common.warmup < 0:
+            raise ConfigError("workload.warmup", self.common.warmup, "expected 0 or more")
+        return {}
+
+    def check_fits(self, shape, batches: list[Batch]) -> None:
+        """Every prompt plus its new tokens must fit the model's positions; checked before the
+        weights load, naming the setting that made it so."""
+        positions = shape.max_positions
+        for batch in batches:
+            new = batch.max_new_tokens or self.common.max_new_tokens
+            if positions and batch.prompt_tokens + new > positions:
+                field, value, expected = self.too_long(batch.prompt_tokens, new, positions)
+                raise ConfigError(
+                    field,
+                    value,
+                    f"expected {expected}: prompt ({batch.prompt_tokens}) + new tokens ({new}) exceed the "
+                    f"model's {positions} positions",
+                )
+
+    def too_long(self, prompt_tokens: int, new_tokens: int, positions: int) -> tuple[str, Any, str]:
+        """(field, value, what would fit) for a prompt that does not fit: by default the prompts
+        themselves when they alone fill the positions, else workload.max_new_tokens."""
+        if prompt_tokens >= positions:
+            return "workload.prompts", f"{prompt_tokens} tokens", f"prompts under {positions} tokens"
+        return "workload.max_new_tokens", new_tokens, f"at most {positions - prompt_tokens}"
+
+    # ---- prompts ------------------------------------------------------------------------------
+
+    def batches(self, tokenizer, device: str) -> list[Batch]:
+        """Every batch of the workload, on the device."""
+        raise NotImplementedError
+
+    def windows(self, tokenizer, count: int, scored_tokens: int) -> list[Window]:
+        """`count` texts for quality to score, `scored_tokens` each."""
+        raise NotImplementedError
+
+    def warmup_key(self, batch: Batch) -> tuple:
+        """Batches that one warm-up call serves: what a warm-up pays for once (allocation, kernels,
+        a compile) is per shape, not per prompt."""
+        return tuple(batch.input_ids.shape)
+
+    def chat_ids(self, tokenizer, messages: list[dict]) -> list[int]:
+        """One chat prompt's ids through the model's template, BOS once; plain text (said once)
+        where the tokenizer has no template."""
+        if not _encoding.has_chat_template(tokenizer):
+            _encoding.warn_no_template(tokenizer, self.name)
+        return _encoding.encode(tokenizer, _encoding.chat_text(tokenizer, messages))
+
+    def tags(self, tokenizer) -> dict[str, str]:
+        """What the run should say about how its prompts were made."""
+        if not self.chat_style:
+            return {}
+        return {"chat_template": "model" if _encoding.has_chat_template(tokenizer) else "none"}
+
+    # ---- its own scoring and records ----------------------------------------------------------
+
+    def score(self, tokenizer, eos_ids: set[int], batches: list[Batch], calls: list) -> tuple[dict, list[dict]]:
+        """(metrics, answer rows) of its own scoring of the measured calls; none by default."""
+        return {}, []
+
+    def write_files(self, answers: list[dict], run_dir, title: str) -> list:
+        """Files beside result.json (passkey: its heatmap); paths written."""
+        return []
+
+    def log_mlflow(self, run_id: str, run_dir, answers: list[dict]) -> None:
+        """Inside the run's MLflow context: what its scoring adds (stepped metrics, tables, files)."""
+
+    def summary_tables(self, answers: list[dict]) -> list:
+        """rich renderables the run's terminal summary prints after its metrics."""
+        return []
+
+    def dataset_input(self, prompts: list[str]) -> tuple[str, str | None]:
+        """(name, digest or None for MLflow's own) of the run's MLflow dataset input."""
+        return f"{self.name} prompts", None
+
+
+def padded_batch(tokenizer, rows: list[list[int]], device: str, facts: list | None = None, **extra) -> Batch:
+    """Rows of ids as one left-padded batch (the tokenizer's padding side and pad token)."""
+    encoded = tokenizer.pad({"input_ids": rows}, return_tensors="pt", padding=True)
+    texts = [tokenizer.decode(ids) for ids in rows]
+    return Batch(encoded["input_ids"].to(device), encoded["attention_mask"].to(device), texts, facts, **extra)
+
+
+def _default(setting: dataclasses.Field):
+    if setting.default_factory is not dataclasses.MISSING:
+        return setting.default_factory()
+    return setting.default
+
+
+def registered() -> list[type[Workload]]:
+    """Every registered workload, in listing order."""
+    return sorted(REGISTRY.values(), key=lambda w: (w.order, w.name))
+
+
+def names() -> tuple[str, ...]:
+    return tuple(w.name for w in registered())
+
+
+def get(name: str) -> type[Workload]:
+    require_choice("workload.kind", name, names())
+    return REGISTRY[name]
+
+
+def reads(kind: str | None, param: str) -> bool:
+    """Whether a workload of this kind reads `workload.<field>` (an unknown kind: assume it does)."""
+    name = param.removeprefix("workload.")
+    if kind not in REGISTRY:
+        return True
+    return name in REGISTRY[kind].read_fields()
+
+
+def params(workload) -> dict[str, str]:
+    """The fields this workload reads, as plain-text params (`workload.` prefix); no unset value."""
+    instance = get(workload.kind)(workload)
+    values = {"kind": workload.kind, **dataclasses.asdict(instance.common), **dataclasses.asdict(instance.settings)}
+    texts = {f"workload.{k}": param_text(v) for k, v in values.items()}
+    return {k: v for k, v in texts.items() if v is not None}

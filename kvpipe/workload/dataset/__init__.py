@@ -1,0 +1,151 @@
+"""workload=dataset: the user's own prompts, from a local file or folder (`reading.py`).
+
+A `messages` column (a list of {role, content}) is rendered through the model's chat template; a
+`text` or `prompt` column is a user turn, templated as chat does. A `max_new_tokens` column, where
+present, sets each row's length. Batches group prompts of similar length, so padding stays small;
+each row runs once per repeat. The file's content digest is part of the measurement key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from kvpipe.errors import ConfigError
+from kvpipe.workload.base import Batch, Window, Workload, padded_batch
+from kvpipe.workload.dataset import reading
+
+LENGTH_COLUMN = "max_new_tokens"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One prompt of the file: its row number there (0-based), its messages and its own length."""
+
+    number: int
+    messages: tuple
+    max_new_tokens: int | None
+
+
+class Dataset(Workload):
+    name = "dataset"
+    order = 40
+    chat_style = True
+    context_fields = ("path", "field", "limit", "split")
+
+    @dataclass
+    class Settings:
+        path: Optional[str] = None  # a .jsonl/.json/.csv/.parquet file or a save_to_disk folder
+        field: Optional[str] = None  # the prompt column; default: messages, else text, else prompt
+        limit: Optional[int] = None  # a seeded sample of this many rows (workload.seed)
+        split: Optional[str] = None  # a save_to_disk folder of splits: which one
+
+    def check(self) -> dict:
+        checked = super().check()
+        if self.settings.limit is not None and self.settings.limit <= 0:
+            raise ConfigError("workload.limit", self.settings.limit, "expected a positive number of rows, or null for all")
+        self.rows()  # every problem with the file, now: before the model loads
+        return {**checked, "field": self.field()}
+
+    def source(self) -> Path:
+        return reading.check_path(self.settings.path)
+
+    def field(self) -> str:
+        return reading.column(reading.load(self.source(), self.settings.split), self.settings.field)
+
+    def identity_extras(self) -> dict:
+        return {"digest": reading.digest(self.source())}
+
+    def rows(self) -> list[Row]:
+        """The rows this job runs: all, or a seeded sample of `limit`, each checked."""
+        data = reading.load(self.source(), self.settings.split)
+        field = reading.column(data, self.settings.field)
+        numbers = list(range(len(data)))
+        if self.settings.limit is not None and self.settings.limit < len(data):
+            data = data.add_column("__kvpipe_row", numbers)
+            data = data.shuffle(seed=self.common.seed).select(range(self.settings.limit))
+            numbers = data["__kvpipe_row"]
+        lengths = data[LENGTH_COLUMN] if LENGTH_COLUMN in data.column_names else [None] * len(numbers)
+        return [
+            Row(number, _messages(self.settings.path, field, number, value), _length(self.settings.path, number, new))
+            for number, value, new in zip(numbers, data[field], lengths)
+        ]
+
+    def size_label(self) -> str:
+        rows = f" {self.settings.limit} rows" if self.settings.limit else ""
+        return f"{Path(str(self.settings.path)).name}{rows}"
+
+    # ---- prompts ------------------------------------------------------------------------------
+
+    def batches(self, tokenizer, device: str) -> list[Batch]:
+        """Rows of one length of output together, sorted by prompt length, batch_size at a time."""
+        encoded = [(row, self.chat_ids(tokenizer, list(row.messages))) for row in self.rows()]
+        encoded.sort(key=lambda item: (self.new_tokens(item[0]), len(item[1]), item[0].number))
+        batches, size = [], self.common.batch_size
+        start = 0
+        while start < len(encoded):
+            new = self.new_tokens(encoded[start][0])
+            group = [item for item in encoded[start : start + size] if self.new_tokens(item[0]) == new]
+            rows = [row for row, _ in group]
+            batches.append(padded_batch(tokenizer, [ids for _, ids in group], device, rows, max_new_tokens=new))
+            start += len(group)
+        return batches
+
+    def new_tokens(self, row: Row) -> int:
+        return row.max_new_tokens or self.common.max_new_tokens
+
+    def check_fits(self, shape, batches: list[Batch]) -> None:
+        """Name the row that does not fit, and its token count."""
+        positions = shape.max_positions
+        for batch in batches:
+            for row, tokens in zip(batch.rows, batch.row_tokens):
+                new = self.new_tokens(row)
+                if positions and tokens + new > positions:
+                    raise ConfigError(
+                        "workload.path",
+                        self.settings.path,
+                        f"row {row.number} is {tokens} tokens, which with {new} new tokens exceeds the model's "
+                        f"{positions} positions; expected prompts of at most {positions - new} tokens",
+                    )
+
+    def warmup_key(self, batch: Batch) -> tuple:
+        # Padded lengths differ from batch to batch: warm up once per batch size and output length
+        return (batch.input_ids.shape[0], batch.max_new_tokens)
+
+    def windows(self, tokenizer, count: int, scored_tokens: int) -> list[Window]:
+        """Its own first `count` prompts (in the order the file or sample gives them); the reference
+        writes what follows."""
+        return [Window(self.chat_ids(tokenizer, list(row.messages)), None) for row in self.rows()[:count]]
+
+    def dataset_input(self, texts):
+        return Path(str(self.settings.path)).name, reading.digest(self.source())
+
+
+def _messages(path: str, field: str, number: int, value) -> tuple:
+    """A row's prompt as chat messages: a `messages` list as it is, a text as one user turn."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise ConfigError("workload.path", path, f"row {number} has no text in column {field!r}")
+        return ({"role": "user", "content": value},)
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "content" in m for m in value):
+        if not any(str(m["content"] or "").strip() for m in value):
+            raise ConfigError("workload.path", path, f"row {number} has no text in column {field!r}")
+        return tuple({"role": m.get("role") or "user", "content": m["content"] or ""} for m in value)
+    if value is None or value == []:
+        raise ConfigError("workload.path", path, f"row {number} has no text in column {field!r}")
+    raise ConfigError(
+        "workload.field",
+        field,
+        f"row {number} holds {type(value).__name__}; expected text, or a list of {{role, content}} messages",
+    )
+
+
+def _length(path: str, number: int, value) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not float(value).is_integer() or value <= 0:
+        raise ConfigError(
+            "workload.path", path, f"row {number} has {LENGTH_COLUMN}={value!r}; expected a positive integer"
+        )
+    return int(value)
