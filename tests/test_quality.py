@@ -131,3 +131,27 @@ def test_quanto_int2_is_measurably_worse_than_int4_on_the_embedded_model(embedde
     int2 = run_job(spec_for(*EMBEDDED, "cache=quantized", "backend=quanto", "backend.nbits=2")).metrics
     assert int2["kl_vs_reference"] > 2 * int4["kl_vs_reference"]
     assert int2["ppl"] > int4["ppl"]
+
+
+def test_a_reference_is_never_shared_by_two_workload_settings():
+    """The reproduction of issue 18: two passkey lengths in one process were both scored on the
+    first one's windows (the same perplexity, 25937.386585226046, twice)."""
+    scored = ("quality=on", "quality.windows=1", "quality.scored_tokens=8")
+    passkey = (*TINY, "workload=passkey", "workload.trials=1", "workload.depths=[0.5]", *scored)
+    short, long = (run_job(spec_for(*passkey, f"workload.context_tokens={n}")) for n in (100, 300))
+    assert short.metrics["ppl"] != long.metrics["ppl"]
+    assert short.metrics["quality_windows"] == long.metrics["quality_windows"] == 1
+
+
+def test_the_reference_key_is_the_workloads_defining_fields_plus_model_dtype_and_quality():
+    from types import SimpleNamespace
+
+    loaded = SimpleNamespace(dtype="float32")
+    key = lambda *extra: quality.reference_key(  # noqa: E731
+        loaded, s := spec_for(*TINY, "workload=chat", *extra), s.workload_kind, "windows"
+    )
+    base = key()
+    assert key("workload.repeats=7") == base  # how often calls are timed: not what is scored
+    assert key("workload.max_new_tokens=9") == base  # the job's own generation: not its windows
+    assert key("workload.prompts=[Hi.]") != base
+    assert key("quality.windows=3") != base and key("model.seed=1") != base

@@ -22,12 +22,24 @@ def print_summary(result: Result, result_path: Path) -> None:
             table.add_row(metric.label, metric.show(metrics[metric.name], metrics.get(metric.name + "_std")))
     console = Console()
     console.print(table)
+    if "prompt_count" in metrics:
+        console.print(prompt_lengths(metrics))
     if result.answers:  # the workload's own tables (passkey: found / asked per length and depth)
         for extra in result.workload().summary_tables(result.answers):
             console.print(extra)
     for note in result.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
     console.print(f"result: {result_path}")
+
+
+def prompt_lengths(metrics: dict) -> str:
+    """'8 prompts · 42.1 tokens mean, p50 42, p90 45, max 46': the lengths the job ran."""
+    shown = ", ".join(
+        f"{label} {catalogue.get(f'prompt_tokens_{name}').number(metrics[f'prompt_tokens_{name}'])}"
+        for name, label in (("p50", "p50"), ("p90", "p90"), ("max", "max"))
+    )
+    mean = catalogue.get("prompt_tokens_mean").number(metrics["prompt_tokens_mean"])
+    return f"{metrics['prompt_count']:.0f} prompts · {mean} tokens mean, {shown}"
 
 
 def print_sweep_summary(counts: dict[str, int], sweep_dir: Path, parent_run_id: str | None) -> None:

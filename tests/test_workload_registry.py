@@ -1,0 +1,136 @@
+"""One place per workload: a workload defined here, in ~30 lines, flows through every stage with no
+other module changed: validated from its own settings, run, scored its own way, recorded to
+result.json and MLflow, shown by compare and weighed by recommend. And no module outside
+kvpipe/workload spells a workload's kind."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kvpipe import workload
+from kvpipe.catalogue import Metric, catalogue
+from kvpipe.config import register_schemas
+from kvpipe.decide import compare
+from kvpipe.decide.recommend import Limits, choose
+from kvpipe.decide.runs import load_runs
+from kvpipe.errors import ConfigError
+from kvpipe.job.runner import run_job
+from kvpipe.record import recorder
+from kvpipe.record.result import Result
+from kvpipe.spec import make_spec
+from kvpipe.workload._encoding import encode
+from kvpipe.workload.base import REGISTRY, Window, Workload, padded_batch
+
+from conftest import REPO, TINY, compose_config
+
+
+@pytest.fixture
+def countdown():
+    """'5 4 3 2 1' as the prompt; its own score is how many digits the model writes back."""
+
+    class Countdown(Workload):
+        name = "countdown"
+        order = 90
+        metrics = (Metric("countdown_digits", "digits written", "", ".2f", False, summary=True, compare=True),)
+
+        @dataclass
+        class Settings:
+            start: int = 5
+
+        def check(self):
+            if self.settings.start < 1:
+                raise ConfigError("workload.start", self.settings.start, "expected 1 or more")
+            return super().check()
+
+        def ids(self, tokenizer):
+            return encode(tokenizer, " ".join(str(n) for n in range(self.settings.start, 0, -1)))
+
+        def batches(self, tokenizer, device):
+            return [padded_batch(tokenizer, [self.ids(tokenizer)], device, [self.settings.start])]
+
+        def windows(self, tokenizer, count, scored_tokens):
+            return [Window(self.ids(tokenizer), None)] * count
+
+        def score(self, tokenizer, eos_ids, batches, calls):
+            answers = [{"digits": sum(c.isdigit() for c in tokenizer.decode(call.new_tokens[0]))} for call in calls]
+            return {"countdown_digits": statistics.fmean(a["digits"] for a in answers)}, answers
+
+    register_schemas()  # the workload schema gains `start`
+    yield Countdown
+    del REGISTRY["countdown"]
+    register_schemas()
+
+
+def countdown_spec(*overrides: str):
+    return make_spec(compose_config([*TINY, "workload.kind=countdown", *overrides]))
+
+
+def test_a_new_workload_is_validated_from_its_own_settings(countdown):
+    assert countdown_spec("workload.start=3").workload_kind.settings.start == 3
+    with pytest.raises(ConfigError, match=r"workload.start=0 .*expected 1 or more"):
+        countdown_spec("workload.start=0")
+    assert countdown_spec("workload.start=3").measurement_key() != countdown_spec("workload.start=4").measurement_key()
+    # A chat job does not read it: the same measurement with or without it, and no param.
+    chat = make_spec(compose_config([*TINY, "workload.start=3"]))
+    assert chat.measurement_key() == make_spec(compose_config(list(TINY))).measurement_key()
+    assert "workload.start" not in chat.params() and countdown_spec().params()["workload.start"] == "5"
+
+
+def test_an_unknown_kind_names_the_registered_ones(countdown):
+    with pytest.raises(ConfigError, match="workload.kind='nope'.*chat, long_context, passkey, dataset, countdown"):
+        make_spec(compose_config([*TINY, "workload.kind=nope"]))
+
+
+def test_a_new_workload_runs_records_and_is_compared_and_recommended(countdown, tmp_path, existing_store):
+    db = existing_store(tmp_path)
+    runs = []
+    for strategy in ("dynamic", "static"):
+        spec = countdown_spec(f"cache={strategy}", "workload.start=4", "tracking=sqlite", f"tracking.uri=sqlite:///{db}")
+        job = run_job(spec)
+        assert job.metrics["countdown_digits"] == statistics.fmean(a["digits"] for a in job.answers)
+        result = Result.finished(spec, job)
+        path = recorder.record(spec, result, tmp_path / strategy, tmp_path)
+        runs.append(Result.load(path))
+    assert runs[0].answers and runs[0].mlflow_run_id  # its rows in result.json, its run in MLflow
+    assert "countdown_digits" in catalogue()
+    table, _ = load_runs("kvpipe", None, f"sqlite:///{db}", whole_experiment=True)
+    assert set(table["params.workload.start"]) == {"4"}
+    shown = compare.display_table(table)
+    assert "digits written" in shown.columns  # its own metric, from its class, in compare's table
+    chosen, (what, why) = choose(table, Limits())
+    assert chosen is not None and chosen["strategy"] in ("dynamic", "static")
+
+
+OWNERS = ("kvpipe/workload/",)
+
+
+def test_no_module_outside_the_workload_stage_names_a_kind():
+    kinds = workload.names()
+    offenders = []
+    for path in sorted((REPO / "kvpipe").rglob("*.py")):
+        relative = path.relative_to(REPO).as_posix()
+        if relative.startswith(OWNERS):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            for kind in kinds:
+                if re.search(rf"[\"']{kind}[\"']", code):
+                    offenders.append(f"{relative}:{number}: {line.strip()}")
+    assert offenders == [], "\n".join(offenders)
+
+
+def test_measure_imports_nothing_from_the_stages_before_it():
+    for path in sorted((REPO / "kvpipe" / "measure").glob("*.py")):
+        text = path.read_text()
+        assert not re.search(r"from kvpipe\.(job|workload)|import kvpipe\.(job|workload)", text), path.name
+
+
+def test_every_workload_option_file_names_a_registered_kind():
+    for option in sorted(Path(REPO / "conf" / "workload").glob("*.yaml")):
+        match = re.search(r"^kind: (\w+)", option.read_text(), re.MULTILINE)
+        assert match and match.group(1) == option.stem and match.group(1) in workload.names(), option
