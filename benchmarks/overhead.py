@@ -21,7 +21,6 @@ import pandas as pd
 
 from kvpipe import model
 from kvpipe.config import compose
-from kvpipe import workload
 from kvpipe.job.generate import measured_generate
 from kvpipe.spec import make_spec
 

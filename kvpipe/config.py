@@ -74,7 +74,7 @@ class AxisConfig:
 
 
 def reads(owned: dict[str, tuple[str, ...]], choice: str | None, name: str) -> bool:
-    """Whether a model source or workload kind (`choice`) reads its group's setting `name`, given
+    """Whether a model source (`choice`) reads its group's setting `name`, given
     which settings each choice owns alone (an unknown choice: assume it does)."""
     owners = {field for fields in owned.values() for field in fields}
     return name not in owners or choice not in owned or name in owned[choice]

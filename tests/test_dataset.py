@@ -31,7 +31,12 @@ def write_jsonl(path: Path, rows: list) -> Path:
     [
         ("missing.jsonl", None, "workload.path", "no such file or folder"),
         ("empty.jsonl", [], "workload.path", "the file is empty"),
-        ("broken.jsonl", [{"prompt": "a"}, '{"prompt": "b"', {"prompt": "c"}], "workload.path", "line 2 is not valid JSON"),
+        (
+            "broken.jsonl",
+            [{"prompt": "a"}, '{"prompt": "b"', {"prompt": "c"}],
+            "workload.path",
+            "line 2 is not valid JSON",
+        ),
         ("no_text.jsonl", [{"prompt": "a"}, {"prompt": "  "}], "workload.path", "row 1 has no text in column 'prompt'"),
         ("columns.jsonl", [{"question": "a", "id": 1}], "workload.field", "name one of: question, id"),
         ("notes.txt", ["hello"], "workload.path", "unknown file type '.txt'"),
@@ -62,7 +67,9 @@ def test_a_row_longer_than_the_models_positions_is_named_before_the_model_loads(
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "short"}, {"prompt": "word " * 80}])
     monkeypatch.setattr(models, "load", lambda *a: pytest.fail("the model loaded"))
     spec = dataset_spec(path, "model.max_position_embeddings=64")
-    with pytest.raises(ConfigError, match=r"workload.path=.*row 1 is \d+ tokens, which with 6 new tokens exceeds the model's 64"):
+    with pytest.raises(
+        ConfigError, match=r"workload.path=.*row 1 is \d+ tokens, which with 6 new tokens exceeds the model's 64"
+    ):
         run_job(spec)
 
 
@@ -81,7 +88,11 @@ def test_csv_parquet_and_a_saved_dataset_read_the_same_prompts(tmp_path):
     table.to_csv(str(tmp_path / "p.csv"), index=False)
     table.to_parquet(str(tmp_path / "p.parquet"))
     datasets.DatasetDict({"test": table, "train": table}).save_to_disk(str(tmp_path / "saved"))
-    for path, extra in ((tmp_path / "p.csv", ()), (tmp_path / "p.parquet", ()), (tmp_path / "saved", ("workload.split=test",))):
+    for path, extra in (
+        (tmp_path / "p.csv", ()),
+        (tmp_path / "p.parquet", ()),
+        (tmp_path / "saved", ("workload.split=test",)),
+    ):
         found = dataset_spec(path, *extra).workload_kind.rows()
         assert [(r.messages[0]["content"], r.max_new_tokens) for r in found] == [("one two", 3), ("three", 5)]
     with pytest.raises(ConfigError, match=r"workload.split=None .*expected one of the folder's splits: test, train"):

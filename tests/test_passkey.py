@@ -9,10 +9,10 @@ import torch
 
 from kvpipe import model as models
 from kvpipe.errors import ConfigError
-from kvpipe.workload.passkey import prompts as passkey
-from kvpipe.workload.passkey.prompts import QUESTION, found, needle, passkey_key, passkey_prompt
-from kvpipe.workload.passkey import retrieval
 from kvpipe.record.result import iter_results
+from kvpipe.workload.passkey import prompts as passkey
+from kvpipe.workload.passkey import retrieval
+from kvpipe.workload.passkey.prompts import QUESTION, found, needle, passkey_key, passkey_prompt
 
 from conftest import run_cli, spec_for
 

@@ -109,9 +109,7 @@ def test_a_model_whose_tokenizer_adds_bos_runs_with_it_counted(tmp_path):
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    spec = spec_for(
-        "model=hf", f"model.name_or_path={tmp_path}", "workload.prompts=[hello world]", *TINY[1:]
-    )
+    spec = spec_for("model=hf", f"model.name_or_path={tmp_path}", "workload.prompts=[hello world]", *TINY[1:])
     job = run_job(spec)
     assert job.texts[0]["prompt"].startswith("<s>") and not job.texts[0]["prompt"].startswith("<s><s>")
     assert job.metrics["prompt_tokens"] == len(tokenizer("hello world")["input_ids"]) == 3

@@ -90,7 +90,9 @@ def test_a_new_workload_runs_records_and_is_compared_and_recommended(countdown, 
     db = existing_store(tmp_path)
     runs = []
     for strategy in ("dynamic", "static"):
-        spec = countdown_spec(f"cache={strategy}", "workload.start=4", "tracking=sqlite", f"tracking.uri=sqlite:///{db}")
+        spec = countdown_spec(
+            f"cache={strategy}", "workload.start=4", "tracking=sqlite", f"tracking.uri=sqlite:///{db}"
+        )
         job = run_job(spec)
         assert job.metrics["countdown_digits"] == statistics.fmean(a["digits"] for a in job.answers)
         result = Result.finished(spec, job)

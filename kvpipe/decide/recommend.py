@@ -78,7 +78,12 @@ MINIMUMS = ("accuracy",)  # limits a run must reach; the others it must stay und
 
 
 # Each limit's figure, as the catalogue shows it
-LIMIT_METRICS = {"memory": "peak_memory_bytes", "TPOT": "tpot_ms", "KL": "kl_vs_reference", "accuracy": "retrieval_accuracy"}
+LIMIT_METRICS = {
+    "memory": "peak_memory_bytes",
+    "TPOT": "tpot_ms",
+    "KL": "kl_vs_reference",
+    "accuracy": "retrieval_accuracy",
+}
 
 
 def _figure(name: str, value: float) -> str:
@@ -112,7 +117,9 @@ def summary(run, limits: Limits, baseline=None) -> str:
     if lossless:
         parts.append("lossless")
     elif run["quality_loss"] == run["quality_loss"]:  # not NaN: measured
-        parts.append(f"KL {_figure('KL', run['quality_loss'])}" + (f" within {limits.kl:g}" if limits.kl is not None else ""))
+        parts.append(
+            f"KL {_figure('KL', run['quality_loss'])}" + (f" within {limits.kl:g}" if limits.kl is not None else "")
+        )
     accuracy = run.get("metrics.retrieval_accuracy", math.nan)
     if accuracy == accuracy:  # not NaN: a passkey run
         bound = f" (at least {_figure('accuracy', limits.accuracy)})" if limits.accuracy is not None else ""

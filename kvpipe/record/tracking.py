@@ -230,7 +230,7 @@ def log_prompts(result: Result) -> None:
     from mlflow.exceptions import MlflowException
 
     texts = list(dict.fromkeys(text["prompt"] for text in result.texts))
-    name, digest = result.workload().dataset_input(texts)  # a user's file: its name and content digest
+    name, digest = result.workload().dataset_input(result.tags)  # a user's file: its name and content digest
     dataset = mlflow.data.from_pandas(pd.DataFrame({"prompt": texts}), name=name, digest=digest)
     try:
         mlflow.log_input(dataset, context="workload")

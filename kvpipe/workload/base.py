@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
 from kvpipe.errors import ConfigError, require_choice
-from kvpipe.units import param_text
 from kvpipe.workload import _encoding
 
 REGISTRY: dict[str, type[Workload]] = {}
@@ -217,8 +216,9 @@ class Workload:
         """rich renderables the run's terminal summary prints after its metrics."""
         return []
 
-    def dataset_input(self, prompts: list[str]) -> tuple[str, str | None]:
-        """(name, digest or None for MLflow's own) of the run's MLflow dataset input."""
+    def dataset_input(self, tags: dict[str, str]) -> tuple[str, str | None]:
+        """(name, digest or None for MLflow's own) of the run's MLflow dataset input, from what the
+        run recorded (its tags): `kvpipe sync` may upload it long after, when files have changed."""
         return f"{self.name} prompts", None
 
 
@@ -255,11 +255,3 @@ def reads(kind: str | None, param: str) -> bool:
     if kind not in REGISTRY:
         return True
     return name in REGISTRY[kind].read_fields()
-
-
-def params(workload) -> dict[str, str]:
-    """The fields this workload reads, as plain-text params (`workload.` prefix); no unset value."""
-    instance = get(workload.kind)(workload)
-    values = {"kind": workload.kind, **dataclasses.asdict(instance.common), **dataclasses.asdict(instance.settings)}
-    texts = {f"workload.{k}": param_text(v) for k, v in values.items()}
-    return {k: v for k, v in texts.items() if v is not None}

@@ -39,4 +39,3 @@ class Chat(Workload):
     def windows(self, tokenizer, count: int, scored_tokens: int) -> list[Window]:
         """Its first `count` prompts as the model sees them; the reference writes what follows."""
         return [Window(ids, None) for ids in self.prompt_ids(tokenizer)[:count]]
-

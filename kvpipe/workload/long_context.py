@@ -44,8 +44,7 @@ class LongContext(Workload):
 
         # Each row starts at a different place in the text, so a batch is not B copies of one prompt.
         rows = [
-            self.text_ids(tokenizer, self.settings.prompt_tokens, i * ROW_STRIDE)
-            for i in range(self.common.batch_size)
+            self.text_ids(tokenizer, self.settings.prompt_tokens, i * ROW_STRIDE) for i in range(self.common.batch_size)
         ]
         input_ids = torch.tensor(rows, dtype=torch.long, device=device)
         return [Batch(input_ids, torch.ones_like(input_ids), [tokenizer.decode(row) for row in rows])]
@@ -60,5 +59,5 @@ class LongContext(Workload):
             windows.append(Window(ids[:length], ids[length:]))
         return windows
 
-    def dataset_input(self, texts):
+    def dataset_input(self, tags):
         return f"{self.name} prompts ({self.settings.prompt_tokens} tokens)", None

@@ -1,6 +1,5 @@
 """Quantization backends for cache=quantized: one module per backend, registered on import."""
 
-from kvpipe.plugins import import_plugins
 from kvpipe.cache.backends.base import (
     LAYOUTS,
     GroupedBackend,
@@ -12,6 +11,7 @@ from kvpipe.cache.backends.base import (
     names,
     registered,
 )
+from kvpipe.plugins import import_plugins
 
 import_plugins(__name__, __path__)
 

@@ -44,7 +44,9 @@ class Dataset(Workload):
     def check(self) -> dict:
         checked = super().check()
         if self.settings.limit is not None and self.settings.limit <= 0:
-            raise ConfigError("workload.limit", self.settings.limit, "expected a positive number of rows, or null for all")
+            raise ConfigError(
+                "workload.limit", self.settings.limit, "expected a positive number of rows, or null for all"
+            )
         self.rows()  # every problem with the file, now: before the model loads
         return {**checked, "field": self.field()}
 
@@ -52,14 +54,14 @@ class Dataset(Workload):
         return reading.check_path(self.settings.path)
 
     def field(self) -> str:
-        return reading.column(reading.load(self.source(), self.settings.split), self.settings.field)
+        return reading.column(reading.load(self.source(), self.settings.split, self.settings.path), self.settings.field)
 
     def identity_extras(self) -> dict:
         return {"digest": reading.digest(self.source())}
 
     def rows(self) -> list[Row]:
         """The rows this job runs: all, or a seeded sample of `limit`, each checked."""
-        data = reading.load(self.source(), self.settings.split)
+        data = reading.load(self.source(), self.settings.split, self.settings.path)
         field = reading.column(data, self.settings.field)
         numbers = list(range(len(data)))
         if self.settings.limit is not None and self.settings.limit < len(data):
@@ -118,8 +120,11 @@ class Dataset(Workload):
         writes what follows."""
         return [Window(self.chat_ids(tokenizer, list(row.messages)), None) for row in self.rows()[:count]]
 
-    def dataset_input(self, texts):
-        return Path(str(self.settings.path)).name, reading.digest(self.source())
+    def tags(self, tokenizer) -> dict[str, str]:
+        return {**super().tags(tokenizer), "dataset_digest": reading.digest(self.source())}
+
+    def dataset_input(self, tags):
+        return Path(str(self.settings.path)).name, tags.get("dataset_digest")
 
 
 def _messages(path: str, field: str, number: int, value) -> tuple:

@@ -56,13 +56,14 @@ def _digest(path: str, stamp: tuple) -> str:
     return sha.hexdigest()[:16]
 
 
-def load(path: Path, split: str | None):
-    """The file as a datasets.Dataset (memory-mapped Arrow: it need not fit in memory)."""
-    return _load(str(path.resolve()), split, _stamp(path))
+def load(path: Path, split: str | None, spelled: str):
+    """The file as a datasets.Dataset (memory-mapped Arrow: it need not fit in memory); errors name
+    the path as the user `spelled` it."""
+    return _load(str(path.resolve()), split, _stamp(path), spelled)
 
 
 @lru_cache(maxsize=8)
-def _load(path: str, split: str | None, stamp: tuple):
+def _load(path: str, split: str | None, stamp: tuple, spelled: str):
     import datasets
 
     datasets.disable_progress_bars()
@@ -76,13 +77,13 @@ def _load(path: str, split: str | None, stamp: tuple):
         try:
             loaded = datasets.load_dataset(BUILDERS[folder.suffix.lower()], data_files=path, split="train")
         except Exception as exc:  # noqa: BLE001 - a malformed file fails in the builder's own ways
-            raise ConfigError("workload.path", path, _why_unreadable(folder, exc)) from None
+            raise ConfigError("workload.path", spelled, _why_unreadable(folder, exc)) from None
     if isinstance(loaded, datasets.DatasetDict):
         loaded = _one_split(loaded, split)
     elif split is not None:
         raise ConfigError("workload.split", split, "the folder holds one dataset, not splits; expected null")
     if len(loaded) == 0:
-        raise ConfigError("workload.path", path, "it holds no rows; expected at least one")
+        raise ConfigError("workload.path", spelled, "it holds no rows; expected at least one")
     return loaded
 
 
@@ -102,7 +103,7 @@ def _why_unreadable(path: Path, exc: BaseException) -> str:
             for number, line in enumerate(handle, 1):
                 if line.strip():
                     try:
-                        json.loads(line)
+                        json.loads(line.strip())
                     except json.JSONDecodeError as error:
                         return f"line {number} is not valid JSON ({error.msg} at column {error.colno})"
     cause = exc.__cause__ or exc.__context__ or exc

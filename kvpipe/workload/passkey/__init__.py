@@ -47,7 +47,9 @@ class Passkey(Workload):
         self.settings.context_tokens = sorted(set(lengths))
         if not self.settings.depths or not all(0 <= depth <= 1 for depth in self.settings.depths):
             raise ConfigError(
-                "workload.depths", self.settings.depths, "expected fractions of the context from 0 to 1, e.g. [0.1,0.5,0.9]"
+                "workload.depths",
+                self.settings.depths,
+                "expected fractions of the context from 0 to 1, e.g. [0.1,0.5,0.9]",
             )
         if self.settings.trials <= 0:
             raise ConfigError("workload.trials", self.settings.trials, "expected a positive integer")
@@ -132,5 +134,5 @@ class Passkey(Workload):
             table.add_row(f"{length:,}", *(f"{c['found']}/{c['answers']}" if c else "" for c in row))
         return [table]
 
-    def dataset_input(self, texts):
+    def dataset_input(self, tags):
         return f"{self.name} prompts ({param_text(self.settings.context_tokens).strip('[]')} tokens)", None
