@@ -89,7 +89,7 @@ CORE = (
     _m("decode_bytes_per_step", "bytes read per step", spec="bytes"),
     _m("memory_bandwidth_bytes_per_s", "memory bandwidth", "B/s", ".3g"),
     _m("token_agreement", "token agreement", "", ".2f", HIGHER, summary=True, compare=True),
-    _m("kl_vs_reference", "KL vs reference", "nats", ".2g", LOWER, summary=True, compare=True),
+    _m("kl_vs_reference", "KL", "nats", ".2g", LOWER, summary=True, compare=True),
     _m("ppl", "perplexity", "", ".2f", LOWER, summary=True),
     _m("first_divergence", "first divergence", "step", ".0f"),
     _m("quality_windows", "quality windows", "", ".0f"),

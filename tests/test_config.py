@@ -21,6 +21,8 @@ def test_every_group_option_composes_into_a_plan(group, option):
     overrides = [f"{group}={option}"]
     if option == "hf":
         overrides.append(f"model.name_or_path={REPO}/tests/data/tiny_llama")
+    if option == "dataset":
+        overrides.append(f"workload.path={REPO}/examples/prompts.jsonl")
     spec = spec_for(*overrides)
     assert spec.workload.max_new_tokens > 0
 

@@ -12,7 +12,8 @@ from kvpipe.catalogue import Metric
 from kvpipe.errors import ConfigError
 from kvpipe.units import param_text
 from kvpipe.workload.base import Batch, Window, Workload
-from kvpipe.workload.passkey import prompts, retrieval
+from kvpipe.workload.passkey import prompts as haystack
+from kvpipe.workload.passkey import retrieval
 
 
 class Passkey(Workload):
@@ -61,9 +62,9 @@ class Passkey(Workload):
     def too_long(self, prompt_tokens, new_tokens, positions):
         return "workload.context_tokens", self.settings.context_tokens, f"lengths of at most {positions - new_tokens}"
 
-    def prompts(self, tokenizer, lengths: list[int] | None = None) -> list[prompts.PasskeyPrompt]:
+    def prompts(self, tokenizer, lengths: list[int] | None = None) -> list[haystack.PasskeyPrompt]:
         s = self.settings
-        return prompts.prompts(tokenizer, lengths or s.context_tokens, s.depths, s.trials, self.common.seed)
+        return haystack.prompts(tokenizer, lengths or s.context_tokens, s.depths, s.trials, self.common.seed)
 
     def batches(self, tokenizer, device: str) -> list[Batch]:
         """Prompts of one length share batches of batch_size (equal lengths: no padding); a length's
