@@ -86,6 +86,7 @@ def test_an_unknown_kind_names_the_registered_ones(countdown):
         make_spec(compose_config([*TINY, "workload.kind=nope"]))
 
 
+@pytest.mark.slow  # an MLflow store: ~12 s
 def test_a_new_workload_runs_records_and_is_compared_and_recommended(countdown, tmp_path, existing_store):
     db = existing_store(tmp_path)
     runs = []
