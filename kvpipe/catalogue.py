@@ -41,9 +41,9 @@ class Metric:
     def show(self, value: float, std: float | None = None) -> str:
         """The value with its unit, for running text and the run's table: `51.1 ± 2.5 ms`."""
         text = self.number(value, std)
-        return (
-            text if text == "–" or not self.unit or self.spec == "bytes" else f"{text} {self.unit}".replace(" ×", "×")
-        )
+        if text == "–" or not self.unit or self.spec == "bytes":
+            return text
+        return text + ("" if self.unit == "×" else " ") + self.unit  # 1.95×, but 51.1 ms
 
     def header(self) -> str:
         """A table column's title: the label, and a unit that is a word (ms, tok/s, nats)."""

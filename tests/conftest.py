@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,22 @@ REPO = Path(__file__).resolve().parents[1]
 def compose_config(overrides: list[str] | None = None):
     """Compose conf/config.yaml with overrides, as `python -m kvpipe` would."""
     return compose(overrides or [])
+
+
+def quoted_outside(owners: tuple[str, ...], names) -> list[str]:
+    """Lines of kvpipe/ outside the `owners` folders that spell one of `names` as a quoted string
+    (comments aside): where a registry's names leak into other stages."""
+    offenders = []
+    for path in sorted((REPO / "kvpipe").rglob("*.py")):
+        relative = path.relative_to(REPO).as_posix()
+        if relative.startswith(owners):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            for name in names:
+                if re.search(rf"[\"']{name}[\"']", code):
+                    offenders.append(f"{relative}:{number}: {line.strip()}")
+    return offenders
 
 
 def spec_for(*overrides: str) -> Spec:

@@ -22,7 +22,7 @@ from kvpipe.job.runner import run_job
 from kvpipe.model import describe
 from kvpipe.spec import make_spec
 
-from conftest import REPO, TINY, compose_config
+from conftest import REPO, TINY, compose_config, quoted_outside
 from test_compare import fake_runs
 
 
@@ -117,16 +117,7 @@ NAMES = [s.name for s in cache.registered()] + ["quanto", "hqq", "fp8"]
 
 
 def test_no_module_outside_the_cache_stage_names_a_strategy_or_backend():
-    offenders = []
-    for path in sorted((REPO / "kvpipe").rglob("*.py")):
-        relative = path.relative_to(REPO).as_posix()
-        if relative.startswith(OWNERS):
-            continue
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            code = line.split("#")[0]
-            for name in NAMES:
-                if re.search(rf"[\"']{name}[\"']", code):
-                    offenders.append(f"{relative}:{number}: {line.strip()}")
+    offenders = quoted_outside(OWNERS, NAMES)
     assert offenders == [], "\n".join(offenders)
 
 

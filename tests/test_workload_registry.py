@@ -26,7 +26,7 @@ from kvpipe.spec import make_spec
 from kvpipe.workload._encoding import encode
 from kvpipe.workload.base import REGISTRY, Window, Workload, padded_batch
 
-from conftest import REPO, TINY, compose_config
+from conftest import REPO, TINY, compose_config, quoted_outside
 
 
 @pytest.fixture
@@ -113,17 +113,7 @@ OWNERS = ("kvpipe/workload/",)
 
 
 def test_no_module_outside_the_workload_stage_names_a_kind():
-    kinds = workload.names()
-    offenders = []
-    for path in sorted((REPO / "kvpipe").rglob("*.py")):
-        relative = path.relative_to(REPO).as_posix()
-        if relative.startswith(OWNERS):
-            continue
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            code = line.split("#")[0]
-            for kind in kinds:
-                if re.search(rf"[\"']{kind}[\"']", code):
-                    offenders.append(f"{relative}:{number}: {line.strip()}")
+    offenders = quoted_outside(OWNERS, workload.names())
     assert offenders == [], "\n".join(offenders)
 
 

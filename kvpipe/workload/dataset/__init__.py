@@ -9,6 +9,7 @@ each row runs once per repeat. The file's content digest is part of the measurem
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Optional
 
@@ -48,21 +49,28 @@ class Dataset(Workload):
                 "workload.limit", self.settings.limit, "expected a positive number of rows, or null for all"
             )
         self.rows()  # every problem with the file, now: before the model loads
-        return {**checked, "field": self.field()}
+        return {**checked, "field": self._table[1]}
 
     def source(self) -> Path:
         return reading.check_path(self.settings.path)
 
-    def field(self) -> str:
-        return reading.column(reading.load(self.source(), self.settings.split, self.settings.path), self.settings.field)
+    @cached_property
+    def _table(self):
+        """(the datasets.Dataset, its prompt column), read once per workload object."""
+        data = reading.load(self.source(), self.settings.split, self.settings.path)
+        return data, reading.column(data, self.settings.field)
 
     def identity_extras(self) -> dict:
         return {"digest": reading.digest(self.source())}
 
     def rows(self) -> list[Row]:
-        """The rows this job runs: all, or a seeded sample of `limit`, each checked."""
-        data = reading.load(self.source(), self.settings.split, self.settings.path)
-        field = reading.column(data, self.settings.field)
+        """The rows this job runs: all, or a seeded sample of `limit`, each checked; read once per
+        workload object (its check, batches and windows share them)."""
+        return self._rows
+
+    @cached_property
+    def _rows(self) -> list[Row]:
+        data, field = self._table
         numbers = list(range(len(data)))
         if self.settings.limit is not None and self.settings.limit < len(data):
             data = data.add_column("__kvpipe_row", numbers)
