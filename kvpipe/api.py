@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from kvpipe.config import compose
 from kvpipe.errors import KvpipeError
 from kvpipe.model.loading import LoadedModel, model_bytes
-from kvpipe.model.shape import shape_from_config
+from kvpipe.model.shape import shape_from_model_config
 from kvpipe.spec import Spec, make_spec, override_group
 
 # Settings that choose the cache; the model is yours, and kvpipe's model, workload and tracking
@@ -47,7 +47,7 @@ def wrap(model, tokenizer=None) -> LoadedModel:
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
-        shape=shape_from_config(model.config.to_dict()),
+        shape=shape_from_model_config(model.config),
         device=model.device.type,
         dtype=str(model.dtype).removeprefix("torch."),
         load_s=0.0,

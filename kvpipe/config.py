@@ -54,14 +54,16 @@ class ModelConfig:
     num_key_value_heads: int = 2
     head_dim: Optional[int] = None
     max_position_embeddings: int = 4096
-    sliding_window: Optional[int] = None
+    sliding_window: Optional[int] = None  # alone: a Mistral whose every layer slides
+    # with sliding_window: a Gemma 3 text model, e.g. [sliding_attention, sliding_attention, full_attention]
+    layer_types: Optional[List[str]] = None
 
 
 # model.* settings only one source reads; every other model.* setting is read by all.
 SOURCE_FIELDS = {
     "embedded": (),
     "random": ("seed", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-               "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window"),
+               "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window", "layer_types"),
     "hf": ("name_or_path", "revision", "trust_remote_code", "device_map", "architecture"),
 }  # fmt: skip
 

@@ -73,12 +73,21 @@ class Spec:
         # what the workload reads, and what that points at (a dataset file's digest): a chat job's
         # passkey depths measure nothing, a changed file is a new measurement
         data["workload"] = self.workload_kind.identity()
-        read = self.read_fields()
+        read, late = self.read_fields(), type(self.strategy).late_defaults
         for group in STRATEGY_GROUPS:
             kept = {k: v for k, v in data[group].items() if f"{group}.{k}" in read or f"{group}.*" in read}
             data[group] = kept
             if not kept:
                 data.pop(group)
+        # settings added since runs were first keyed leave the key alone at what they mean unset
+        for key in late:
+            if key in data.get("cache", {}) and data["cache"][key] in (None, late[key]):
+                data["cache"].pop(key)
+        for key in LATE_MODEL_FIELDS:
+            if data["model"].get(key) is None:
+                data["model"].pop(key, None)
+        if self.model.source == "hf" and self.model.name == hf_model_name(self.model.name_or_path):
+            data["model"]["name"] = "hf"  # the name model=hf runs were keyed with before they took the folder's
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def params(self) -> dict[str, str]:
@@ -102,6 +111,8 @@ class Spec:
                     continue
                 if isinstance(value, dict):  # model.architecture: the runner logs the real config's
                     continue
+                if group == "cache" and value is None:  # a late setting unset: what it means here
+                    value = type(self.strategy).late_defaults.get(key)
                 text = param_text(value)
                 if text is not None:
                     params[name] = text
@@ -110,6 +121,8 @@ class Spec:
 
 # The groups whose fields a strategy reads; the measurement key keeps only those it reads.
 STRATEGY_GROUPS = ("cache", "backend", "axis")
+# model.* fields added since runs were first keyed: left unset, they stay out of the key
+LATE_MODEL_FIELDS = ("layer_types",)
 
 
 def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) -> Spec:
@@ -121,6 +134,8 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
         _reject_unknown_keys(cfg)
     typed = OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
     _check_model(typed.model)
+    if typed.model.source == "hf" and typed.model.name == "hf":  # conf/model/hf.yaml: named after what it loads
+        typed.model = replace(typed.model, name=hf_model_name(typed.model.name_or_path))
     typed.workload = _check_workload(typed.workload)
     _check_quality(typed.quality)
     for index, strategy in enumerate(typed.fallback):
@@ -181,6 +196,13 @@ def _check_model(model: schema.ModelConfig) -> None:
                 model.num_key_value_heads,
                 f"expected a divisor of model.num_attention_heads={model.num_attention_heads}",
             )
+
+
+def hf_model_name(name_or_path: str) -> str:
+    """What names a model=hf run: a local folder's name, or the hub id as written."""
+    if looks_local(name_or_path):
+        return Path(name_or_path.rstrip("/\\")).expanduser().name or name_or_path
+    return name_or_path
 
 
 def looks_local(name_or_path: str) -> bool:

@@ -56,7 +56,7 @@ def test_generate_with_fallback_retries_after_out_of_memory_as_the_runner_does(t
     output, record = api.generate_with_fallback(
         loaded.model, "cache=static fallback=[quantized]", max_new_tokens=3, **inputs
     )
-    assert calls == ["StaticCache", "QuantizedCache"]
+    assert calls == ["StaticCache", "LayeredQuantizedCache"]  # a QuantizedCache of kvpipe's layers
     assert record["fallback_from"] == "static" and record["fallback_to"] == "quantized"
     assert record["cache"] == "quantized" and "out of memory" in record["fallback_error"]
     assert output.shape[1] == inputs["input_ids"].shape[1] + 3

@@ -215,7 +215,7 @@ def test_sizes_parse_with_binary_and_decimal_units(text, expected):
 
 
 def test_largest_context_is_exact_at_the_boundary_and_capped_at_max_positions():
-    kv = accounting.KvShape(layers=2, kv_heads=2, head_dim=64, batch_size=1, dtype_bytes=4)
+    kv = accounting.KvShape(windows=(None, None), kv_heads=2, head_dim=64, batch_size=1, dtype_bytes=4)
     at = lambda context: accounting.dense_bytes(kv, context - 1)  # noqa: E731
     assert plan.largest_context(at, at(1000), 4096) == 1000
     assert plan.largest_context(at, at(1000) - 1, 4096) == 999

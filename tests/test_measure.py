@@ -11,11 +11,13 @@ import pytest
 import torch
 
 from kvpipe.cache import get
+from kvpipe.cache.accounting import kv_shape
 from kvpipe.measure.clock import Timing, TokenClock
 from kvpipe.measure.memory import PeakMemory, release_freed_memory
 from kvpipe.measure.metrics import repeat_noise, weights_read_per_step
 from kvpipe.measure.quality import first_divergence, window_scores
 from kvpipe.measure.roofline import roofline_fraction
+from kvpipe.model import describe
 
 from conftest import spec_for
 
@@ -70,10 +72,15 @@ def test_decode_traffic_counts_what_each_strategy_moves():
     dynamic = spec_for("model=tiny_random").strategy
     quantized = spec_for("model=tiny_random", "cache=quantized").strategy
     offloaded = spec_for("model=tiny_random", "cache=offloaded").strategy
-    assert dynamic.decode_kv_traffic_bytes(kv_bytes=100, dense_kv_bytes=100, device="cpu") == 100
-    # packed read + dequantized copy written + that copy read by attention
-    assert quantized.decode_kv_traffic_bytes(kv_bytes=30, dense_kv_bytes=100, device="cpu") == 30 + 2 * 100
-    assert offloaded.decode_kv_traffic_bytes(kv_bytes=100, dense_kv_bytes=100, device="cuda") is None
+    kv = kv_shape(describe(spec_for("model=tiny_random").model), 1, "float32")  # 2 layers, 1,024 B a token
+    assert dynamic.decode_kv_traffic_bytes(kv, 100, prompt_tokens=40, new_tokens=11, device="cpu") == 100
+    # packed read + dequantized copy written + that copy read by attention: with the default
+    # residual_length=128, all 40 + 10 cached tokens are the prompt's quantized ones or the residual
+    dequantized = 2 * 50 * kv.token_bytes()
+    assert (
+        quantized.decode_kv_traffic_bytes(kv, 30, prompt_tokens=40, new_tokens=11, device="cpu") == 30 + 2 * dequantized
+    )
+    assert offloaded.decode_kv_traffic_bytes(kv, 100, prompt_tokens=40, new_tokens=11, device="cuda") is None
     assert "interconnect" in offloaded.traffic_unknown_reason("cuda")
     assert get("offloaded").offloading and not get("dynamic").offloading
 

@@ -159,7 +159,9 @@ def test_the_python_snippet_runs_in_a_users_own_generate_call(cache, params):
     namespace = {"model": loaded.model, "inputs": dict(inputs)}
     exec(code, namespace)  # as a user pastes it: `model` and `inputs` are theirs
     assert namespace["output"].shape[1] == inputs["input_ids"].shape[1] + 5
-    assert type(namespace["kwargs"]["cache"]).__name__ == ("StaticCache" if cache == "static" else "QuantizedCache")
+    assert type(namespace["kwargs"]["cache"]).__name__ == (
+        "StaticCache" if cache == "static" else "LayeredQuantizedCache"
+    )
 
 
 def test_min_accuracy_rules_out_a_faster_cache_that_loses_the_needle():

@@ -6,9 +6,16 @@ cache, and tests/test_capacity.py holds the two equal. Pure Python at import.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Optional
 
+from kvpipe.errors import KvpipeError
 from kvpipe.units import DTYPE_BYTES
+
+# transformers' layer types whose cache keeps the last `window` tokens (chunked attention caches as
+# sliding does; only its mask differs), and the types that keep no KV of their own
+WINDOWED_TYPES = ("sliding_attention", "chunked_attention")
+NO_KV_TYPES = ("dummy",)  # KV shared with another layer, or a layer without attention (moe, mlp)
 
 # Where transformers' cache layers keep key/value data: dense or residual states, and quantized states.
 KV_ATTRIBUTES = ("keys", "values", "_quantized_keys", "_quantized_values")
@@ -16,33 +23,97 @@ KV_ATTRIBUTES = ("keys", "values", "_quantized_keys", "_quantized_values")
 
 @dataclass(frozen=True)
 class KvShape:
-    """What the KV cache's bytes depend on."""
+    """What the KV cache's bytes depend on: per layer that holds KV, its window (None: full
+    attention, the whole sequence), and the K/V heads, head size, batch and dtype all layers share."""
 
-    layers: int
+    windows: tuple[Optional[int], ...]
     kv_heads: int
     head_dim: int
     batch_size: int
     dtype_bytes: int
 
     @property
+    def layers(self) -> int:
+        return len(self.windows)
+
+    @property
+    def full_layers(self) -> int:
+        return sum(window is None for window in self.windows)
+
+    @property
+    def sliding_windows(self) -> tuple[int, ...]:
+        return tuple(window for window in self.windows if window is not None)
+
+    @property
     def elements_per_token(self) -> int:
         """K (or V) elements one token adds to one layer, across the batch."""
         return self.batch_size * self.kv_heads * self.head_dim
 
+    def token_bytes(self) -> int:
+        """Keys and values one token adds to one dense layer, in the model dtype."""
+        return 2 * self.elements_per_token * self.dtype_bytes
+
+    def with_layers(self, windows) -> KvShape:
+        return replace(self, windows=tuple(windows))
+
+
+class UnpredictableLayers(KvpipeError):
+    """A model with layer types whose cache kvpipe cannot count (linear attention, say)."""
+
 
 def kv_shape(shape, batch_size: int, dtype: str) -> KvShape:
-    """From the model's ModelShape, the workload's batch and the resolved model dtype."""
-    return KvShape(shape.num_layers, shape.num_kv_heads, shape.head_dim, batch_size, DTYPE_BYTES[dtype])
+    """From the model's ModelShape, the workload's batch and the resolved model dtype. Layers that keep
+    no KV (shared with another layer) are left out; a layer type kvpipe cannot count is one line."""
+    unknown = sorted({layer.attention for layer in shape.layers} - {"full_attention", *WINDOWED_TYPES, *NO_KV_TYPES})
+    if unknown:
+        raise UnpredictableLayers(
+            f"the model has {', '.join(unknown)} layers; kvpipe predicts the caches of "
+            f"full_attention, {', '.join(WINDOWED_TYPES)} and {', '.join(NO_KV_TYPES)} layers only"
+        )
+    windows = tuple(layer.window for layer in shape.layers if layer.attention not in NO_KV_TYPES)
+    return KvShape(windows, shape.num_kv_heads, shape.head_dim, batch_size, DTYPE_BYTES[dtype])
+
+
+def dynamic_layer_tokens(window: Optional[int], prompt_tokens: int, new_tokens: int) -> int:
+    """Tokens whose storage one DynamicLayer (window None) or DynamicSlidingWindowLayer holds once
+    new_tokens follow the prompt. A sliding layer keeps a view of its last window - 1 tokens, and a
+    view pins the tensor it was cut from: the whole prompt after prefill (new_tokens=1), and from
+    the first decode step on, the window - 1 kept tokens concatenated with the new one."""
+    steps = new_tokens - 1  # the last generated token is never fed back
+    if window is None:
+        return prompt_tokens + steps
+    return prompt_tokens if steps == 0 else min(prompt_tokens + steps, window)
+
+
+def static_layer_tokens(window: Optional[int], max_cache_len: int) -> int:
+    """A StaticLayer allocates max_cache_len tokens; a StaticSlidingWindowLayer no more than its window."""
+    return max_cache_len if window is None else min(window, max_cache_len)
+
+
+def dynamic_bytes(kv: KvShape, prompt_tokens: int, new_tokens: int) -> int:
+    """DynamicCache: keys and values, [batch, kv_heads, tokens, head_dim] each, layer by layer."""
+    return sum(dynamic_layer_tokens(w, prompt_tokens, new_tokens) for w in kv.windows) * kv.token_bytes()
+
+
+def static_bytes(kv: KvShape, max_cache_len: int) -> int:
+    """StaticCache built for max_cache_len: each layer's whole allocation."""
+    return sum(static_layer_tokens(w, max_cache_len) for w in kv.windows) * kv.token_bytes()
 
 
 def dense_bytes(kv: KvShape, tokens: int) -> int:
-    """DynamicLayer/StaticLayer: keys and values, [batch, kv_heads, tokens, head_dim] each."""
-    return 2 * kv.layers * tokens * kv.elements_per_token * kv.dtype_bytes
+    """Every layer holding `tokens` dense (a full-attention model's DynamicLayer/StaticLayer)."""
+    return kv.layers * tokens * kv.token_bytes()
 
 
-def dense_fp16_bytes(shape, tokens: int, batch_size: int) -> int:
-    """What a dense 16-bit cache holds for these tokens: the reference for kv_compression."""
-    return dense_bytes(kv_shape(shape, batch_size, "float16"), tokens)
+def window_bytes(kv: KvShape) -> int:
+    """What the sliding layers of a dense cache hold once past their windows: a fixed cost."""
+    return sum(kv.sliding_windows) * kv.token_bytes()
+
+
+def dense_fp16_bytes(shape, prompt_tokens: int, new_tokens: int, batch_size: int) -> int:
+    """What a 16-bit DynamicCache holds for the same job (each sliding layer at its window): the
+    reference for kv_compression."""
+    return dynamic_bytes(kv_shape(shape, batch_size, "float16"), prompt_tokens, new_tokens)
 
 
 def kv_cache_bytes(cache) -> int:

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
-from kvpipe.cache.accounting import dense_bytes
+from kvpipe.cache import accounting
 from kvpipe.errors import ConfigError, require_choice
 from kvpipe.units import param_text
 
@@ -39,6 +39,7 @@ class CacheSetup:
     make_cache: Callable[..., Any]  # (capacity=0) -> a fresh Cache holding at least `capacity` tokens
     generate_kwargs: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    params: dict[str, str] = field(default_factory=dict)  # what the build resolved, logged with the run
 
 
 @dataclass
@@ -58,6 +59,9 @@ class CacheStrategy:
     supports_sliding_window: ClassVar[bool] = True
     offloading: ClassVar[bool] = False  # keeps layers in host RAM, only the one in use on the GPU
     runs_as_without_cuda: ClassVar[str | None] = None  # offloading strategies: what runs off CUDA
+    # Settings added after runs were recorded, with what they mean left unset (null): at that value
+    # they stay out of the measurement key, so resume=true still finds the older runs.
+    late_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -89,9 +93,19 @@ class CacheStrategy:
             value = params.get(f"cache.{setting.name}")
             if value in ("True", "False"):  # runs logged before params became plain text
                 value = value.lower()
-            if value is not None and value != param_text(setting.default):
+            if value is not None and value not in (param_text(setting.default), cls.default_text(setting.name)):
                 words.append(f"cache.{setting.name}={value}")
         return words
+
+    @classmethod
+    def default_text(cls, setting: str) -> str | None:
+        """What a late setting left unset means for this strategy, as a param reads."""
+        return param_text(cls.late_defaults[setting]) if setting in cls.late_defaults else None
+
+    def setting(self, name: str):
+        """A setting's value, null resolved to what it means for this strategy."""
+        value = getattr(self.settings, name)
+        return self.late_defaults.get(name) if value is None else value
 
     def describe(self) -> str:
         """Every setting this strategy reads, as overrides: the one-line name of a combination."""
@@ -133,6 +147,13 @@ class CacheStrategy:
 
     def check_for_model(self, shape: ModelShape, prompt_tokens: int) -> None:
         """Checks that need the model's shape; run before the weights load."""
+        if self.offloading and self.offloads_only_non_sliding() and shape.layers and shape.full_layers == 0:
+            raise ConfigError(
+                "cache.offload_only_non_sliding",
+                "true",
+                f"every layer of this model slides, so cache={self.name} would offload nothing (and transformers' "
+                "prefetch fails when no layer is offloaded); expected cache.offload_only_non_sliding=false",
+            )
         if shape.has_sliding_layers and not self.supports_sliding_window:
             raise ConfigError(
                 "cache.strategy",
@@ -169,16 +190,22 @@ class CacheStrategy:
 
     def predict_kv_bytes(self, kv: KvShape, prompt_tokens: int, new_tokens: int) -> int:
         """What accounting.kv_cache_bytes reports once new_tokens follow the prompt (all layers)."""
-        return dense_bytes(kv, prompt_tokens + new_tokens - 1)  # the last token is never fed back
+        return accounting.dynamic_bytes(kv, prompt_tokens, new_tokens)
 
     def bytes_per_token(self, kv: KvShape) -> float:
-        """What one more cached token costs in the long run."""
-        return dense_bytes(kv, 1)
+        """What one more cached token costs in the long run: past their windows only the
+        full-attention layers grow."""
+        return kv.full_layers * kv.token_bytes()
 
-    def decode_kv_traffic_bytes(self, kv_bytes: int, dense_kv_bytes: int, device: str) -> int | None:
-        """KV bytes one decode step moves through memory, from the final cache's `kv_bytes` and what
-        the same tokens hold dense in the model dtype; None where it cannot be counted honestly.
-        A dense cache is read once per step (a static one: its whole allocation, masked)."""
+    def window_bytes(self, kv: KvShape) -> int:
+        """What the sliding layers hold once past their windows, however long the context: fixed."""
+        return accounting.window_bytes(kv)
+
+    def decode_kv_traffic_bytes(self, kv: KvShape, kv_bytes: int, prompt_tokens: int, new_tokens: int,
+                                device: str) -> int | None:  # fmt: skip
+        """KV bytes one decode step moves through memory, from the final cache's `kv_bytes` (each
+        sliding layer counted at what it keeps) and the job's shape; None where it cannot be counted
+        honestly. A dense cache is read once per step (a static one: its whole allocation, masked)."""
         if self.offloading and device == "cuda":
             return None
         return kv_bytes
@@ -189,15 +216,31 @@ class CacheStrategy:
             "the interconnect's speed, not the memory bandwidth the roofline is measured against"
         )
 
+    def offloads_only_non_sliding(self) -> bool:
+        """Whether an offloading cache keeps its sliding layers on the device (transformers' option)."""
+        return bool(self.offloading and self.setting("offload_only_non_sliding"))
+
+    def offloading_kwargs(self) -> dict:
+        """DynamicCache/StaticCache's offloading arguments."""
+        if not self.offloading:
+            return {"offloading": False}
+        return {"offloading": True, "offload_only_non_sliding": self.offloads_only_non_sliding()}
+
     def device_kv_shape(self, kv: KvShape, device: str) -> KvShape:
-        """The part of the cache that lives on the device: offloading keeps the layer in use and the
-        next (prefetched) there, host RAM holds every layer; off CUDA nothing is offloaded."""
+        """The part of the cache that lives on the device. Offloading keeps the layer in use and the
+        next offloaded one (prefetched) there, and host RAM holds the rest: counted here as the two
+        largest offloaded layers. With offload_only_non_sliding the sliding layers stay on the device
+        too. Off CUDA nothing is offloaded."""
         if not self.offloading or device != "cuda":
             return kv
-        return dataclasses.replace(kv, layers=min(2, kv.layers))
+        only_full = self.offloads_only_non_sliding()
+        resident = kv.sliding_windows if only_full else ()
+        offloaded = [w for w in kv.windows if w is None or not only_full]
+        largest = sorted(offloaded, key=lambda w: float("inf") if w is None else w, reverse=True)[:2]
+        return kv.with_layers([*resident, *largest])
 
     @classmethod
-    def plan_variants(cls, spec: Spec, head_dim: int) -> list[tuple[str, Spec]]:
+    def plan_variants(cls, spec: Spec, shape: ModelShape) -> list[tuple[str, Spec]]:
         """(label, spec) rows `kvpipe plan` shows for this strategy."""
         return [(cls.name, spec.with_strategy(cls.name))]
 

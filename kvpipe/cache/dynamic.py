@@ -14,6 +14,6 @@ class Dynamic(CacheStrategy):
         from transformers import DynamicCache
 
         def make(capacity: int = 0):
-            return DynamicCache(config=loaded.model.config, offloading=self.offloading)
+            return DynamicCache(config=loaded.model.config, **self.offloading_kwargs())
 
         return CacheSetup(requested=self.name, effective=self.name, make_cache=make)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 from kvpipe.cache.dynamic import Dynamic
 
 
@@ -11,3 +14,9 @@ class Offloaded(Dynamic):
     order = 30
     offloading = True
     runs_as_without_cuda = "dynamic"  # transformers' offloading asserts CUDA
+    late_defaults = {"offload_only_non_sliding": False}  # DynamicCache's own default
+
+    @dataclass
+    class Settings:
+        # true: sliding-window layers stay on the GPU, only full-attention layers move (null: false)
+        offload_only_non_sliding: Optional[bool] = None

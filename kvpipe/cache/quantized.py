@@ -2,15 +2,21 @@
 
 What the integers look like (bit widths, axes, layers, bytes) is the backend's business
 (`kvpipe.cache.backends`); this strategy asks the one that `backend.name` selects.
+
+transformers' QuantizedCache refuses any model with a layer that is not full attention. kvpipe
+builds the layers itself, from the same per-layer types transformers' caches use: full-attention
+layers quantized, sliding (and chunked) layers kept dense at their window as DynamicCache keeps
+them, or with cache.quantize_sliding=true quantized too, in kvpipe's window-keeping layers.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Mapping
 
-from kvpipe.cache import backends
+from kvpipe.cache import accounting, backends
 from kvpipe.cache.base import CacheSetup, CacheStrategy
+from kvpipe.errors import ConfigError
 
 
 class Quantized(CacheStrategy):
@@ -18,8 +24,13 @@ class Quantized(CacheStrategy):
     family = "quantized"
     lossless = False
     order = 50
-    supports_sliding_window = False  # QuantizedCache refuses sliding-window layers
     in_label = ("backend.name", "backend.nbits", "axis.layout")
+    late_defaults = {"quantize_sliding": False}
+
+    @dataclass
+    class Settings:
+        # false: sliding-window layers stay dense at their window; true: quantized too (quanto, hqq)
+        quantize_sliding: bool = False
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -39,46 +50,107 @@ class Quantized(CacheStrategy):
 
     def check(self, overridden=frozenset()) -> list[str]:
         self.backend.check()
+        if self.settings.quantize_sliding and not self.backend.quantizes_windows:
+            windowed = " or ".join(f"backend={b.name}" for b in backends.registered() if b.quantizes_windows)
+            raise ConfigError(
+                "cache.quantize_sliding",
+                True,
+                f"backend={self.backend.name} has no layer that keeps a sliding window; expected {windowed}, "
+                "or cache.quantize_sliding=false",
+            )
         return super().check(overridden)
 
     def check_for_model(self, shape, prompt_tokens: int) -> None:
         super().check_for_model(shape, prompt_tokens)
+        try:
+            accounting.kv_shape(shape, 1, "float16")
+        except accounting.UnpredictableLayers as exc:
+            raise ConfigError("cache.strategy", self.name, f"kvpipe builds quantized layers for {exc}") from exc
         self.backend.check_for_model(shape)
 
+    def quantizes(self, window) -> bool:
+        """Whether the layer with this window (None: full attention) is quantized."""
+        return window is None or self.settings.quantize_sliding
+
+    def quantized_layers(self, windows) -> str:
+        """Which of the layers that hold KV (their windows) are quantized, as the run's params say:
+        '3 of 18 (full_attention)', or '18 of 18 (all)'."""
+        count = sum(self.quantizes(window) for window in windows)
+        return f"{count} of {len(windows)} ({'all' if count == len(windows) else 'full_attention'})"
+
     def build(self, loaded, longest_prompt: int) -> CacheSetup:
-        from transformers import QuantizedCache
+        from transformers.cache_utils import DummyLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
+
+        from kvpipe.cache.backends._layers import LayeredQuantizedCache
 
         backend = self.backend
         backend.require_available()
         backend.warm(loaded.device, loaded.model.dtype)
-        options, layer_class = backend.cache_options(), backend.layer_class()
+        options = backend.cache_options()
+        kinds = get_layer_types_and_kwargs(loaded.model.config.get_text_config(decoder=True))
+
+        def layer(kind: str, window: int | None):
+            if kind in accounting.NO_KV_TYPES:
+                return DummyLayer()
+            if window is None:
+                return backend.layer_class()(**options)
+            if self.settings.quantize_sliding:
+                return backend.sliding_layer_class()(sliding_window=window, **options)
+            return DynamicSlidingWindowLayer(sliding_window=window)
 
         def make(capacity: int = 0):
-            cache = QuantizedCache(backend=backend.name, config=loaded.model.config, **options)
-            if layer_class is not None:  # kvpipe's layers group as the axis names say at every length
-                cache.layers = [layer_class(**options) for _ in cache.layers]
-            return cache
+            return LayeredQuantizedCache([layer(kind, kw.get("sliding_window")) for kind, kw in zip(*kinds)])
 
-        return CacheSetup(requested=self.name, effective=self.label(), make_cache=make)
+        windows = [kw.get("sliding_window") for kind, kw in zip(*kinds) if kind not in accounting.NO_KV_TYPES]
+        params = {"cache.quantized_layers": self.quantized_layers(windows)}
+        return CacheSetup(requested=self.name, effective=self.label(), make_cache=make, params=params)
 
     def label(self) -> str:
         return f"{self.name}:{self.backend.label()}"
 
-    def decode_kv_traffic_bytes(self, kv_bytes: int, dense_kv_bytes: int, device: str) -> int | None:
-        """Each step reads the packed cache and the residual (kv_bytes), writes the whole cache
-        dequantized to the model dtype, and attention reads that copy back: kv_bytes + 2 x dense."""
-        return kv_bytes + 2 * dense_kv_bytes
+    def decode_kv_traffic_bytes(self, kv, kv_bytes: int, prompt_tokens: int, new_tokens: int, device: str):
+        """Each step reads the packed cache, the residual and the dense sliding layers (kv_bytes), writes
+        each quantized layer dequantized to the model dtype, and attention reads that copy back:
+        kv_bytes + 2 x the dequantized tokens of the quantized layers (a window's at most)."""
+        dequantized = sum(
+            self.backend.dequantized_tokens(window, prompt_tokens, new_tokens)
+            for window in kv.windows
+            if self.quantizes(window)
+        )
+        return kv_bytes + 2 * dequantized * kv.token_bytes()
 
     def predict_kv_bytes(self, kv, prompt_tokens: int, new_tokens: int) -> int:
-        return self.backend.predict_kv_bytes(kv, prompt_tokens, new_tokens)
+        return sum(
+            self.backend.layer_bytes(kv, window, prompt_tokens, new_tokens)
+            if self.quantizes(window)
+            else accounting.dynamic_layer_tokens(window, prompt_tokens, new_tokens) * kv.token_bytes()
+            for window in kv.windows
+        )
 
     def bytes_per_token(self, kv) -> float:
-        return self.backend.bytes_per_token(kv)
+        return kv.full_layers * self.backend.token_bytes(kv)
+
+    def window_bytes(self, kv) -> int:
+        if not self.settings.quantize_sliding:
+            return accounting.window_bytes(kv)
+        return sum(self.backend.window_bytes(kv, window) for window in kv.sliding_windows)
 
     @classmethod
-    def plan_variants(cls, spec, head_dim: int):
+    def plan_variants(cls, spec, shape):
         """The configured backend, then each backend's usual bit widths (default axes), then the
-        backends that read no axis; grouped backends only where q_group_size divides head_dim."""
+        backends that read no axis; grouped backends only where q_group_size divides head_dim. On a
+        model with sliding layers, the configured backend once more with quantize_sliding flipped."""
+        rows = cls._backend_variants(spec, shape.head_dim)
+        configured = backends.get(spec.backend.name)
+        if shape.has_sliding_layers and configured.quantizes_windows and rows:
+            label, variant = rows[0]
+            flipped = not variant.cache.quantize_sliding
+            other = replace(variant, cache=replace(variant.cache, quantize_sliding=flipped))
+            rows.insert(1, (f"{label} {'+sliding' if flipped else '(full only)'}", other))
+        return rows
+
+    @classmethod
+    def _backend_variants(cls, spec, head_dim: int):
         configured = backends.get(spec.backend.name)
         default_axis = replace(spec.axis, key=None, value=None)
         wanted = [(configured, spec.backend.nbits, spec.axis)] if configured.axes else []
@@ -102,15 +174,24 @@ class Quantized(CacheStrategy):
 
     @classmethod
     def plan_notes(cls, spec, shape) -> list[str]:
+        notes = []
         if shape.has_sliding_layers:
-            return ["sliding-window layers: dense sizes are an upper bound; QuantizedCache refuses such models"]
+            which = (
+                "quantized too"
+                if spec.cache.quantize_sliding
+                else "dense at their windows (cache.quantize_sliding=false)"
+            )
+            notes.append(
+                "transformers' QuantizedCache refuses sliding-window layers; kvpipe quantizes the full-attention "
+                f"layers and keeps the sliding ones {which}"
+            )
         grouped = [b for b in backends.registered() if b.axes]
         if shape.head_dim % spec.backend.q_group_size:
-            return [
+            return notes + [
                 f"{' and '.join(b.name for b in grouped)} rows left out: backend.q_group_size="
                 f"{spec.backend.q_group_size} does not divide head_dim={shape.head_dim}"
             ]
-        return [
+        return notes + [
             f"quantized sizes include the full-precision residual (< backend.residual_length="
             f"{spec.backend.residual_length} tokens) and token padding; KV B/token is the long-run cost. "
             "Decoding also dequantizes one layer's keys and values at a time (transient, not counted)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from kvpipe.cache.accounting import dense_bytes
+from kvpipe.cache.accounting import static_bytes
 from kvpipe.cache.base import CacheSetup, CacheStrategy
 from kvpipe.errors import ConfigError
 
@@ -55,7 +55,9 @@ class Static(CacheStrategy):
 
         def make(capacity: int = 0):
             return StaticCache(
-                config=loaded.model.config, max_cache_len=max(max_cache_len, capacity), offloading=self.offloading
+                config=loaded.model.config,
+                max_cache_len=max(max_cache_len, capacity),
+                **self.offloading_kwargs(),
             )
 
         kwargs: dict = {}
@@ -69,7 +71,7 @@ class Static(CacheStrategy):
         return self.name + ("+compile" if self.settings.compile else "")
 
     def predict_kv_bytes(self, kv, prompt_tokens: int, new_tokens: int) -> int:
-        return dense_bytes(kv, max(self.max_cache_len(prompt_tokens), prompt_tokens + new_tokens))
+        return static_bytes(kv, max(self.max_cache_len(prompt_tokens), prompt_tokens + new_tokens))
 
 
 def _compile_config(device: str):

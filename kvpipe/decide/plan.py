@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from kvpipe import cache, model
-from kvpipe.cache.accounting import kv_shape
+from kvpipe.cache.accounting import UnpredictableLayers, kv_shape
 from kvpipe.config import compose, from_hydra
 from kvpipe.errors import ConfigError, KvpipeError, first_line
 from kvpipe.model.weights import weights
@@ -28,9 +28,9 @@ def predict_kv_bytes(spec, kv, prompt_tokens: int, new_tokens: int) -> int:
     return spec.strategy.predict_kv_bytes(kv, prompt_tokens, new_tokens)
 
 
-def variants(spec, head_dim: int) -> list[tuple[str, object]]:
+def variants(spec, shape) -> list[tuple[str, object]]:
     """(label, spec) for every row: each registered strategy's variants, in table order."""
-    return [row for strategy in cache.registered() for row in strategy.plan_variants(spec, head_dim)]
+    return [row for strategy in cache.registered() for row in strategy.plan_variants(spec, shape)]
 
 
 def split(context: int, max_new_tokens: int) -> tuple[int, int]:
@@ -95,7 +95,7 @@ def report(spec, budget: int | None, contexts: list[int] | None, device: str | N
         raise KvpipeError(
             f"model.name_or_path={spec.model.name_or_path!r} has no readable config: {first_line(exc)}"
         ) from exc
-    rows = variants(spec, shape.head_dim)
+    rows = variants(spec, shape)
     for _, variant in rows:
         if any(name.startswith("backend.") for name in variant.read_fields()):
             variant.strategy.check()  # the backend settings of the quantized rows, whatever cache= says
@@ -103,7 +103,11 @@ def report(spec, budget: int | None, contexts: list[int] | None, device: str | N
         rows = [(label, variant) for label, variant in rows if variant.strategy.supports_sliding_window]
     device = device or (model.resolve_device("auto") if spec.model.device == "auto" else spec.model.device)
     dtype = model.dtype_name(spec.model.dtype, device)
-    kv, new_tokens = kv_shape(shape, spec.workload.batch_size, dtype), spec.workload.max_new_tokens
+    try:
+        kv = kv_shape(shape, spec.workload.batch_size, dtype)
+    except UnpredictableLayers as exc:
+        raise KvpipeError(f"kvpipe plan: {exc}") from exc
+    new_tokens = spec.workload.max_new_tokens
     cap = shape.max_positions or 2**24
     contexts = contexts or sorted({c for c in (1024, 4096) if c < cap} | {cap})
     weight = weights(spec.model, dtype)
@@ -113,6 +117,8 @@ def report(spec, budget: int | None, contexts: list[int] | None, device: str | N
     say(f"[bold]kvpipe plan[/bold] · {spec.model.name} · {device} · batch {kv.batch_size}")
     positions = f"{shape.max_positions:,} positions" if shape.max_positions else "no max_position_embeddings"
     say(f"model: {shape.num_layers} layers × {shape.num_kv_heads} KV heads × head_dim {shape.head_dim}, {positions}")
+    if shape.has_sliding_layers:
+        say(f"layers: {shape.layer_summary()}")
     other = "cpu" if device == "cuda" else "cuda"
     auto_note = f"(model.dtype=auto on {device}; --device {other} would assume {model.dtype_name('auto', other)})"
     say(f"dtype: {dtype} " + (auto_note if spec.model.dtype == "auto" else "(model.dtype)"))
@@ -131,7 +137,8 @@ def report(spec, budget: int | None, contexts: list[int] | None, device: str | N
     say(f"context = prompt + {new_tokens} new tokens (workload.max_new_tokens); the cache holds context - 1 tokens")
 
     table = Table(header_style="bold")
-    for column in ["strategy", "KV B/token"] + [f"KV @ {c:,}" + ("*" if c > cap else "") for c in contexts]:
+    per_token = ["KV B/token", "windows"] if shape.has_sliding_layers else ["KV B/token"]
+    for column in ["strategy", *per_token] + [f"KV @ {c:,}" + ("*" if c > cap else "") for c in contexts]:
         table.add_column(column, justify="left" if column == "strategy" else "right")
     if available is not None:
         table.add_column("fits up to", justify="right")
@@ -142,7 +149,10 @@ def report(spec, budget: int | None, contexts: list[int] | None, device: str | N
         def kv_at(context: int, strategy=strategy, on_device=on_device) -> int:
             return strategy.predict_kv_bytes(on_device, *split(context, new_tokens))
 
-        cells = [label, f"{strategy.bytes_per_token(on_device):,.0f}"] + [human_bytes(kv_at(c)) for c in contexts]
+        cells = [label, f"{strategy.bytes_per_token(on_device):,.0f}"]
+        if shape.has_sliding_layers:
+            cells.append(human_bytes(strategy.window_bytes(on_device)))
+        cells += [human_bytes(kv_at(c)) for c in contexts]
         if available is not None:
             fit = largest_context(kv_at, available, cap)
             cells.append("none" if fit == 0 else f"{fit:,}" + (" (model max)" if fit == cap else ""))
@@ -154,11 +164,24 @@ def report(spec, budget: int | None, contexts: list[int] | None, device: str | N
 
 def _notes(spec, shape, device: str, cap: int, contexts: list[int]) -> list[str]:
     notes = [f"* beyond the model's {cap:,} positions: kvpipe would refuse it"] if max(contexts) > cap else []
+    if shape.has_sliding_layers:
+        notes.append(
+            f"KV B/token is what each token adds past the windows (the {shape.full_layers} full-attention "
+            + ("layer grows" if shape.full_layers == 1 else "layers grow")
+            + ", the sliding ones do not); windows is what the sliding layers hold once full, a fixed cost (quantized "
+            "windows: at most, a residual short of its flush). A one-token output pins the whole prompt in them: "
+            "transformers keeps a view of it"
+        )
     offloading = [s for s in cache.registered() if s.offloading]
     if offloading and device == "cuda" and shape.num_layers > 2:
+        kept = (
+            "; sliding layers stay on the device where cache.offload_only_non_sliding=true (offloaded_static's default)"
+            if shape.has_sliding_layers
+            else ""
+        )
         notes.append(
-            f"offloaded rows count the device only (2 of {shape.num_layers} layers: the one in use and "
-            "the next, prefetched); host RAM holds every layer, as dynamic/static"
+            "offloaded rows count the device only (the two largest offloaded layers: the one in use and the next, "
+            f"prefetched{kept}); host RAM holds every layer, as dynamic/static"
         )
     elif offloading and device != "cuda":
         notes.append("without CUDA, " + " and ".join(f"{s.name} runs as {s.runs_as_without_cuda}" for s in offloading))

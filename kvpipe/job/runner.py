@@ -102,6 +102,7 @@ def run_job(spec: Spec) -> JobResult:
         "model.dtype": loaded.dtype,
         "model.device": loaded.device,
         **model.architecture_params(loaded.model.config.to_dict()),
+        **setup.params,
     }
     if ran.quality.enabled:
         params["quality.scored_tokens"] = str(int(metrics["quality_scored_tokens"]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from kvpipe.cache.accounting import dense_bytes, dense_fp16_bytes, kv_shape
+from kvpipe.cache.accounting import UnpredictableLayers, dense_fp16_bytes, kv_shape
 from kvpipe.measure.clock import mean_std, percentile
 from kvpipe.measure.roofline import memory_bandwidth_bytes_per_s, roofline_fraction
 
@@ -41,8 +41,17 @@ def summarise(calls: list, loaded, strategy) -> tuple[dict[str, float], list[str
     metrics["kv_cache_tokens"] = largest.kv_tokens
     if largest.kv_host_bytes:
         metrics["kv_cache_host_bytes"] = largest.kv_host_bytes
-    metrics["kv_cache_bytes_fp16"] = dense_fp16_bytes(loaded.shape, largest.kv_tokens, largest.batch_size)
-    metrics["kv_compression"] = metrics["kv_cache_bytes_fp16"] / largest.kv_bytes if largest.kv_bytes else math.nan
+    # the call's prompt and new tokens (the cache holds prompt + new - 1: the last one is never fed back)
+    prompt, new = largest.prompt_tokens, largest.kv_tokens - largest.prompt_tokens + 1
+    notes = []
+    try:
+        kv = kv_shape(loaded.shape, largest.batch_size, loaded.dtype)
+    except UnpredictableLayers as exc:
+        kv = None
+        notes.append(f"no kv_cache_bytes_fp16 or roofline_fraction: {exc}")
+    if kv is not None:
+        metrics["kv_cache_bytes_fp16"] = dense_fp16_bytes(loaded.shape, prompt, new, largest.batch_size)
+        metrics["kv_compression"] = metrics["kv_cache_bytes_fp16"] / largest.kv_bytes if largest.kv_bytes else math.nan
     metrics["peak_memory_bytes"] = max(c.peak.peak_bytes for c in calls)  # absolute: weights included
     metrics["peak_over_baseline_bytes"] = max(c.peak.peak_over_baseline_bytes for c in calls)
     reserved = [c.peak.peak_reserved_bytes for c in calls if c.peak.peak_reserved_bytes is not None]
@@ -50,12 +59,12 @@ def summarise(calls: list, loaded, strategy) -> tuple[dict[str, float], list[str
         metrics["peak_reserved_bytes"] = max(reserved)
     metrics["weights_bytes"] = loaded.weights_bytes
 
-    notes = []
-    dense_kv = dense_bytes(kv_shape(loaded.shape, largest.batch_size, loaded.dtype), largest.kv_tokens)
-    kv_traffic = strategy.decode_kv_traffic_bytes(largest.kv_bytes, dense_kv, loaded.device)
-    if kv_traffic is None:
+    kv_traffic = (
+        None if kv is None else strategy.decode_kv_traffic_bytes(kv, largest.kv_bytes, prompt, new, loaded.device)
+    )
+    if kv is not None and kv_traffic is None:
         notes.append(f"no roofline_fraction: {strategy.traffic_unknown_reason(loaded.device)}")
-    else:
+    elif kv_traffic is not None:
         bandwidth = memory_bandwidth_bytes_per_s(loaded.device)
         metrics["weights_read_bytes_per_step"] = weights_read_per_step(loaded, largest.batch_size)
         metrics["kv_read_bytes_per_step"] = kv_traffic

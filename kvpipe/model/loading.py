@@ -13,7 +13,7 @@ from typing import Any
 from kvpipe.config import ModelConfig
 from kvpipe.errors import KvpipeError, first_line
 from kvpipe.model.embedded import embedded_folder
-from kvpipe.model.shape import ModelFolderError, ModelShape, local_folder, random_config_dict, shape_from_config
+from kvpipe.model.shape import ModelFolderError, ModelShape, local_folder, random_config_dict, shape_from_model_config
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def resolve_dtype(requested: str, device: str):
 
 def load(model_cfg: ModelConfig) -> LoadedModel:
     """Load (or reuse) the model and tokenizer described by model_cfg."""
-    key = astuple(model_cfg)
+    key = repr(astuple(model_cfg))  # lists (layer_types) and dicts (architecture) are not hashable
     if key not in _LOADED:
         _LOADED.clear()  # one model resident at a time: a sweep over models must not pile them up
         _LOADED[key] = _load_uncached(model_cfg)
@@ -114,7 +114,7 @@ def _load_uncached(model_cfg: ModelConfig) -> LoadedModel:
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
-        shape=shape_from_config(model.config.get_text_config(decoder=True).to_dict()),
+        shape=shape_from_model_config(model.config),
         device=device,
         dtype=str(dtype).removeprefix("torch."),
         load_s=load_s,

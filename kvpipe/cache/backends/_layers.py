@@ -16,7 +16,7 @@ kv_cache_bytes counts it.
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import HQQQuantizedLayer, QuantoQuantizedLayer
+from transformers.cache_utils import Cache, HQQQuantizedLayer, QuantizedCache, QuantoQuantizedLayer
 
 # hqq packs 8 // nbits rows into one byte: 8 padded tokens fit every bit width.
 HQQ_TOKEN_MULTIPLE = 8
@@ -68,3 +68,70 @@ class HQQKVLayer(HQQQuantizedLayer):
         if axis == 0:
             out = out.transpose(2, 3)
         return out[..., :tokens, :].contiguous()
+
+
+class SlidingQuantized:
+    """A quantized layer that keeps a sliding window: transformers' QuantizedLayer schedule (the prompt
+    quantized at once, a residual re-quantized every residual_length tokens), but what it keeps and
+    quantizes is the last window - 1 tokens, as DynamicSlidingWindowLayer keeps. transformers'
+    QuantizedCache refuses sliding layers; this is kvpipe's own. Mixed in before a backend's layer."""
+
+    is_sliding = True
+
+    def __init__(self, sliding_window: int, **options):
+        super().__init__(**options)
+        self.sliding_window = sliding_window
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        kept = self.sliding_window - 1
+        seen, self.cumulative_length = self.cumulative_length, self.cumulative_length + key_states.shape[-2]
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self._quantized_keys = self._quantize(last(key_states, kept).contiguous(), axis=self.axis_key)
+            self._quantized_values = self._quantize(last(value_states, kept).contiguous(), axis=self.axis_value)
+            return key_states, value_states
+        # What attention sees: the last min(seen, window - 1) tokens, then the new ones (get_mask_sizes)
+        visible = min(seen, kept) + key_states.shape[-2]
+        keys = last(torch.cat([self._dequantize(self._quantized_keys), self.keys, key_states], dim=-2), visible)
+        values = last(torch.cat([self._dequantize(self._quantized_values), self.values, value_states], dim=-2), visible)
+        residual = self.keys.shape[-2] if self.keys.dim() == 4 else 0
+        if residual + key_states.shape[-2] >= self.residual_length:
+            self._quantized_keys = self._quantize(last(keys, kept).contiguous(), axis=self.axis_key)
+            self._quantized_values = self._quantize(last(values, kept).contiguous(), axis=self.axis_value)
+            self.keys = torch.tensor([], dtype=key_states.dtype, device=key_states.device)
+            self.values = torch.tensor([], dtype=key_states.dtype, device=key_states.device)
+        else:
+            self.keys = torch.cat([self.keys, key_states], dim=-2)
+            self.values = torch.cat([self.values, value_states], dim=-2)
+        return keys, values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """As DynamicSlidingWindowLayer: the window's offset and the visible length."""
+        seen = self.cumulative_length
+        offset = max(seen - self.sliding_window + 1, 0)
+        length = self.sliding_window - 1 + query_length if seen >= self.sliding_window else seen + query_length
+        return length, offset
+
+    def get_max_length(self) -> int:
+        return self.sliding_window
+
+
+def last(tensor: torch.Tensor, tokens: int) -> torch.Tensor:
+    """The last `tokens` of the sequence axis (all of it when shorter)."""
+    return tensor.narrow(-2, max(tensor.shape[-2] - tokens, 0), min(tokens, tensor.shape[-2]))
+
+
+class SlidingQuantoKVLayer(SlidingQuantized, QuantoKVLayer):
+    """quanto, keeping a sliding window."""
+
+
+class SlidingHQQKVLayer(SlidingQuantized, HQQKVLayer):
+    """hqq, keeping a sliding window."""
+
+
+class LayeredQuantizedCache(QuantizedCache):
+    """A QuantizedCache of the layers kvpipe chose, one per decoder layer. transformers' own builds
+    one layer class for every layer and raises for any layer that is not full attention."""
+
+    def __init__(self, layers: list):
+        Cache.__init__(self, layers=layers)

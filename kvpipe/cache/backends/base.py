@@ -30,6 +30,8 @@ class QuantBackend:
     Settings: ClassVar[type]  # dataclass of the backend.* fields it reads (nbits included)
     # layout -> (key axis, value axis) in the backend's own numbering; empty: no axis is read
     axes: ClassVar[dict[str, tuple[int, int]]] = {}
+    # kvpipe has a layer for it that keeps a sliding window quantized (cache.quantize_sliding=true)
+    quantizes_windows: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -100,9 +102,14 @@ class QuantBackend:
         return {}
 
     @classmethod
-    def layer_class(cls) -> type | None:
-        """kvpipe's layer class for this backend, or None for transformers' own."""
-        return None
+    def layer_class(cls) -> type:
+        """The layer class that keeps a full-attention layer's keys and values."""
+        raise NotImplementedError
+
+    @classmethod
+    def sliding_layer_class(cls) -> type:
+        """The layer class that keeps a sliding window quantized (where `quantizes_windows`)."""
+        raise NotImplementedError
 
     @classmethod
     def warm(cls, device: str, dtype) -> None:
@@ -113,10 +120,16 @@ class QuantBackend:
 
     # ---- bytes ---------------------------------------------------------------------------------
 
-    def predict_kv_bytes(self, kv, prompt_tokens: int, new_tokens: int) -> int:
+    def layer_bytes(self, kv, window: Optional[int], prompt_tokens: int, new_tokens: int) -> int:
+        """What one quantized layer (window None: full attention) holds once new_tokens follow the prompt."""
         raise NotImplementedError
 
-    def bytes_per_token(self, kv) -> float:
+    def token_bytes(self, kv) -> float:
+        """What one more token costs one quantized full-attention layer in the long run."""
+        raise NotImplementedError
+
+    def window_bytes(self, kv, window: int) -> int:
+        """The most one quantized sliding layer holds once past its window."""
         raise NotImplementedError
 
 
@@ -132,6 +145,7 @@ class GroupedBackend(QuantBackend):
     full-precision residual that is re-quantized every residual_length tokens."""
 
     Settings = GroupedSettings
+    quantizes_windows = True
     axes_grouping: ClassVar[dict[int, str]] = {}  # raw axis -> "token" or "channel": what one group spans
     token_multiple: ClassVar[int] = 1  # the padded token count per-token groups need
 
@@ -171,11 +185,26 @@ class GroupedBackend(QuantBackend):
     def label(self) -> str:
         return f"{self.name}:int{self.settings.nbits}:{self.axis.layout}"
 
-    def predict_kv_bytes(self, kv, prompt_tokens: int, new_tokens: int) -> int:
-        """Packed keys and values, a scale and zero point per group, and the residual."""
+    def layer_bytes(self, kv, window: Optional[int], prompt_tokens: int, new_tokens: int) -> int:
+        """Packed keys and values, a scale and zero point per group, and the residual. A sliding layer
+        quantizes no more than the window - 1 tokens it keeps (kvpipe's SlidingQuantized layers)."""
         quantized_tokens, residual_tokens = flush_schedule(prompt_tokens, new_tokens, self.settings.residual_length)
+        if window is not None:
+            quantized_tokens = min(quantized_tokens, window - 1)
+        return self.held_bytes(kv, quantized_tokens, residual_tokens)
+
+    def held_bytes(self, kv, quantized_tokens: int, residual_tokens: int) -> int:
         packed = sum(self.packed_bytes(kv, self.axes_grouping[axis], quantized_tokens) for axis in self.raw_axes())
-        return kv.layers * (packed + 2 * residual_tokens * kv.elements_per_token * kv.dtype_bytes)
+        return packed + residual_tokens * kv.token_bytes()
+
+    def dequantized_tokens(self, window: Optional[int], prompt_tokens: int, new_tokens: int) -> int:
+        """Tokens a decode step dequantizes and concatenates with the residual, per layer."""
+        quantized_tokens, residual_tokens = flush_schedule(prompt_tokens, new_tokens, self.settings.residual_length)
+        return (quantized_tokens if window is None else min(quantized_tokens, window - 1)) + residual_tokens
+
+    def window_bytes(self, kv, window: int) -> int:
+        """A full window quantized and a residual one token short of flushing: the most it holds."""
+        return self.held_bytes(kv, window - 1, max(self.settings.residual_length - 1, 0))
 
     def packed_bytes(self, kv, grouping: str, tokens: int) -> int:
         """One layer's keys (or values): data plus a scale and a zero point per group, in the model dtype.
@@ -193,10 +222,10 @@ class GroupedBackend(QuantBackend):
     def bits_per_value(self) -> float:
         return self.settings.nbits
 
-    def bytes_per_token(self, kv) -> float:
+    def token_bytes(self, kv) -> float:
         """Packed bits plus the token's share of scales and zero points."""
         per_value = self.bits_per_value() / 8 + 2 * kv.dtype_bytes / self.settings.q_group_size
-        return 2 * kv.layers * kv.elements_per_token * per_value
+        return 2 * kv.elements_per_token * per_value
 
 
 def flush_schedule(prompt_tokens: int, new_tokens: int, residual_length: int) -> tuple[int, int]:

@@ -32,9 +32,18 @@ class FP8(QuantBackend):
                 f"has none; use {alternatives(self.name)}"
             )
 
-    def predict_kv_bytes(self, kv, prompt_tokens: int, new_tokens: int) -> int:
-        held = prompt_tokens + new_tokens - 1  # one byte an element, no residual
-        return 2 * kv.layers * (held * kv.elements_per_token + SCALE_BYTES)
+    @classmethod
+    def layer_class(cls):
+        from transformers.cache_utils import Fp8QuantizedLayer
 
-    def bytes_per_token(self, kv) -> float:
-        return 2 * kv.layers * kv.elements_per_token
+        return Fp8QuantizedLayer
+
+    def layer_bytes(self, kv, window, prompt_tokens: int, new_tokens: int) -> int:
+        held = prompt_tokens + new_tokens - 1  # one byte an element, no residual
+        return 2 * (held * kv.elements_per_token + SCALE_BYTES)
+
+    def dequantized_tokens(self, window, prompt_tokens: int, new_tokens: int) -> int:
+        return prompt_tokens + new_tokens - 1
+
+    def token_bytes(self, kv) -> float:
+        return 2 * kv.elements_per_token

@@ -35,6 +35,12 @@ class HQQ(GroupedBackend):
 
         return HQQKVLayer
 
+    @classmethod
+    def sliding_layer_class(cls):
+        from kvpipe.cache.backends._layers import SlidingHQQKVLayer
+
+        return SlidingHQQKVLayer
+
     def data_bytes(self, groups: int, grouping: str) -> int:
         if self.settings.nbits == 3:  # 10 three-bit values per int32, rows padded to 10
             return -(-groups // 10) * self.settings.q_group_size * 4

@@ -33,6 +33,12 @@ class Quanto(GroupedBackend):
 
         return QuantoKVLayer
 
+    @classmethod
+    def sliding_layer_class(cls):
+        from kvpipe.cache.backends._layers import SlidingQuantoKVLayer
+
+        return SlidingQuantoKVLayer
+
     def data_bytes(self, groups: int, grouping: str) -> int:
         if grouping == "channel":  # quanto packs the rows of its (group, groups) view
             return -(-self.settings.q_group_size // (8 // self.settings.nbits)) * groups
