@@ -4,8 +4,10 @@
     bash benchmarks/gpu_check.sh --reduced --out /tmp/gpucheck   # tiny_random, seconds (forced without CUDA)
 
 Checks: offloaded caches cut peak GPU memory; the OOM fallback works under a real allocator limit;
-quantized caches hold fewer KV bytes (and peak lower); static + compile decodes faster. The reduced form
-runs the same jobs small and judges what it can. Exits 1 if an applicable check failed.
+quantized caches hold fewer KV bytes (and peak lower); static + compile decodes faster; on a model with
+sliding-window layers (tiny_sliding, a Gemma-3-style random config), plan's bytes equal the caches', and
+cache.offload_only_non_sliding=true keeps the sliding layers on the GPU. The reduced form runs the same
+jobs small and judges what it can. Exits 1 if an applicable check failed.
 """
 
 from __future__ import annotations
@@ -51,10 +53,18 @@ JOBS = {  # label -> (workload, cache overrides)
     "speed_dynamic": ("speed", ["cache=dynamic"]),
     "speed_static_compile": ("speed", ["cache=static", "cache.compile=true"]),
 }
+SLIDING_MODEL = "tiny_sliding"  # conf/model: two sliding layers (window 16) and one full, at any size
+SLIDING_JOBS = {  # label -> (workload, cache overrides), all on SLIDING_MODEL
+    "sliding_offload_all": ("memory", ["cache=offloaded_static", "cache.offload_only_non_sliding=false"]),
+    "sliding_offload_full_only": ("memory", ["cache=offloaded_static", "cache.offload_only_non_sliding=true"]),
+    "sliding_offloaded_dynamic": ("memory", ["cache=offloaded", "cache.offload_only_non_sliding=true"]),
+    "sliding_quantized": ("memory", ["cache=quantized", "backend=hqq"]),
+}
 METRICS = (
     "peak_memory_bytes",
     "peak_reserved_bytes",
     "kv_cache_bytes",
+    "kv_cache_host_bytes",
     "decode_tokens_per_s",
     "decode_tokens_per_s_std",
     "compile_ms",
@@ -103,12 +113,30 @@ def run(spec) -> dict:
         figures = {
             **{k: result.metrics[k] for k in METRICS if k in result.metrics},
             **{k: result.tags[k] for k in TAGS if k in result.tags},
+            **predicted_kv_bytes(spec, result),
         }
     gc.collect()  # what one job freed must not count against the next
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     figures["job_s"] = round(time.perf_counter() - started, 2)
     return figures
+
+
+def predicted_kv_bytes(spec, result) -> dict:
+    """What `kvpipe plan` predicts the job's cache holds: every layer (host and device together), and
+    its sliding layers alone."""
+    from kvpipe import model
+    from kvpipe.cache.accounting import kv_shape
+
+    metrics = result.metrics
+    prompt, batch = int(metrics["prompt_tokens"]), int(metrics["batch_size"])
+    new = int(metrics["kv_cache_tokens"]) - prompt + 1
+    kv = kv_shape(model.describe(spec.model), batch, result.tags["dtype"])
+    sliding = kv.with_layers(kv.sliding_windows)
+    return {
+        "predicted_kv_bytes": spec.strategy.predict_kv_bytes(kv, prompt, new),
+        "predicted_sliding_bytes": spec.strategy.predict_kv_bytes(sliding, prompt, new) if sliding.layers else 0,
+    }
 
 
 def human(value) -> str:
@@ -165,6 +193,26 @@ def quantized_verdict(figures: dict, claims: bool):
     if not claims:
         detail += "; peak memory not compared in the reduced form (on CPU the process's peak is the interpreter and libraries, not a tiny model's cache)"
     return passed, detail
+
+
+def sliding_verdict(figures: dict, device: str):
+    """Predictions exact everywhere; on CUDA, offloading only the full layers leaves less in host RAM
+    than offloading every layer, and no more than the full layer's own bytes."""
+    wrong = [f"{label} {human(f['kv_cache_bytes'])} vs plan {human(f['predicted_kv_bytes'])}"
+             for label, f in figures.items() if f["kv_cache_bytes"] != f["predicted_kv_bytes"]]  # fmt: skip
+    exact = "plan = measured KV bytes for all four" if not wrong else "plan differs: " + "; ".join(wrong)
+    if device != "cuda":
+        return not wrong, exact + "; host-RAM split not applicable (offloading needs CUDA)"
+    full_only, every = figures["sliding_offload_full_only"], figures["sliding_offload_all"]
+    host = {label: f.get("kv_cache_host_bytes", 0) for label, f in figures.items()}
+    ran = all(f.get("cache.effective", "").startswith("offloaded") for k, f in figures.items() if "offload" in k)
+    split = 0 < host["sliding_offload_full_only"] < host["sliding_offload_all"]
+    kept = full_only["kv_cache_bytes"] - host["sliding_offload_full_only"] >= full_only["predicted_sliding_bytes"]
+    detail = (
+        f"{exact}; host RAM holds {human(host['sliding_offload_full_only'])} with offload_only_non_sliding=true vs "
+        f"{human(host['sliding_offload_all'])} with false (of {human(every['kv_cache_bytes'])})"
+    )
+    return not wrong and ran and split and kept, detail
 
 
 def fallback_verdict(figures: dict, how: str):
@@ -302,6 +350,12 @@ def main() -> int:
             label: make_spec(compose(job_overrides(model, SIZES[mode][workload], cache)))
             for label, (workload, cache) in JOBS.items()
         }
+        specs.update(
+            {
+                label: make_spec(compose(job_overrides(SLIDING_MODEL, SIZES[mode][workload], cache)))
+                for label, (workload, cache) in SLIDING_JOBS.items()
+            }
+        )
     except (KvpipeError, HydraException, OmegaConfBaseException) as exc:  # e.g. --model nosuch: one line
         print(f"gpu_check: error: {exc if isinstance(exc, KvpipeError) else from_hydra(exc)}", file=sys.stderr)
         return 2
@@ -358,6 +412,15 @@ def main() -> int:
             jobs,
             ("speed_dynamic", "speed_static_compile"),
             lambda f: compile_verdict(f, claims),
+        )
+    )
+    jobs.update({label: run(specs[label]) for label in SLIDING_JOBS})
+    done(
+        judge(
+            "sliding_window_plan_and_offload",
+            jobs,
+            tuple(SLIDING_JOBS),
+            lambda f: sliding_verdict(f, device),
         )
     )
     status = exit_status(checks)

@@ -20,6 +20,7 @@ CHECKS = {
     "oom_fallback_under_limit",
     "quantized_cuts_kv_memory",
     "static_compile_speeds_up_decode",
+    "sliding_window_plan_and_offload",
 }
 
 
@@ -64,7 +65,7 @@ def test_reduced_form_finishes_within_two_minutes(reduced):
 
 
 @pytest.mark.slow  # reads the reduced run: a process running nine tiny_random jobs
-def test_report_holds_the_four_checks_with_figures_and_detail(reduced):
+def test_report_holds_every_check_with_figures_and_detail(reduced):
     _, out, _, checks = reduced
     assert set(checks) == CHECKS
     assert all(check["figures"] and check["detail"] for check in checks.values())
@@ -106,6 +107,33 @@ def test_compile_speed_is_recorded_but_not_judged_in_the_reduced_form(reduced):
     assert compiled["passed"] is None
     assert compiled["figures"]["speed_static_compile"]["cache.effective"] == "static+compile"
     assert compiled["figures"]["speedup"] > 0
+
+
+@pytest.mark.slow  # reads the reduced run: a process running nine tiny_random jobs
+def test_sliding_window_predictions_are_exact_and_the_host_split_is_judged_on_cuda_only(reduced):
+    sliding = reduced[3]["sliding_window_plan_and_offload"]
+    assert sliding["passed"] is True, sliding["detail"]
+    for figures in sliding["figures"].values():
+        assert figures["kv_cache_bytes"] == figures["predicted_kv_bytes"]
+    if not torch.cuda.is_available():
+        assert "not applicable (offloading needs CUDA)" in sliding["detail"]
+
+
+def test_sliding_verdict_fails_where_offloading_only_full_layers_moves_as_much_to_the_host():
+    gpu_check = load_gpu_check()
+    job = {"kv_cache_bytes": 100, "predicted_kv_bytes": 100, "predicted_sliding_bytes": 40}
+    figures = {
+        "sliding_offload_all": {**job, "cache.effective": "offloaded_static", "kv_cache_host_bytes": 90},
+        "sliding_offload_full_only": {**job, "cache.effective": "offloaded_static", "kv_cache_host_bytes": 55},
+        "sliding_offloaded_dynamic": {**job, "cache.effective": "offloaded", "kv_cache_host_bytes": 55},
+        "sliding_quantized": dict(job),
+    }
+    assert gpu_check.sliding_verdict(figures, "cuda")[0] is True
+    figures["sliding_offload_full_only"]["kv_cache_host_bytes"] = 90  # the sliding layers moved too
+    assert gpu_check.sliding_verdict(figures, "cuda")[0] is False
+    figures["sliding_quantized"]["kv_cache_bytes"] = 101  # and a prediction off by a byte fails anywhere
+    passed, detail = gpu_check.sliding_verdict(figures, "cpu")
+    assert passed is False and "sliding_quantized" in detail
 
 
 def test_a_failed_check_gives_exit_status_1_and_a_fail_in_the_report(tmp_path):

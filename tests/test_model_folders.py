@@ -79,6 +79,24 @@ def test_the_intact_folder_runs(good_model, tmp_path):
     assert run_job(spec).metrics["kv_cache_bytes"] > 0  # so each breakage below is what fails
 
 
+def test_a_model_folder_names_its_runs_and_model_name_overrides_it(good_model, capsys):
+    from kvpipe import cli
+    from kvpipe.job.runner import run_job
+    from kvpipe.record.result import Result
+    from kvpipe.record.tracking import run_name
+
+    common = ("model=hf", f"model.name_or_path={good_model}/", "workload.max_new_tokens=2", "workload.warmup=0",
+              "workload.repeats=1", "quality=off", "tracking=off", "workload.prompts=[Hi.]")  # fmt: skip
+    spec = spec_for(*common)
+    assert spec.model.name == spec.params()["model.name"] == good_model.name
+    assert run_name(Result.finished(spec, run_job(spec))).startswith(f"dynamic · {good_model.name} · chat")
+    named = spec_for(*common, "model.name=mine")
+    assert named.params()["model.name"] == "mine" and named.measurement_key() != spec.measurement_key()
+    assert spec_for("model=hf", "model.name_or_path=org/some-model").model.name == "org/some-model"  # a hub id
+    assert cli.subcommand(["plan", *common[:2], "--device", "cpu"]) == 0
+    assert f"kvpipe plan · {good_model.name} · cpu" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("case", sorted(BROKEN))
 def test_a_broken_model_folder_is_one_line_and_records_nothing(case, good_model, tmp_path):
     from kvpipe.model import loading

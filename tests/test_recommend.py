@@ -235,7 +235,7 @@ def test_recommend_exits_0_with_a_measured_choice_and_the_command_to_use_it(swee
     proc = run_cli(["recommend", "--memory-budget", "8GiB", "--max-kl", "0.05"], cwd=sweep_dir)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("limits: memory ≤ 8.0 GiB · KL ≤ 0.05 nats · 4 measured runs from sweep ")
+    assert lines[0].startswith("limits: memory ≤ 8.0 GiB · KL ≤ 0.05 nats · 4 measured runs of tiny_random from sweep ")
     assert lines[1].startswith(("recommend: dynamic", "recommend: static"))  # lossless, and nothing binds
     (use,) = [line for line in lines if line.startswith("  use: ")]
     assert use.startswith("  use: python -m kvpipe model=tiny_random workload.max_new_tokens=3 ")  # as swept

@@ -150,7 +150,7 @@ class CacheStrategy:
         if self.offloading and self.offloads_only_non_sliding() and shape.layers and shape.full_layers == 0:
             raise ConfigError(
                 "cache.offload_only_non_sliding",
-                "true",
+                True,
                 f"every layer of this model slides, so cache={self.name} would offload nothing (and transformers' "
                 "prefetch fails when no layer is offloaded); expected cache.offload_only_non_sliding=false",
             )

@@ -18,6 +18,7 @@ from kvpipe.decide.runs import (
     describe,
     environments,
     load_runs,
+    model_names,
     param_values,
     retrieval_by_length,
     varying_params,
@@ -148,7 +149,7 @@ def _publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> list[Path]:
     """Write the files, log them on the parent run, print the table; returns the files."""
     from mlflow.tracking import MlflowClient
 
-    title = f"kvpipe compare · sweep {parent_run.info.run_id[:8]} · {len(runs)} runs"
+    title = f"kvpipe compare · {model_names(runs)} · sweep {parent_run.info.run_id[:8]} · {len(runs)} runs"
     written = write_outputs(runs, out_dir, title)
     for path in written:
         MlflowClient().log_artifact(parent_run.info.run_id, str(path), "compare")

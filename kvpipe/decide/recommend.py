@@ -16,7 +16,12 @@ import shlex
 from dataclasses import dataclass
 
 from kvpipe import cache, catalogue
-from kvpipe.decide.runs import add_source_arguments, is_lossless, load_runs  # mlflow only once limits are valid
+from kvpipe.decide.runs import (  # mlflow only once limits are valid
+    add_source_arguments,
+    is_lossless,
+    load_runs,
+    model_names,
+)
 from kvpipe.errors import ConfigError
 from kvpipe.units import human_bytes, parse_bytes
 
@@ -266,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
         args.experiment, args.parent, args.tracking_uri, whole_experiment=args.all, spelled=args.uri_spelling
     )
     source = f"sweep {parent_run.info.run_id[:8]}" if parent_run else f"experiment {args.experiment!r}"
-    print(f"limits: {limits.describe()} · {len(runs)} measured runs from {source}")
+    print(f"limits: {limits.describe()} · {len(runs)} measured runs of {model_names(runs)} from {source}")
     missing = 0
     for workload, group in runs.groupby("workload", sort=False):  # strategies compete within one workload
         if workload:

@@ -159,6 +159,12 @@ def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
+def model_names(runs: pd.DataFrame) -> str:
+    """The models the runs measured, by the name their runs carry (model=hf: the folder or hub id)."""
+    names = sorted(set(column(runs, "params.model.name", None).dropna()))
+    return ", ".join(names) or "an unnamed model"
+
+
 def environments(runs: pd.DataFrame) -> list[str]:
     """The distinct environments (host, CPU, GPU, versions, threads) the runs were measured in."""
     from kvpipe.measure.environment import ENVIRONMENT_TAGS

@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import astuple
 
-from kvpipe.model.loading import LoadedModel
+from kvpipe.model.loading import LoadedModel, config_key
 
 _REFERENCES: dict[tuple, object] = {}
 
@@ -112,7 +111,7 @@ def reference_key(loaded: LoadedModel, spec, workload, what: str) -> tuple:
     how its calls generate, for the greedy tokens), and for windows the quality settings."""
     generation = what == "tokens"
     quality = () if generation else (spec.quality.windows, scored_tokens(spec))
-    return (what, astuple(spec.model), loaded.dtype, workload.reference_key(generation), quality)
+    return (what, config_key(spec.model), loaded.dtype, workload.reference_key(generation), quality)
 
 
 def _reference_tokens(loaded: LoadedModel, spec, workload, batches) -> list:

@@ -32,7 +32,7 @@ class LoadedModel:
     embeddings_tied: bool = False  # the output head shares the input embeddings
 
 
-_LOADED: dict[tuple, LoadedModel] = {}
+_LOADED: dict[str, LoadedModel] = {}
 
 
 def resolve_device(requested: str) -> str:
@@ -64,9 +64,14 @@ def resolve_dtype(requested: str, device: str):
     return getattr(torch, dtype_name(requested, device))
 
 
+def config_key(model_cfg: ModelConfig) -> str:
+    """A hashable key for a model config (its lists and dicts, layer_types and architecture, are not)."""
+    return repr(astuple(model_cfg))
+
+
 def load(model_cfg: ModelConfig) -> LoadedModel:
     """Load (or reuse) the model and tokenizer described by model_cfg."""
-    key = repr(astuple(model_cfg))  # lists (layer_types) and dicts (architecture) are not hashable
+    key = config_key(model_cfg)
     if key not in _LOADED:
         _LOADED.clear()  # one model resident at a time: a sweep over models must not pile them up
         _LOADED[key] = _load_uncached(model_cfg)
