@@ -190,12 +190,34 @@ def _check_model(model: schema.ModelConfig) -> None:
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
             if getattr(model, name) <= 0:
                 raise ConfigError(f"model.{name}", getattr(model, name), "expected a positive integer")
+        _check_layer_types(model)
         if model.num_attention_heads % model.num_key_value_heads:
             raise ConfigError(
                 "model.num_key_value_heads",
                 model.num_key_value_heads,
                 f"expected a divisor of model.num_attention_heads={model.num_attention_heads}",
             )
+
+
+RANDOM_LAYER_TYPES = ("full_attention", "sliding_attention")  # what a random Gemma 3 text model builds
+
+
+def _check_layer_types(model: schema.ModelConfig) -> None:
+    """A random model's layer_types: one per layer, each a type Gemma 3 builds, a window for sliding ones."""
+    if model.layer_types is None:
+        return
+    if len(model.layer_types) != model.num_hidden_layers:
+        raise ConfigError(
+            "model.layer_types",
+            list(model.layer_types),
+            f"expected one type per layer: {model.num_hidden_layers} (model.num_hidden_layers)",
+        )
+    for index, kind in enumerate(model.layer_types):
+        require_choice(f"model.layer_types[{index}]", kind, RANDOM_LAYER_TYPES)
+    if "sliding_attention" in model.layer_types and not model.sliding_window:
+        raise ConfigError(
+            "model.sliding_window", model.sliding_window, "expected a window in tokens for the sliding_attention layers"
+        )
 
 
 def hf_model_name(name_or_path: str) -> str:

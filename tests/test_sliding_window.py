@@ -254,3 +254,33 @@ def test_plan_says_what_grows_what_the_windows_cost_and_the_true_largest_context
     assert row(out, "dynamic")[-1] == "1,001"
     assert row(out, "quanto int4 kivi +sliding")[-1] != "none"
     assert "QuantizedCache refuses sliding-window layers; kvpipe quantizes the full-attention layers" in out
+
+
+def test_measurement_keys_of_runs_recorded_before_these_settings_are_unchanged():
+    # keys the code computed before layer types, quantize_sliding, offload_only_non_sliding and model=hf
+    # names existed: resume=true still finds those runs
+    before = {
+        ("cache=offloaded",): "0987171cb0b01a8c",
+        ("cache=offloaded_static",): "4fa2fe1d137d14c6",
+        ("cache=quantized",): "2d85a815ac07e63c",
+        ("model=tiny_random", "model.sliding_window=8"): "11b8d31f0a92981d",
+        ("model=hf", "model.name_or_path=tests/data/tiny_llama"): "00f8e53541f9ae8d",
+    }
+    for overrides, key in before.items():
+        assert spec_for(*overrides).measurement_key() == key, overrides
+
+
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        (("model.layer_types=[sliding_attention,full_attention,full_attention]",), "model.layer_types"),
+        (("model.layer_types=[sliding_attention,global]",), "model.layer_types[1]"),
+        (("model.layer_types=[sliding_attention,full_attention]", "model.sliding_window=null"), "model.sliding_window"),
+    ],
+    ids=["count", "unknown type", "no window"],
+)
+def test_a_random_models_layer_types_are_checked_in_one_line(overrides, field):
+    with pytest.raises(ConfigError) as raised:
+        spec_for("model=tiny_random", "model.sliding_window=8", *overrides)
+    message = str(raised.value)
+    assert message.startswith(field) and "expected" in message and "\n" not in message
