@@ -284,3 +284,24 @@ def test_a_random_models_layer_types_are_checked_in_one_line(overrides, field):
         spec_for("model=tiny_random", "model.sliding_window=8", *overrides)
     message = str(raised.value)
     assert message.startswith(field) and "expected" in message and "\n" not in message
+
+
+def test_plan_on_gemma_3s_shape_predicts_what_the_issue_measured(tmp_path, capsys):
+    # Gemma 3 270M's shape (config.json alone): 18 layers, 15 sliding with window 512 and 3 full, 1 KV
+    # head x 256. A real run at a 1,216-token context held 23,193,600 bytes (float32): 3 full layers x
+    # 1,215 tokens + 15 windows x 512 tokens, 2,048 bytes each; a dense count said 44,789,760.
+    import json
+
+    pattern = ["sliding_attention"] * 5 + ["full_attention"]
+    config = dict(model_type="gemma3_text", hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                  num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+                  max_position_embeddings=32768, vocab_size=262144, layer_types=pattern * 3)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = spec_for("model=hf", f"model.name_or_path={tmp_path}", "model.dtype=float32")
+    assert predicted(spec, 1216 - 32, 32) == 23_193_600
+    code = cli.subcommand(["plan", "model=hf", f"model.name_or_path={tmp_path}", "--context", "1216",
+                           "--memory-budget", "1.5GiB", "--device", "cuda"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert row(out, "dynamic")[1:3] == ["3,072", "7.5 MiB"]  # bfloat16: 3 full layers grow, 15 windows are fixed
+    assert row(out, "dynamic")[-1] == "32,768 (model max)"

@@ -132,6 +132,8 @@ def layers_from_dict(config: dict) -> tuple[Layer, ...]:
     out (Gemma 2's alternation, Qwen 2's max_window_layers, Mistral's sliding_window on every
     layer), so the config is built with it where its model_type is known; without one, the fields
     are read as transformers' cache reads them."""
+    if not _may_have_windows(text_config(config)):  # a plain full-attention config: no transformers import
+        return _layers_read_from(text_config(config))
     from transformers import AutoConfig
 
     model_type = config.get("model_type")
@@ -140,6 +142,16 @@ def layers_from_dict(config: dict) -> tuple[Layer, ...]:
     except (ValueError, KeyError, TypeError):  # no or an unknown model_type, or fields it rejects
         return _layers_read_from(text_config(config))
     return _layers_of(built.get_text_config(decoder=True))
+
+
+# Fields from which a config class may build windowed or KV-less layers; without any of them set,
+# every layer is full attention and importing transformers (seconds) to say so can be skipped.
+WINDOW_FIELDS = ("layer_types", "sliding_window", "attention_chunk_size", "sliding_window_pattern",
+                 "use_sliding_window", "kv_sharing_modes", "per_layer_config")  # fmt: skip
+
+
+def _may_have_windows(config: dict) -> bool:
+    return any(config.get(name) not in (None, False) for name in WINDOW_FIELDS)
 
 
 def _layers_of(text_config_object) -> tuple[Layer, ...]:
