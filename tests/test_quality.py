@@ -72,12 +72,14 @@ def test_a_compiled_cache_is_scored_through_its_compiled_decode_call(monkeypatch
 
     def compiled_call(config):
         assert config is setup.generate_kwargs["compile_config"]
-        return lambda **kwargs: steps.append(1) or loaded.model(**kwargs)
+        return lambda **kwargs: steps.append(kwargs["input_ids"].shape[0]) or loaded.model(**kwargs)
 
     monkeypatch.setattr(loaded.model, "get_compiled_call", compiled_call)
     batches = spec.workload_kind.batches(loaded.tokenizer, "cpu")
     metrics = quality.measure(loaded, spec, spec.workload_kind, batches, [torch.zeros(1, 8, dtype=torch.long)], setup)
-    assert len(steps) == 2 * (32 - 1)  # every single-token step of both windows; prefill is eager, as in generate
+    # every single-token step of both windows (one prefix length: stepped together, unpadded); prefill is
+    # eager, as in generate
+    assert steps == [2] * (32 - 1)
     assert metrics["kl_vs_reference"] < 1e-6
 
 
@@ -106,10 +108,10 @@ def test_int2_quantized_cache_loses_quality_on_tiny_random():
 def test_references_are_made_once_per_model_and_workload(monkeypatch):
     run_job(spec_for(*TINY))  # makes (or reuses) the references
     made = []
-    original = quality.teacher_forced
-    monkeypatch.setattr(quality, "teacher_forced", lambda *a, **k: made.append(1) or original(*a, **k))
+    original = quality.teacher_forced_rows
+    monkeypatch.setattr(quality, "teacher_forced_rows", lambda *a, **k: made.append(len(a[2])) or original(*a, **k))
     run_job(spec_for(*TINY, "cache=static"))
-    assert len(made) == 2  # the job's own pass over its 2 windows; the references came from the process cache
+    assert made == [2]  # the job's own pass over its 2 windows, together; the references came from the process cache
 
 
 # A short prompt and quality window (the default is 512 tokens, 64 scored): on the embedded model int2's KL is
@@ -155,3 +157,44 @@ def test_the_reference_key_is_the_workloads_defining_fields_plus_model_dtype_and
     assert key("workload.max_new_tokens=9") == base  # the job's own generation: not its windows
     assert key("workload.prompts=[Hi.]") != base
     assert key("quality.windows=3") != base and key("model.seed=1") != base
+
+
+# ---- windows scored together equal windows scored one at a time -----------------------------------
+
+BATCHING = {
+    "dynamic": ("cache=dynamic",),
+    "static": ("cache=static",),
+    "quanto int4 per_token": ("cache=quantized", "backend=quanto", "axis=per_token", "backend.residual_length=8"),
+    "hqq int2 kivi": ("cache=quantized", "backend=hqq", "backend.nbits=2", "axis=kivi", "backend.residual_length=8",
+                      "backend.q_group_size=32"),  # fmt: skip
+    "quanto int2 kivi": ("cache=quantized", "backend=quanto", "backend.nbits=2", "axis=kivi",
+                         "backend.residual_length=8", "backend.q_group_size=32"),  # fmt: skip
+    "fp8": ("cache=quantized", "backend=fp8"),
+}
+
+
+@pytest.mark.parametrize("workload", ["chat", "long_context"])  # prompts of several lengths, and of one
+@pytest.mark.parametrize("cache", sorted(BATCHING))
+def test_windows_scored_together_score_as_windows_scored_one_at_a_time(cache, workload):
+    spec = spec_for("model=tiny_random", f"workload={workload}", "workload.prompt_tokens=40", "quality.windows=3",
+                    "quality.scored_tokens=24", *BATCHING[cache])  # fmt: skip
+    loaded = model.load(spec.model)
+    setup = spec.strategy.setup(loaded, 200)
+    windows = quality._reference_windows(loaded, spec, spec.workload_kind)
+    batching = spec.strategy.quality_batching()
+    together = quality.scored_rows(loaded, setup.make_cache, windows, batching)
+    apart = [quality.teacher_forced(loaded, setup.make_cache, prefix, continuation) for prefix, continuation, _ in windows]
+    for ours, alone in zip(together, apart):
+        assert torch.allclose(ours, alone, atol=1e-4), (cache, workload, batching)
+    groups = quality.batches_of(windows, batching)
+    if workload == "long_context" and batching != "apart":
+        assert groups == [[0, 1, 2]]  # one prefix length: one batch
+    if batching == "equal_length":  # per-channel groups span tokens: padding would join them
+        assert all(len({len(windows[i][0]) for i in group}) == 1 for group in groups)
+    # fp8's one scale per tensor would span the batch; hqq's optimiser stops on the whole tensor's error
+    assert (batching == "apart") == (cache in ("fp8", "hqq int2 kivi"))
+
+
+def test_a_compiled_static_cache_scores_only_unpadded_windows_together():
+    assert spec_for("cache=static", "cache.compile=true").strategy.quality_batching(compiled=True) == "equal_length"
+    assert spec_for("cache=static").strategy.quality_batching() == "padded"

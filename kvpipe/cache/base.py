@@ -186,6 +186,13 @@ class CacheStrategy:
         """The effective label: what ran, as tables show it."""
         return self.name
 
+    def quality_batching(self, compiled: bool = False) -> str:
+        """How the quality pass may batch its windows with this cache without changing a score:
+        "padded" (left-padded, masked: dense layers see only their own row's tokens), "equal_length"
+        (only windows of one prefix length, unpadded), or "apart". A compiled decode step keeps its
+        one traced signature: no mask."""
+        return "equal_length" if compiled else "padded"
+
     # ---- bytes ---------------------------------------------------------------------------------
 
     def predict_kv_bytes(self, kv: KvShape, prompt_tokens: int, new_tokens: int) -> int:

@@ -108,6 +108,9 @@ class Quantized(CacheStrategy):
     def label(self) -> str:
         return f"{self.name}:{self.backend.label()}"
 
+    def quality_batching(self, compiled: bool = False) -> str:
+        return self.backend.quality_batching()
+
     def decode_kv_traffic_bytes(self, kv, kv_bytes: int, prompt_tokens: int, new_tokens: int, device: str):
         """Each step reads the packed cache, the residual and the dense sliding layers (kv_bytes), writes
         each quantized layer dequantized to the model dtype, and attention reads that copy back:

@@ -4,7 +4,8 @@ Scored teacher-forced, on the workload's own texts (its `windows`, handed in by 
 windows of its text at its prompt length, followed by the text's real continuation; chat, its
 prompts, followed by the reference's own greedy continuation. Each window's prefix is read into
 the cache under test, then the continuation is fed one token at a time, so every scored prediction
-reads keys and values back from that cache; by default more tokens are scored than a quantized
+reads keys and values back from that cache. Windows are scored together, as one batch stepping token
+by token, where that cannot change a score (`CacheStrategy.quality_batching`); by default more tokens are scored than a quantized
 cache keeps in its full-precision residual, so its re-quantization is exercised. Per window:
   * token_agreement: the fraction of scored positions where the top-1 token equals the reference's;
   * kl_vs_reference: the mean KL divergence of the reference's next-token distribution to ours;
@@ -63,21 +64,62 @@ def teacher_forced(loaded: LoadedModel, make_cache, prefix: list[int], continuat
     """Log-probabilities [len(continuation), vocab] of each continuation token's prediction: the prefix
     is prefilled into a fresh cache, then the continuation is fed one token at a time through `step`
     (the model's forward, or its compiled decode call)."""
+    return teacher_forced_rows(loaded, make_cache, [prefix], [continuation], step)[0]
+
+
+def teacher_forced_rows(loaded: LoadedModel, make_cache, prefixes, continuations, step=None):
+    """teacher_forced for several windows at once, as one batch stepping token by token:
+    [windows, len(continuation), vocab]. Continuations must be of one length. Prefixes of different
+    lengths are left-padded, with an attention mask and each row's own positions, so every row sees
+    exactly what it would see alone; prefixes of one length need neither."""
     import torch
 
     step = step or loaded.model
-    device = loaded.device
-    cache = make_cache(capacity=len(prefix) + len(continuation))
+    device, rows = loaded.device, len(prefixes)
+    longest, length = max(map(len, prefixes)), len(continuations[0])
+    assert all(len(c) == length for c in continuations), "continuations of one batch must be of one length"
+    padded = any(len(p) != longest for p in prefixes)
+    pad = loaded.tokenizer.pad_token_id or 0
+    ids = torch.tensor([[pad] * (longest - len(p)) + p for p in prefixes], device=device)
+    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prefixes], device=device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    masking = {"attention_mask": mask, "position_ids": positions} if padded else {}
+    cache = make_cache(capacity=longest + length)
+    tokens = torch.tensor(continuations, device=device)
     logprobs = []
     with torch.inference_mode():
-        out = loaded.model(input_ids=torch.tensor([prefix], device=device), cache=cache, use_cache=True)
-        logprobs.append(torch.log_softmax(out.logits[0, -1].float(), dim=-1))
-        for offset, token in enumerate(continuation[:-1]):
-            position = torch.tensor([len(prefix) + offset], device=device)
-            out = step(input_ids=torch.tensor([[token]], device=device), cache=cache, use_cache=True,
-                       cache_position=position)  # fmt: skip
-            logprobs.append(torch.log_softmax(out.logits[0, -1].float(), dim=-1))
-    return torch.stack(logprobs)
+        out = loaded.model(input_ids=ids, cache=cache, use_cache=True, **masking)
+        logprobs.append(torch.log_softmax(out.logits[:, -1].float(), dim=-1))
+        for offset in range(length - 1):
+            if padded:
+                mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=-1)
+                masking = {"attention_mask": mask, "position_ids": positions[:, -1:] + offset + 1}
+            out = step(input_ids=tokens[:, offset : offset + 1], cache=cache, use_cache=True,
+                       cache_position=torch.tensor([longest + offset], device=device), **masking)  # fmt: skip
+            logprobs.append(torch.log_softmax(out.logits[:, -1].float(), dim=-1))
+    return torch.stack(logprobs, dim=1)
+
+
+def batches_of(windows: list, batching: str) -> list[list[int]]:
+    """Indices of the windows scored together: every window of one continuation length ("padded"),
+    those of one prefix length too ("equal_length": no padding, for caches whose groups or compiled
+    graphs padding would change), or one at a time ("apart": a quantizer whose scale spans the batch)."""
+    groups: dict[tuple, list[int]] = {}
+    for index, (prefix, continuation, *_) in enumerate(windows):
+        key = {"padded": (len(continuation),), "equal_length": (len(continuation), len(prefix))}.get(batching, (index,))
+        groups.setdefault(key, []).append(index)
+    return list(groups.values())
+
+
+def scored_rows(loaded: LoadedModel, make_cache, windows: list, batching: str, step=None) -> list:
+    """Each window's [len(continuation), vocab] log-probabilities, scored in batches_of(windows, batching)."""
+    found: dict[int, object] = {}
+    for group in batches_of(windows, batching):
+        rows = teacher_forced_rows(
+            loaded, make_cache, [windows[i][0] for i in group], [windows[i][1] for i in group], step
+        )
+        found.update(zip(group, rows))
+    return [found[index] for index in range(len(windows))]
 
 
 def measure(loaded: LoadedModel, spec, workload, batches, generated: list, setup) -> dict[str, float]:
@@ -93,10 +135,14 @@ def measure(loaded: LoadedModel, spec, workload, batches, generated: list, setup
         metrics["first_divergence"] = first_divergence(generated, reference)
     compile_config = setup.generate_kwargs.get("compile_config")
     step = loaded.model.get_compiled_call(compile_config) if compile_config is not None else None
-    per_window = []
-    for prefix, continuation, reference in _reference_windows(loaded, spec, workload):
-        logprobs = teacher_forced(loaded, setup.make_cache, prefix, continuation, step)
-        per_window.append(window_scores(logprobs, reference, torch.tensor(continuation)))
+    windows = _reference_windows(loaded, spec, workload)
+    batching = spec.strategy.quality_batching(compiled=compile_config is not None)
+    ours = scored_rows(loaded, setup.make_cache, windows, batching, step)
+    per_window = [
+        window_scores(logprobs, reference, torch.tensor(continuation))
+        for logprobs, (prefix, continuation, reference) in zip(ours, windows)
+    ]
+    continuation = windows[-1][1]
     for name in per_window[0]:
         values = [scores[name] for scores in per_window]
         metrics[name] = statistics.fmean(values)
@@ -152,7 +198,7 @@ def _reference_windows(loaded: LoadedModel, spec, workload) -> list[tuple[list[i
         def dense(capacity: int = 0):
             return DynamicCache(config=loaded.model.config)
 
-        made = []
+        texts = []
         for window in workload.windows(loaded.tokenizer, spec.quality.windows, scored):
             continuation = window.continuation
             if continuation is None:  # what the reference itself writes after the prompt
@@ -166,6 +212,7 @@ def _reference_windows(loaded: LoadedModel, spec, workload) -> list[tuple[list[i
                         pad_token_id=loaded.tokenizer.pad_token_id,
                     )
                 continuation = out[0, len(window.prefix) :].tolist()
-            made.append((window.prefix, continuation, teacher_forced(loaded, dense, window.prefix, continuation)))
-        _REFERENCES[key] = made
+            texts.append((window.prefix, continuation))
+        references = scored_rows(loaded, dense, texts, "padded")
+        _REFERENCES[key] = [(prefix, continuation, ref) for (prefix, continuation), ref in zip(texts, references)]
     return _REFERENCES[key]

@@ -118,6 +118,11 @@ class QuantBackend:
     def label(self) -> str:
         return self.name
 
+    def quality_batching(self) -> str:
+        """How the quality pass may batch windows (CacheStrategy.quality_batching): a scale over the
+        whole tensor spans the batch's rows, so by default windows are scored apart."""
+        return "apart"
+
     # ---- bytes ---------------------------------------------------------------------------------
 
     def layer_bytes(self, kv, window: Optional[int], prompt_tokens: int, new_tokens: int) -> int:
@@ -184,6 +189,12 @@ class GroupedBackend(QuantBackend):
 
     def label(self) -> str:
         return f"{self.name}:int{self.settings.nbits}:{self.axis.layout}"
+
+    def quality_batching(self) -> str:
+        """Groups never span batch rows. Per-token groups span one token's channels, so padding tokens
+        form groups of their own; per-channel groups span tokens, which padding would join."""
+        per_token = all(self.axes_grouping[axis] == "token" for axis in self.raw_axes())
+        return "padded" if per_token else "equal_length"
 
     def layer_bytes(self, kv, window: Optional[int], prompt_tokens: int, new_tokens: int) -> int:
         """Packed keys and values, a scale and zero point per group, and the residual. A sliding layer

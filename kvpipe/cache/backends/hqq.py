@@ -35,6 +35,11 @@ class HQQ(GroupedBackend):
 
         return HQQKVLayer
 
+    def quality_batching(self) -> str:
+        """Apart: hqq's proximal optimiser stops on the error of the whole tensor it is given, so rows
+        quantized together come out (slightly) different from rows quantized alone."""
+        return "apart"
+
     @classmethod
     def sliding_layer_class(cls):
         from kvpipe.cache.backends._layers import SlidingHQQKVLayer
