@@ -165,10 +165,22 @@ BATCHING = {
     "dynamic": ("cache=dynamic",),
     "static": ("cache=static",),
     "quanto int4 per_token": ("cache=quantized", "backend=quanto", "axis=per_token", "backend.residual_length=8"),
-    "hqq int2 kivi": ("cache=quantized", "backend=hqq", "backend.nbits=2", "axis=kivi", "backend.residual_length=8",
-                      "backend.q_group_size=32"),  # fmt: skip
-    "quanto int2 kivi": ("cache=quantized", "backend=quanto", "backend.nbits=2", "axis=kivi",
-                         "backend.residual_length=8", "backend.q_group_size=32"),  # fmt: skip
+    "hqq int2 kivi": (
+        "cache=quantized",
+        "backend=hqq",
+        "backend.nbits=2",
+        "axis=kivi",
+        "backend.residual_length=8",
+        "backend.q_group_size=32",
+    ),  # fmt: skip
+    "quanto int2 kivi": (
+        "cache=quantized",
+        "backend=quanto",
+        "backend.nbits=2",
+        "axis=kivi",
+        "backend.residual_length=8",
+        "backend.q_group_size=32",
+    ),  # fmt: skip
     "fp8": ("cache=quantized", "backend=fp8"),
 }
 
@@ -183,7 +195,9 @@ def test_windows_scored_together_score_as_windows_scored_one_at_a_time(cache, wo
     windows = quality._reference_windows(loaded, spec, spec.workload_kind)
     batching = spec.strategy.quality_batching()
     together = quality.scored_rows(loaded, setup.make_cache, windows, batching)
-    apart = [quality.teacher_forced(loaded, setup.make_cache, prefix, continuation) for prefix, continuation, _ in windows]
+    apart = [
+        quality.teacher_forced(loaded, setup.make_cache, prefix, continuation) for prefix, continuation, _ in windows
+    ]
     for ours, alone in zip(together, apart):
         assert torch.allclose(ours, alone, atol=1e-4), (cache, workload, batching)
     groups = quality.batches_of(windows, batching)

@@ -16,8 +16,10 @@ the first step at which any sequence leaves the reference's path (-1: none does)
 
 References (the greedy tokens, the continuations and the reference's log-probabilities) are made
 once per model, dtype, workload and quality settings, and reused by every later job in the process:
-a sweep pays for them once. The workload's side of the key is its own defining fields, from the
-registry (`Workload.reference_key`), so two settings never share a reference.
+a sweep pays for them once. They are also kept on disk (`kvpipe.measure.references`), keyed by the
+weights' fingerprint, the dtype and device type, the versions that computed them, the workload and
+the quality settings, so a later process pays nothing. The workload's side of the key is its own
+defining fields, from the registry (`Workload.reference_key`), so two settings never share a reference.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from __future__ import annotations
 import math
 import statistics
 
+from kvpipe.measure import references
 from kvpipe.model.loading import LoadedModel, config_key
 
 _REFERENCES: dict[tuple, object] = {}
+_FINGERPRINTS: dict[str, str | None] = {}
 
 
 def scored_tokens(spec) -> int:
@@ -160,59 +164,96 @@ def reference_key(loaded: LoadedModel, spec, workload, what: str) -> tuple:
     return (what, config_key(spec.model), loaded.dtype, workload.reference_key(generation), quality)
 
 
+def stored(loaded: LoadedModel, spec, workload, what: str, make):
+    """The reference `what`: from this process, else from disk, else made (and stored on both)."""
+    key = reference_key(loaded, spec, workload, what)
+    if key not in _REFERENCES:
+        on_disk = disk_key(loaded, spec, key)
+        value = None if on_disk is None else references.load(on_disk, loaded.device)
+        if value is None:
+            value = make()
+            if on_disk is not None:
+                references.save(on_disk, value)
+        _REFERENCES[key] = value
+    return _REFERENCES[key]
+
+
+def disk_key(loaded: LoadedModel, spec, key: tuple) -> str | None:
+    """The on-disk key: the process key with the weights' fingerprint for the model config, the device
+    type and the versions that compute it; None where the weights have no fingerprint."""
+    import torch
+    import transformers
+
+    from kvpipe import __version__
+    from kvpipe.model.fingerprint import fingerprint
+
+    model_key = config_key(spec.model)
+    if model_key not in _FINGERPRINTS:
+        _FINGERPRINTS[model_key] = fingerprint(spec.model, loaded.model.config)
+    weights = _FINGERPRINTS[model_key]
+    if weights is None:
+        return None
+    what, _, dtype, workload_key, quality = key
+    versions = (__version__, torch.__version__, transformers.__version__)
+    return repr((references.FORMAT, what, weights, dtype, loaded.device.split(":")[0], workload_key, quality,
+                 spec.model.attn_implementation, versions))  # fmt: skip
+
+
 def _reference_tokens(loaded: LoadedModel, spec, workload, batches) -> list:
     """Greedy tokens of the full-precision DynamicCache on the job's batches."""
+    return stored(loaded, spec, workload, "tokens", lambda: _greedy_tokens(loaded, spec, batches))
+
+
+def _greedy_tokens(loaded: LoadedModel, spec, batches) -> list:
     import torch
     from transformers import DynamicCache
 
-    settings = spec.workload
-    key = reference_key(loaded, spec, workload, "tokens")
-    if key not in _REFERENCES:
-        outputs = []
-        with torch.inference_mode():
-            for batch in batches:
-                new_tokens = batch.max_new_tokens or settings.max_new_tokens
-                out = loaded.model.generate(
-                    input_ids=batch.input_ids,
-                    attention_mask=batch.attention_mask,
-                    cache=DynamicCache(config=loaded.model.config),
-                    max_new_tokens=new_tokens,
-                    min_new_tokens=new_tokens if settings.ignore_eos else None,
-                    do_sample=False,
-                    pad_token_id=loaded.tokenizer.pad_token_id,
-                )
-                outputs.append(out[:, batch.prompt_tokens :].cpu())
-        _REFERENCES[key] = outputs
-    return _REFERENCES[key]
+    settings, outputs = spec.workload, []
+    with torch.inference_mode():
+        for batch in batches:
+            new_tokens = batch.max_new_tokens or settings.max_new_tokens
+            out = loaded.model.generate(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                cache=DynamicCache(config=loaded.model.config),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens if settings.ignore_eos else None,
+                do_sample=False,
+                pad_token_id=loaded.tokenizer.pad_token_id,
+            )
+            outputs.append(out[:, batch.prompt_tokens :].cpu())
+    return outputs
 
 
 def _reference_windows(loaded: LoadedModel, spec, workload) -> list[tuple[list[int], list[int], object]]:
     """(prefix, continuation, reference log-probabilities) per scoring window."""
+    return stored(loaded, spec, workload, "windows", lambda: _scored_windows(loaded, spec, workload))
+
+
+def _scored_windows(loaded: LoadedModel, spec, workload) -> list:
+    """The workload's windows, each with its continuation (the reference's own greedy one where the
+    workload has none; one window at a time, as a batch could flip a near-tie) and the reference's
+    log-probabilities, scored together."""
     import torch
     from transformers import DynamicCache
 
-    scored = scored_tokens(spec)
-    key = reference_key(loaded, spec, workload, "windows")
-    if key not in _REFERENCES:
+    def dense(capacity: int = 0):
+        return DynamicCache(config=loaded.model.config)
 
-        def dense(capacity: int = 0):
-            return DynamicCache(config=loaded.model.config)
-
-        texts = []
-        for window in workload.windows(loaded.tokenizer, spec.quality.windows, scored):
-            continuation = window.continuation
-            if continuation is None:  # what the reference itself writes after the prompt
-                with torch.inference_mode():
-                    out = loaded.model.generate(
-                        input_ids=torch.tensor([window.prefix], device=loaded.device),
-                        cache=dense(),
-                        max_new_tokens=scored,
-                        min_new_tokens=scored,
-                        do_sample=False,
-                        pad_token_id=loaded.tokenizer.pad_token_id,
-                    )
-                continuation = out[0, len(window.prefix) :].tolist()
-            texts.append((window.prefix, continuation))
-        references = scored_rows(loaded, dense, texts, "padded")
-        _REFERENCES[key] = [(prefix, continuation, ref) for (prefix, continuation), ref in zip(texts, references)]
-    return _REFERENCES[key]
+    scored, texts = scored_tokens(spec), []
+    for window in workload.windows(loaded.tokenizer, spec.quality.windows, scored):
+        continuation = window.continuation
+        if continuation is None:  # what the reference itself writes after the prompt
+            with torch.inference_mode():
+                out = loaded.model.generate(
+                    input_ids=torch.tensor([window.prefix], device=loaded.device),
+                    cache=dense(),
+                    max_new_tokens=scored,
+                    min_new_tokens=scored,
+                    do_sample=False,
+                    pad_token_id=loaded.tokenizer.pad_token_id,
+                )
+            continuation = out[0, len(window.prefix) :].tolist()
+        texts.append((window.prefix, continuation))
+    logprobs = scored_rows(loaded, dense, texts, "padded")
+    return [(prefix, continuation, ref) for (prefix, continuation), ref in zip(texts, logprobs)]
