@@ -97,6 +97,8 @@ CORE = (
     _m("quality_ms", "quality pass", "ms", lower=LOWER),
     _m("load_ms", "load", "ms"),
     _m("warmup_ms", "warm-up", "ms"),
+    _m("measured_ms", "measured calls", "ms"),
+    _m("harness_ms", "harness", "ms", lower=LOWER),
     _m("prompt_tokens", "prompt tokens", "tokens", ".0f"),
     _m("prompt_count", "prompts", "", ".0f"),
     _m("prompt_tokens_mean", "prompt tokens, mean", "tokens", ".1f"),
