@@ -8,8 +8,7 @@ ratio of wall time to timed generation, whose goal is at most 2x on the second r
     python benchmarks/time_to_answer.py -- cache=static      # overrides after --
 
 Each run has its own launch folder and MLflow store. The references are kept in a folder of their
-own (the embedded model's converted weights are linked from the usual cache), so the first run
-really makes them; nothing of the user's cache is removed.
+own ($KVPIPE_REFERENCE_DIR), so the first run really makes them; nothing of the user's cache is removed.
 """
 
 from __future__ import annotations
@@ -23,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvpipe.model.embedded import cache_dir, embedded_folder
+from kvpipe.measure import references
+from kvpipe.model.embedded import embedded_folder
 
 
 def one_run(launch: Path, env: dict, overrides: list[str]) -> dict:
@@ -53,10 +53,7 @@ def main() -> None:
     embedded_folder()  # converted once, before anything is timed
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        cache = scratch / "cache"
-        cache.mkdir()
-        (cache / "smollm2-135m-instruct").symlink_to(cache_dir() / "smollm2-135m-instruct")
-        env = {**os.environ, "KVPIPE_CACHE_DIR": str(cache)}
+        env = {**os.environ, references.FOLDER_ENV: str(scratch / "references")}
         runs = {}
         for name in ("first run", "second run"):
             launch = scratch / name.replace(" ", "_")

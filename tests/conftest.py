@@ -7,12 +7,14 @@ those paths runs once per session where the tests can share it (the fixtures bel
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,6 +28,10 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # kvpipe honours MLFLOW_TRACKING_URI like MLflow does; the tests choose their stores themselves.
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+# Quality references on disk (kvpipe.measure.references): one folder per test session, shared by the
+# kvpipe processes the tests start, so no test reads what an earlier session or the user stored.
+os.environ["KVPIPE_REFERENCE_DIR"] = tempfile.mkdtemp(prefix="kvpipe-references-")
+atexit.register(shutil.rmtree, os.environ["KVPIPE_REFERENCE_DIR"], ignore_errors=True)
 
 from kvpipe.config import compose, register_schemas  # noqa: E402
 from kvpipe.measure.memory import freeze_long_lived_objects  # noqa: E402

@@ -212,3 +212,19 @@ def test_windows_scored_together_score_as_windows_scored_one_at_a_time(cache, wo
 def test_a_compiled_static_cache_scores_only_unpadded_windows_together():
     assert spec_for("cache=static", "cache.compile=true").strategy.quality_batching(compiled=True) == "equal_length"
     assert spec_for("cache=static").strategy.quality_batching() == "padded"
+
+
+def test_a_plain_dynamic_cache_scores_exactly_as_the_reference_so_it_is_not_scored_twice(monkeypatch):
+    spec = spec_for("model=tiny_random", "workload=chat", "quality.windows=3", "quality.scored_tokens=24")
+    loaded = model.load(spec.model)
+    setup = spec.strategy.setup(loaded, 200)
+    assert setup.is_reference and not spec_for("cache=static").strategy.setup(loaded, 200).is_reference
+    windows = quality._reference_windows(loaded, spec, spec.workload_kind)
+    scored = quality.scored_rows(loaded, setup.make_cache, windows, spec.strategy.quality_batching())
+    assert all(torch.equal(ours, reference) for ours, (_, _, reference) in zip(scored, windows))  # bit for bit
+    calls = []
+    monkeypatch.setattr(quality, "scored_rows", lambda *a, **k: calls.append(1))
+    batches = spec.workload_kind.batches(loaded.tokenizer, "cpu")
+    generated = quality._reference_tokens(loaded, spec, spec.workload_kind, batches)
+    metrics = quality.measure(loaded, spec, spec.workload_kind, batches, generated, setup)
+    assert calls == [] and metrics["kl_vs_reference"] == 0 and metrics["token_agreement"] == 1

@@ -23,7 +23,7 @@ TINY = ("model=tiny_random", "tracking=off", "workload.max_new_tokens=4", "workl
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     """An empty reference folder, and no references in this process."""
-    monkeypatch.setenv("KVPIPE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(references.FOLDER_ENV, str(tmp_path / "references"))
     monkeypatch.setattr(quality, "_REFERENCES", {})
     return tmp_path / "references"
 
@@ -48,7 +48,7 @@ def test_a_later_process_reuses_the_stored_references_and_scores_alike(store, mo
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "another key"])
 def test_an_unusable_entry_is_recomputed_never_trusted(store, monkeypatch, damage):
-    spec = spec_for(*TINY)
+    spec = spec_for(*TINY, "cache=static")
     run_job(spec)
     entries = sorted(store.glob("*.pt"))
     for path in entries:
@@ -74,15 +74,15 @@ def _keys(spec) -> list[str]:
 
 
 def _writer(folder: str, key: str, seed: int) -> None:
-    os.environ["KVPIPE_CACHE_DIR"] = folder
+    os.environ[references.FOLDER_ENV] = folder
     for _ in range(5):
         references.save(key, [torch.full((256, 1024), float(seed))])
 
 
 def test_two_processes_writing_one_entry_leave_it_whole(tmp_path, monkeypatch):
-    monkeypatch.setenv("KVPIPE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(references.FOLDER_ENV, str(tmp_path / "references"))
     context = multiprocessing.get_context("spawn")
-    writers = [context.Process(target=_writer, args=(str(tmp_path), "same key", seed)) for seed in (1, 2)]
+    writers = [context.Process(target=_writer, args=(str(tmp_path / "references"), "same key", s)) for s in (1, 2)]
     for writer in writers:
         writer.start()
     for writer in writers:
@@ -93,7 +93,7 @@ def test_two_processes_writing_one_entry_leave_it_whole(tmp_path, monkeypatch):
 
 
 def test_the_folder_is_kept_under_its_limit_least_recently_used_first(tmp_path, monkeypatch):
-    monkeypatch.setenv("KVPIPE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(references.FOLDER_ENV, str(tmp_path / "references"))
     for name in ("a", "b", "c"):  # 256 KiB each, and a little
         references.save(name, [torch.zeros(64, 1024)])
         os.utime(references.path_for(name), (1, {"a": 100, "b": 200, "c": 300}[name]))

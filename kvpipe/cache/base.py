@@ -40,6 +40,9 @@ class CacheSetup:
     generate_kwargs: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)  # what the build resolved, logged with the run
+    # The caches it makes are the quality reference's own (a plain DynamicCache in the model dtype):
+    # scoring them would repeat the reference's computation, operation for operation.
+    is_reference: bool = False
 
 
 @dataclass

@@ -16,4 +16,4 @@ class Dynamic(CacheStrategy):
         def make(capacity: int = 0):
             return DynamicCache(config=loaded.model.config, **self.offloading_kwargs())
 
-        return CacheSetup(requested=self.name, effective=self.name, make_cache=make)
+        return CacheSetup(requested=self.name, effective=self.name, make_cache=make, is_reference=not self.offloading)

@@ -5,7 +5,9 @@ windows of its text at its prompt length, followed by the text's real continuati
 prompts, followed by the reference's own greedy continuation. Each window's prefix is read into
 the cache under test, then the continuation is fed one token at a time, so every scored prediction
 reads keys and values back from that cache. Windows are scored together, as one batch stepping token
-by token, where that cannot change a score (`CacheStrategy.quality_batching`); by default more tokens are scored than a quantized
+by token, where that cannot change a score (`CacheStrategy.quality_batching`). A plain DynamicCache
+in the model dtype is the reference itself: its scores are the reference's log-probabilities, which
+scoring it again would recompute operation for operation; by default more tokens are scored than a quantized
 cache keeps in its full-precision residual, so its re-quantization is exercised. Per window:
   * token_agreement: the fraction of scored positions where the top-1 token equals the reference's;
   * kl_vs_reference: the mean KL divergence of the reference's next-token distribution to ours;
@@ -140,8 +142,11 @@ def measure(loaded: LoadedModel, spec, workload, batches, generated: list, setup
     compile_config = setup.generate_kwargs.get("compile_config")
     step = loaded.model.get_compiled_call(compile_config) if compile_config is not None else None
     windows = _reference_windows(loaded, spec, workload)
-    batching = spec.strategy.quality_batching(compiled=compile_config is not None)
-    ours = scored_rows(loaded, setup.make_cache, windows, batching, step)
+    if setup.is_reference and step is None:  # the same cache, batches and operations as the reference's
+        ours = [reference for _, _, reference in windows]
+    else:
+        batching = spec.strategy.quality_batching(compiled=compile_config is not None)
+        ours = scored_rows(loaded, setup.make_cache, windows, batching, step)
     per_window = [
         window_scores(logprobs, reference, torch.tensor(continuation))
         for logprobs, (prefix, continuation, reference) in zip(ours, windows)

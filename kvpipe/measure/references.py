@@ -4,8 +4,9 @@ An entry is one torch file under `<kvpipe cache>/references/`, named by the dige
 holding the key itself: an entry whose stored key differs, or that does not load (partial, corrupt,
 from another format), is recomputed, never trusted. Entries are written to a temporary file and
 renamed into place, so two processes writing the same entry leave one whole file. The folder is kept
-under KVPIPE_REFERENCE_CACHE_MB (default 2048 MiB) by removing the least recently used entries;
-`rm -rf ~/.cache/kvpipe/references` (or $KVPIPE_CACHE_DIR/references) clears it.
+under KVPIPE_REFERENCE_CACHE_MB (default 2048 MiB) by removing the least recently used entries.
+$KVPIPE_REFERENCE_DIR moves the folder; `rm -rf ~/.cache/kvpipe/references` (or wherever it is)
+clears it.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from kvpipe.model.embedded import cache_dir
 
 log = logging.getLogger(__name__)
 LIMIT_ENV = "KVPIPE_REFERENCE_CACHE_MB"
+FOLDER_ENV = "KVPIPE_REFERENCE_DIR"
 DEFAULT_LIMIT_MB = 2048
 FORMAT = 1  # bump when what a reference holds, or how it is made, changes
 
 
 def folder() -> Path:
-    return cache_dir() / "references"
+    """$KVPIPE_REFERENCE_DIR, else the kvpipe cache's references/ folder."""
+    return Path(os.environ[FOLDER_ENV]).expanduser() if os.environ.get(FOLDER_ENV) else cache_dir() / "references"
 
 
 def path_for(key: str) -> Path:
