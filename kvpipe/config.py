@@ -40,6 +40,8 @@ class ModelConfig:
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA when supported
     device: str = "auto"  # auto: CUDA when available
     attn_implementation: str = "sdpa"
+    # torch threads on CPU while measuring; null: $OMP_NUM_THREADS where set, else the physical cores
+    threads: Optional[int] = None
     device_map: Optional[str] = None  # hf only: accelerate's placement for models larger than one GPU
     # hf only: the config.json fields that shape the KV cache and weights, so that `kvpipe plan`
     # answers without the network; a local folder's own config.json wins over it

@@ -122,7 +122,7 @@ class Spec:
 # The groups whose fields a strategy reads; the measurement key keeps only those it reads.
 STRATEGY_GROUPS = ("cache", "backend", "axis")
 # model.* fields added since runs were first keyed: left unset, they stay out of the key
-LATE_MODEL_FIELDS = ("layer_types",)
+LATE_MODEL_FIELDS = ("layer_types", "threads")
 
 
 def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) -> Spec:
@@ -180,6 +180,8 @@ def _check_model(model: schema.ModelConfig) -> None:
     require_choice("model.dtype", model.dtype, schema.DTYPES)
     require_choice("model.device", model.device, schema.DEVICES)
     require_choice("model.attn_implementation", model.attn_implementation, schema.ATTN_IMPLEMENTATIONS)
+    if model.threads is not None and model.threads <= 0:
+        raise ConfigError("model.threads", model.threads, "expected a positive number of torch threads, or null")
     if model.source == "hf":
         _check_model_location(model.name_or_path)
     if model.device_map is not None:

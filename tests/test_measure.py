@@ -4,6 +4,7 @@ allocation, hand-counted bytes, hand-made distributions."""
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from types import SimpleNamespace
 
@@ -14,7 +15,7 @@ from kvpipe.cache import get
 from kvpipe.cache.accounting import kv_shape
 from kvpipe.measure.clock import Timing, TokenClock
 from kvpipe.measure.memory import PeakMemory, release_freed_memory
-from kvpipe.measure.metrics import repeat_noise, weights_read_per_step
+from kvpipe.measure.metrics import repeat_noise, robust_cv, weights_read_per_step
 from kvpipe.measure.quality import first_divergence, window_scores
 from kvpipe.measure.roofline import roofline_fraction
 from kvpipe.model import describe
@@ -105,15 +106,24 @@ def test_first_divergence_is_the_earliest_step_any_sequence_leaves_the_reference
     assert first_divergence([torch.tensor([[1, 2, 3, 9], [5, 6, 0, 8]])], reference) == 2
 
 
-def test_noise_is_the_largest_variation_among_calls_of_one_shape():
-    # two batches (prompts) of different lengths, three repeats each: [b0, b1, b0, b1, b0, b1]
+def test_noise_is_a_robust_typical_spread_between_and_within_calls():
+    # two prompts of different lengths, three repeats each: [p0, p1, p0, p1, p0, p1]
     shapes = [(1, 40), (1, 90)] * 3
     steady = {"ttft_ms": [10, 100, 10, 100, 10, 100], "tpot_ms": [5, 50, 5, 50, 5, 50]}
-    assert repeat_noise(steady, shapes) == 0  # the batches differ, but no repeat does
-    jumpy = {"ttft_ms": [10, 100, 10, 100, 10, 100], "tpot_ms": [5, 50, 5, 50, 5, 80]}
-    assert repeat_noise(jumpy, shapes) == pytest.approx(torch.tensor([50.0, 50, 80]).std().item() / 60)
+    assert repeat_noise(steady, shapes) == 0  # the prompts differ, but no repeat does
+    # one slow call of one prompt (a ~120 ms TTFT reading 110, 115, 160): not a noisy run
+    one_slow = {"ttft_ms": [110, 100, 115, 100, 160, 100], "tpot_ms": [5, 50, 5, 50, 5, 50]}
+    assert repeat_noise(one_slow, shapes) < 0.10
+    # every repeat scattered: noisy
+    scattered = {"ttft_ms": [80, 100, 120, 130, 100, 70], "tpot_ms": [4, 40, 5, 55, 6, 45]}
+    assert repeat_noise(scattered, shapes) > 0.10
     assert math.isnan(repeat_noise({"ttft_ms": [1, 2], "tpot_ms": [1, 2]}, shapes[:2]))  # one call per shape: unknown
     # passkey: one repeat, but two prompts of each length; they vary only by noise
     lengths = [(1, 500), (1, 500), (1, 1000), (1, 1000)]
     one_repeat = {"ttft_ms": [100, 100, 200, 200], "tpot_ms": [10, 12, 20, 20]}
-    assert repeat_noise(one_repeat, lengths) == pytest.approx(torch.tensor([10.0, 12]).std().item() / 11)
+    assert repeat_noise(one_repeat, lengths) == pytest.approx(statistics.median([0, 1.4826 / 11, 0, 0]))
+    # within calls: per-token gaps that agree, and gaps that jump between two speeds
+    even, jumpy = [[45, 46, 44, 45, 47]] * 6, [[45, 90, 44, 91, 45, 92]] * 6
+    assert repeat_noise(steady, shapes, even) == pytest.approx(1.4826 * 1 / 45)
+    assert repeat_noise(steady, shapes, jumpy) > 0.10
+    assert robust_cv([10, 10, 10, 1000]) == 0  # one outlier does not carry it

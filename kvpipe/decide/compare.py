@@ -44,7 +44,8 @@ MIB = 2**20
 def display_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row of strings per run: ★, cache label, varying params, then the catalogue's compare
     figures that some run measured (kvpipe.catalogue), each as mean ± spread."""
-    stars = [("★" if p else "") + (" ⚠" if n else "") for p, n in zip(runs["pareto"], runs["noisy"])]
+    marks = zip(runs["pareto"], runs["noisy"], runs["contended"])
+    stars = [("★" if p else "") + (" ⚠ contended" if c else " ⚠" if n else "") for p, n, c in marks]
     table = {"★": stars, "cache": list(runs["label"])}
     table.update({p: param_values(runs, p) for p in varying_params(runs)})
     for metric in catalogue.catalogue().values():

@@ -129,7 +129,11 @@ def summary(run, limits: Limits, baseline=None) -> str:
     if accuracy == accuracy:  # not NaN: a passkey run
         bound = f" (at least {_figure('accuracy', limits.accuracy)})" if limits.accuracy is not None else ""
         parts.append(f"passkey retrieval {_figure('accuracy', accuracy)}{bound}")
-    if run.get("noisy"):
+    if run.get("contended"):
+        others = run.get("metrics.other_cpu_cores", float("nan"))
+        held = f"{others:.1f} cores" if others == others else "the cores"
+        parts.append(f"CONTENDED: other processes held {held} while it measured, so every timing is slow")
+    elif run.get("noisy"):
         noise = catalogue.get("timing_noise_cv").show(run.get("metrics.timing_noise_cv", float("nan")))
         parts.append(f"NOISY: TTFT or TPOT changed by {noise} between calls of one shape")
     return f"{run['label']}: " + ", ".join(parts)

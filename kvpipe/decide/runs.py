@@ -144,6 +144,8 @@ def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
     runs["memory_bytes"] = column(runs, "metrics.peak_memory_bytes") + weights.where(growth, 0)
     # A figure that changed between calls of one shape by more than the run's workload.noise_threshold.
     runs["noisy"] = column(runs, "tags.kvpipe.noisy", "").fillna("") == "true"
+    # Other processes held cores the job counted on while it measured: every timing is slow alike.
+    runs["contended"] = column(runs, "tags.kvpipe.contended", "").fillna("") == "true"
     # Without a quality pass only a lossless strategy has a known loss.
     lossless = pd.Series(0.0, index=runs.index).where(runs["strategy"].map(is_lossless))
     runs["quality_loss"] = column(runs, "metrics.kl_vs_reference").fillna(lossless)

@@ -6,6 +6,7 @@ The runner measures; it never records (that is kvpipe.record).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -13,8 +14,8 @@ from kvpipe import model
 from kvpipe.job.fallback import with_fallback
 from kvpipe.job.generate import Call, measured_generate
 from kvpipe.job.progress import progress_bar
-from kvpipe.measure import quality
-from kvpipe.measure.environment import environment, load_average
+from kvpipe.measure import contention, quality
+from kvpipe.measure.environment import environment, load_average, physical_cores
 from kvpipe.measure.memory import freeze_long_lived_objects
 from kvpipe.measure.metrics import prompt_lengths, summarise
 from kvpipe.spec import Spec
@@ -55,11 +56,19 @@ def run_job(spec: Spec) -> JobResult:
     freeze_long_lived_objects()
     load_at_start = load_average()
 
+    threads = use_threads(spec.model, loaded.device)
+    cpu_before = contention.sample()
+
     def measure(attempt: Spec):
         setup = attempt.strategy.setup(loaded, longest_prompt)
         return setup, *_measure(attempt, loaded, setup, batches, workload.warmup_key)
 
     ran, (setup, calls, warmup_ms), fallback_tags = with_fallback(spec, loaded, measure)
+    cpu_after = contention.sample()
+    others, own = contention.other_cores(cpu_before, cpu_after), contention.own_cores(cpu_before, cpu_after)
+    busy = contention.contended(
+        others, threads, contention.cores(), load_at_start, own if loaded.device == "cpu" else float("nan")
+    )
     if fallback_tags:
         setup.notes.append(
             f"cache={spec.cache.strategy} ran out of memory; measured cache={ran.cache.strategy} instead"
@@ -83,12 +92,22 @@ def run_job(spec: Spec) -> JobResult:
         "device": loaded.device,
         "dtype": loaded.dtype,
         "peak_memory_source": calls[0].peak.source,
-        "noisy": noisy(metrics["timing_noise_cv"], spec.workload.noise_threshold),
+        "noisy": "true" if busy else noisy(metrics["timing_noise_cv"], spec.workload.noise_threshold),
+        "contended": str(busy).lower(),
         **fallback_tags,
         **workload.tags(loaded.tokenizer),
         **environment(loaded.device),
     }
-    if tags["noisy"] == "true":
+    if others == others:  # not NaN
+        metrics["other_cpu_cores"], metrics["job_cpu_cores"] = others, own
+    if busy:
+        held = f"{others:.1f}" if others == others else f"load average {load_at_start:.1f} on"
+        setup.notes.append(
+            f"contended: other processes kept {held} of {contention.cores()} cores busy while this job's "
+            f"{threads} torch thread(s) measured; every timing is slower than on an idle machine (rerun when it is "
+            "idle, or set model.threads to the cores that are free)"
+        )
+    elif tags["noisy"] == "true":
         setup.notes.append(
             f"noisy: TTFT or TPOT changed by {metrics['timing_noise_cv']:.0%} between calls of one shape (threshold "
             f"workload.noise_threshold={spec.workload.noise_threshold:g}); rerun on an idle machine or with more repeats"
@@ -109,6 +128,7 @@ def run_job(spec: Spec) -> JobResult:
     params = {
         "model.dtype": loaded.dtype,
         "model.device": loaded.device,
+        "model.threads": str(threads),
         **model.architecture_params(loaded.model.config.to_dict()),
         **setup.params,
     }
@@ -116,6 +136,25 @@ def run_job(spec: Spec) -> JobResult:
         params["quality.scored_tokens"] = str(int(metrics["quality_scored_tokens"]))
     notes = [*spec.warnings, *setup.notes]
     return JobResult(metrics=metrics, tags=tags, texts=texts, notes=notes, params=params, answers=answers)
+
+
+def use_threads(model_cfg, device: str) -> int:
+    """Set torch's threads for measuring, and return them: model.threads, else $OMP_NUM_THREADS where
+    set, else the physical cores (a hyperthread sibling slows decode more than it helps). On CUDA the
+    host runs one launching thread, whatever torch's pool."""
+    import torch
+
+    if device != "cpu":
+        return 1
+    wanted = model_cfg.threads or _omp_threads() or physical_cores()
+    if torch.get_num_threads() != wanted:
+        torch.set_num_threads(wanted)
+    return wanted
+
+
+def _omp_threads() -> int | None:
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def eos_ids(model) -> set[int]:

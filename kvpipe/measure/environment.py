@@ -29,7 +29,7 @@ def environment(device: str) -> dict[str, str]:
     tags = {
         "host": socket.gethostname(),
         "cpu_model": _cpu_model(),
-        "physical_cores": str(_physical_cores()),
+        "physical_cores": str(physical_cores()),
         "torch_threads": str(torch.get_num_threads()),
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
@@ -63,7 +63,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _physical_cores() -> int:
+def physical_cores() -> int:
     import psutil
 
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 0

@@ -31,7 +31,9 @@ def summarise(calls: list, loaded, strategy) -> tuple[dict[str, float], list[str
         values = [v for v in per_call[name] if not math.isnan(v)]
         mean, std = mean_std(values)
         metrics[name], metrics[name + "_std"], metrics[name + "_cv"] = mean, std, std / mean if mean else math.nan
-    metrics["timing_noise_cv"] = repeat_noise(per_call, [(c.batch_size, c.prompt_tokens) for c in calls])
+    metrics["timing_noise_cv"] = repeat_noise(
+        per_call, [(c.batch_size, c.prompt_tokens) for c in calls], [c.timing.itl_ms for c in calls]
+    )
     itl = [ms for c in calls for ms in c.timing.itl_ms]
     for q in (50, 90, 99):
         metrics[f"itl_p{q}_ms"] = percentile(itl, q)
@@ -98,20 +100,31 @@ def weights_read_per_step(loaded, batch_size: int) -> int:
     return loaded.weights_bytes - loaded.input_embedding_bytes + batch_size * loaded.embedding_row_bytes
 
 
-def repeat_noise(per_call: dict[str, list[float]], shapes: list[tuple]) -> float:
-    """How much TTFT and TPOT change between calls of the same shape (batch size, prompt length):
-    the largest coefficient of variation of a figure within one shape. Calls of another shape
-    differ for other reasons; calls of one shape differ only by noise (the repeats of a batch, or a
-    workload's prompts of one length, as passkey's). NaN when no shape was measured twice."""
-    worst = math.nan
+def robust_cv(values: list[float]) -> float:
+    """The spread of a few samples that one outlier cannot carry: 1.4826 x the median absolute
+    deviation (the standard deviation, for normal samples), over the median. NaN for fewer than 2."""
+    if len(values) < 2:
+        return math.nan
+    middle = statistics.median(values)
+    if not middle:
+        return math.nan
+    return 1.4826 * statistics.median(abs(v - middle) for v in values) / middle
+
+
+def repeat_noise(per_call: dict[str, list[float]], shapes: list[tuple], gaps: list[list[float]] = ()) -> float:
+    """How noisy the timings are, from the samples a job has: between calls, the robust spread of TTFT
+    and of TPOT among calls of one shape (batch size, prompt length: the repeats of a batch, or a
+    workload's prompts of one length), typical (median) over shapes; within calls, the robust spread
+    of each call's per-token gaps, typical over calls. The larger of the two. A typical spread, not
+    the worst of eight groups of three: one slow call of one prompt is not a noisy run. NaN when no
+    shape was measured twice and no call had three gaps."""
+    between = []
     for name in NOISE_JUDGED:
         samples: dict[tuple, list[float]] = {}
         for shape, value in zip(shapes, per_call[name]):
-            samples.setdefault(shape, []).append(value)
-        for values in samples.values():
-            if len(values) < 2:
-                continue
-            mean, std = mean_std(values)
-            cv = std / mean if mean else math.nan
-            worst = cv if math.isnan(worst) else max(worst, cv)
-    return worst
+            if not math.isnan(value):
+                samples.setdefault(shape, []).append(value)
+        between += [robust_cv(values) for values in samples.values() if len(values) >= 2]
+    within = [robust_cv(call) for call in gaps if len(call) >= 3]
+    typical = [statistics.median(found) for found in (between, within) if found]
+    return max(typical) if typical else math.nan

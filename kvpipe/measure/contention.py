@@ -1,0 +1,77 @@
+"""Whether the job had the cores it counted on: the CPU time other processes used while it measured.
+
+A machine whose cores are busy with other work slows every call alike, so the calls agree with one
+another and no spread shows it (16x slower TPOT, CV 1%, was seen). What does show it is the machine's
+own accounting: the CPU time all processes used (psutil.cpu_times, from /proc/stat) less this
+process's own (its threads', from /proc/self), over the wall time of the measured calls, is how many
+cores other processes held. The job is contended when its torch threads and those cores together
+ask for more than the machine has (half a core of slack for background chatter), or when, on CPU,
+it ran on less than 80% of its threads' cores while other processes held half a core or more (what
+they took from it: competing processes share the cores, so their own use understates their demand).
+Where no such accounting exists, the 1-minute load average stands in for it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+SLACK_CORES = 0.5  # daemons, the shell, a terminal: what an idle machine runs beside the job
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    wall_s: float
+    busy_s: float  # every process's CPU time since boot (nan: not available)
+    own_s: float  # this process's
+
+
+def cores() -> int:
+    """The logical cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def sample() -> CpuSample:
+    import psutil
+
+    try:
+        times = psutil.cpu_times()
+        busy = sum(times) - times.idle - getattr(times, "iowait", 0.0)
+    except (OSError, AttributeError):
+        busy = math.nan
+    own = psutil.Process().cpu_times()
+    return CpuSample(time.monotonic(), busy, own.user + own.system)
+
+
+def other_cores(before: CpuSample, after: CpuSample) -> float:
+    """Cores other processes kept busy between two samples, on average (nan where unknown)."""
+    wall = after.wall_s - before.wall_s
+    if wall <= 0 or math.isnan(before.busy_s) or math.isnan(after.busy_s):
+        return math.nan
+    others = (after.busy_s - before.busy_s) - (after.own_s - before.own_s)
+    return max(others, 0.0) / wall
+
+
+def own_cores(before: CpuSample, after: CpuSample) -> float:
+    """Cores this process kept busy between two samples, on average."""
+    wall = after.wall_s - before.wall_s
+    return (after.own_s - before.own_s) / wall if wall > 0 else math.nan
+
+
+def contended(others: float, threads: int, available: int, load_average: float = math.nan,
+              own: float = math.nan) -> bool:  # fmt: skip
+    """Whether `threads` torch threads could not each have a core beside `others` busy ones, or (given
+    `own`, the job's cores on CPU) lost their cores to them. Without `others`, the load average (which
+    counts this job's own threads too) stands in."""
+    if math.isnan(others):
+        if math.isnan(load_average):
+            return False
+        return load_average > available + SLACK_CORES
+    crowded = threads + others > available + SLACK_CORES
+    lost = not math.isnan(own) and own < 0.8 * threads and others >= SLACK_CORES
+    return crowded or lost
