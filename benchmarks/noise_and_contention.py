@@ -1,5 +1,5 @@
 """Is the noise flag right? The default job, N times on the idle machine and N times beside busy
-processes (one spinning process per core), in one process: TPOT, the noise figure, whether each run
+processes (--hogs spinning processes, default 1), in one process: TPOT, the noise figure, whether each run
 was flagged noisy or contended, and how many cores other processes held.
 
     python benchmarks/noise_and_contention.py                 # 5 + 5 default jobs, quality off
@@ -28,9 +28,11 @@ def spin(seconds: float) -> None:
         pass
 
 
-def one(spec) -> dict:
+def one(spec, label: str = "") -> dict:
     result = run_job(spec)
     m, t = result.metrics, result.tags
+    print(f"{label} TPOT {m['tpot_ms']:.1f} ms, noise {m['timing_noise_cv']:.3f}, noisy {t['noisy']}, "
+          f"contended {t['contended']}, others {m.get('other_cpu_cores', float('nan')):.2f}", flush=True)  # fmt: skip
     return {
         "tpot_ms": m["tpot_ms"],
         "timing_noise_cv": m["timing_noise_cv"],
@@ -44,12 +46,13 @@ def one(spec) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=5)
+    parser.add_argument("--hogs", type=int, default=1, help="spinning processes beside the contended jobs")
     parser.add_argument("--out", type=Path, default=Path("outputs/benchmarks/noise_and_contention"))
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     spec = make_spec(compose(["tracking=off", "quality=off", *args.overrides]))
     one(spec)  # load the model, convert nothing later: every counted job starts alike
-    rows = {"idle": [one(spec) for _ in range(args.jobs)], "contended": []}
+    rows = {"idle": [one(spec, f"idle {i + 1}") for i in range(args.jobs)], "contended": []}
     for _ in range(args.jobs):
         hogs = [
             multiprocessing.get_context("spawn").Process(target=spin, args=(600,)) for _ in range(contention.cores())
@@ -58,7 +61,7 @@ def main() -> None:
             hog.start()
         try:
             time.sleep(1.0)
-            rows["contended"].append(one(spec))
+            rows["contended"].append(one(spec, f"contended {len(rows['contended']) + 1}"))
         finally:
             for hog in hogs:
                 hog.terminate()
