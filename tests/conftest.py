@@ -1,7 +1,7 @@
 """Shared fixtures: Hydra composition, a scratch launch dir, specs for tiny models, and what the
 expensive end-to-end tests share: one real sweep, one migrated MLflow store, the embedded model.
 
-Speed (2 cores, no GPU): the whole suite in about 8 minutes, `-m "not slow"` in about two and a half.
+Speed (2 cores, no GPU): the whole suite in about 9 minutes, `-m "not slow"` in about three and a half.
 Tests marked slow load the embedded model or start kvpipe, Hydra or MLflow processes; each of
 those paths runs once per session where the tests can share it (the fixtures below)."""
 
