@@ -108,9 +108,9 @@ CORE = (
     _m("new_tokens", "new tokens", "tokens", ".0f"),
     _m("batch_size", "batch", "", ".0f"),
     _m("load_average_start", "load average at start", "", ".2f"),
+    _m("load_average_end", "load average at end", "", ".2f"),
     _m("other_cpu_cores", "cores other processes held", "cores", ".2f"),
     _m("job_cpu_cores", "cores the job ran on", "cores", ".2f"),
-    _m("load_average_end", "load average at end", "", ".2f"),
 )
 
 

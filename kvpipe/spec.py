@@ -75,7 +75,7 @@ class Spec:
         data["workload"] = self.workload_kind.identity()
         # a judgement of the timings, not part of what is measured: keyed as every run before it was calibrated
         data["workload"]["noise_threshold"] = 0.10
-        read, late = self.read_fields(), type(self.strategy).late_defaults
+        read, late = self.read_fields(), cache_strategies.get(self.cache.strategy).late_defaults
         for group in STRATEGY_GROUPS:
             kept = {k: v for k, v in data[group].items() if f"{group}.{k}" in read or f"{group}.*" in read}
             data[group] = kept
@@ -98,6 +98,7 @@ class Spec:
         the model fields its source reads, quality's when on; never tracking, never a setting with
         no value. The runner adds what it resolved (dtype, device, the model's architecture)."""
         read, data = self.read_fields(), self.as_dict()
+        late = cache_strategies.get(self.cache.strategy).late_defaults
         owned = {"model": (schema.SOURCE_FIELDS, self.model.source)}
         params = {}
         for group in ("model", *STRATEGY_GROUPS, "workload", "quality"):
@@ -114,7 +115,7 @@ class Spec:
                 if isinstance(value, dict):  # model.architecture: the runner logs the real config's
                     continue
                 if group == "cache" and value is None:  # a late setting unset: what it means here
-                    value = type(self.strategy).late_defaults.get(key)
+                    value = late.get(key)
                 text = param_text(value)
                 if text is not None:
                     params[name] = text

@@ -19,6 +19,7 @@ from kvpipe.cache.backends import hqq
 from kvpipe.decide import plan
 from kvpipe.job.runner import run_job
 from kvpipe.model import weights
+from kvpipe.model.shape import shape_from_model_config
 from kvpipe.units import parse_bytes
 
 from conftest import REPO, spec_for
@@ -99,7 +100,12 @@ def drive(spec, prompt_tokens: int, new_tokens: int, dtype: torch.dtype):
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(**models.random_config_dict(spec.model))
-    loaded = SimpleNamespace(model=SimpleNamespace(config=config, dtype=dtype), device="cpu")
+    loaded = SimpleNamespace(
+        model=SimpleNamespace(config=config, dtype=dtype),
+        shape=shape_from_model_config(config),
+        dtype=str(dtype).removeprefix("torch."),
+        device="cpu",
+    )
     cache = spec.strategy.setup(loaded, prompt_tokens).make_cache()
     shape = models.describe(spec.model)
     for tokens in [prompt_tokens] + [1] * (new_tokens - 1):

@@ -79,7 +79,7 @@ class Quantized(CacheStrategy):
         return f"{count} of {len(windows)} ({'all' if count == len(windows) else 'full_attention'})"
 
     def build(self, loaded, longest_prompt: int) -> CacheSetup:
-        from transformers.cache_utils import DummyLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
+        from transformers.cache_utils import DummyLayer, DynamicSlidingWindowLayer
 
         from kvpipe.cache.backends._layers import LayeredQuantizedCache
 
@@ -87,7 +87,6 @@ class Quantized(CacheStrategy):
         backend.require_available()
         backend.warm(loaded.device, loaded.model.dtype)
         options = backend.cache_options()
-        kinds = get_layer_types_and_kwargs(loaded.model.config.get_text_config(decoder=True))
 
         def layer(kind: str, window: int | None):
             if kind in accounting.NO_KV_TYPES:
@@ -98,10 +97,10 @@ class Quantized(CacheStrategy):
                 return backend.sliding_layer_class()(sliding_window=window, **options)
             return DynamicSlidingWindowLayer(sliding_window=window)
 
-        def make(capacity: int = 0):
-            return LayeredQuantizedCache([layer(kind, kw.get("sliding_window")) for kind, kw in zip(*kinds)])
+        def make(capacity: int = 0):  # the layers transformers' own caches build, from the model's shape
+            return LayeredQuantizedCache([layer(each.attention, each.window) for each in loaded.shape.layers])
 
-        windows = [kw.get("sliding_window") for kind, kw in zip(*kinds) if kind not in accounting.NO_KV_TYPES]
+        windows = accounting.kv_shape(loaded.shape, 1, loaded.dtype).windows
         params = {"cache.quantized_layers": self.quantized_layers(windows)}
         return CacheSetup(requested=self.name, effective=self.label(), make_cache=make, params=params)
 

@@ -129,7 +129,7 @@ def run_job(spec: Spec) -> JobResult:
         "model.dtype": loaded.dtype,
         "model.device": loaded.device,
         "model.threads": str(threads),
-        **model.architecture_params(loaded.model.config.to_dict()),
+        **model.architecture_params(loaded.model.config.to_dict(), loaded.shape),
         **setup.params,
     }
     if ran.quality.enabled:

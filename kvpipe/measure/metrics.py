@@ -43,37 +43,19 @@ def summarise(calls: list, loaded, strategy) -> tuple[dict[str, float], list[str
     metrics["kv_cache_tokens"] = largest.kv_tokens
     if largest.kv_host_bytes:
         metrics["kv_cache_host_bytes"] = largest.kv_host_bytes
-    # the call's prompt and new tokens (the cache holds prompt + new - 1: the last one is never fed back)
-    prompt, new = largest.prompt_tokens, largest.kv_tokens - largest.prompt_tokens + 1
-    notes = []
-    try:
-        kv = kv_shape(loaded.shape, largest.batch_size, loaded.dtype)
-    except UnpredictableLayers as exc:
-        kv = None
-        notes.append(f"no kv_cache_bytes_fp16 or roofline_fraction: {exc}")
-    if kv is not None:
-        metrics["kv_cache_bytes_fp16"] = dense_fp16_bytes(loaded.shape, prompt, new, largest.batch_size)
-        metrics["kv_compression"] = metrics["kv_cache_bytes_fp16"] / largest.kv_bytes if largest.kv_bytes else math.nan
     metrics["peak_memory_bytes"] = max(c.peak.peak_bytes for c in calls)  # absolute: weights included
     metrics["peak_over_baseline_bytes"] = max(c.peak.peak_over_baseline_bytes for c in calls)
     reserved = [c.peak.peak_reserved_bytes for c in calls if c.peak.peak_reserved_bytes is not None]
     if reserved:
         metrics["peak_reserved_bytes"] = max(reserved)
     metrics["weights_bytes"] = loaded.weights_bytes
-
-    kv_traffic = (
-        None if kv is None else strategy.decode_kv_traffic_bytes(kv, largest.kv_bytes, prompt, new, loaded.device)
-    )
-    if kv is not None and kv_traffic is None:
-        notes.append(f"no roofline_fraction: {strategy.traffic_unknown_reason(loaded.device)}")
-    elif kv_traffic is not None:
-        bandwidth = memory_bandwidth_bytes_per_s(loaded.device)
-        metrics["weights_read_bytes_per_step"] = weights_read_per_step(loaded, largest.batch_size)
-        metrics["kv_read_bytes_per_step"] = kv_traffic
-        metrics["decode_bytes_per_step"] = metrics["weights_read_bytes_per_step"] + kv_traffic
-        metrics["memory_bandwidth_bytes_per_s"] = bandwidth
-        steps_per_s = metrics["decode_tokens_per_s"] / largest.batch_size
-        metrics["roofline_fraction"] = roofline_fraction(metrics["decode_bytes_per_step"], steps_per_s, bandwidth)
+    notes = []
+    try:
+        kv = kv_shape(loaded.shape, largest.batch_size, loaded.dtype)
+    except UnpredictableLayers as exc:
+        notes.append(f"no kv_cache_bytes_fp16 or roofline_fraction: {exc}")
+    else:
+        notes += _kv_figures(metrics, largest, kv, loaded, strategy)
     metrics["prompt_tokens"] = statistics.fmean(c.prompt_tokens for c in calls)
     metrics["new_tokens"] = statistics.fmean(c.timing.steps for c in calls)
     metrics["batch_size"] = calls[0].batch_size
@@ -90,6 +72,26 @@ def prompt_lengths(tokens: list[int]) -> dict[str, float]:
         "prompt_tokens_p90": percentile(tokens, 90),
         "prompt_tokens_max": max(tokens),
     }
+
+
+def _kv_figures(metrics: dict, largest, kv, loaded, strategy) -> list[str]:
+    """The largest call's fp16 reference and compression, and the memory roofline of its decode step;
+    the notes for what cannot be counted."""
+    # the call's prompt and new tokens (the cache holds prompt + new - 1: the last one is never fed back)
+    prompt, new = largest.prompt_tokens, largest.kv_tokens - largest.prompt_tokens + 1
+    metrics["kv_cache_bytes_fp16"] = dense_fp16_bytes(loaded.shape, prompt, new, largest.batch_size)
+    metrics["kv_compression"] = metrics["kv_cache_bytes_fp16"] / largest.kv_bytes if largest.kv_bytes else math.nan
+    kv_traffic = strategy.decode_kv_traffic_bytes(kv, largest.kv_bytes, prompt, new, loaded.device)
+    if kv_traffic is None:
+        return [f"no roofline_fraction: {strategy.traffic_unknown_reason(loaded.device)}"]
+    bandwidth = memory_bandwidth_bytes_per_s(loaded.device)
+    metrics["weights_read_bytes_per_step"] = weights_read_per_step(loaded, largest.batch_size)
+    metrics["kv_read_bytes_per_step"] = kv_traffic
+    metrics["decode_bytes_per_step"] = metrics["weights_read_bytes_per_step"] + kv_traffic
+    metrics["memory_bandwidth_bytes_per_s"] = bandwidth
+    steps_per_s = metrics["decode_tokens_per_s"] / largest.batch_size
+    metrics["roofline_fraction"] = roofline_fraction(metrics["decode_bytes_per_step"], steps_per_s, bandwidth)
+    return []
 
 
 def weights_read_per_step(loaded, batch_size: int) -> int:

@@ -151,13 +151,12 @@ def measure(loaded: LoadedModel, spec, workload, batches, generated: list, setup
         window_scores(logprobs, reference, torch.tensor(continuation))
         for logprobs, (prefix, continuation, reference) in zip(ours, windows)
     ]
-    continuation = windows[-1][1]
     for name in per_window[0]:
         values = [scores[name] for scores in per_window]
         metrics[name] = statistics.fmean(values)
         metrics[name + "_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
     metrics["quality_windows"] = len(per_window)
-    metrics["quality_scored_tokens"] = len(continuation)
+    metrics["quality_scored_tokens"] = len(windows[-1][1])
     return metrics
 
 

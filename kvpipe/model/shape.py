@@ -184,10 +184,10 @@ ARCHITECTURE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads"
                        "max_position_embeddings", "vocab_size")  # fmt: skip
 
 
-def architecture_params(config: dict) -> dict[str, str]:
+def architecture_params(config: dict, shape: ModelShape) -> dict[str, str]:
     """The model's architecture as MLflow params (model.<config.json name>), from the config the
-    weights were loaded with: head_dim and KV heads as the model computes them when not spelt out."""
-    shape = shape_from_config(config)
+    weights were loaded with and its shape (LoadedModel.shape): head_dim and KV heads as the model
+    computes them when not spelt out, and each layer's cache."""
     config = text_config(config)
     values = {**{name: config.get(name) for name in ARCHITECTURE_FIELDS},
               "num_key_value_heads": shape.num_kv_heads, "head_dim": shape.head_dim}  # fmt: skip
