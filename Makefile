@@ -41,11 +41,20 @@ $(STAMP): pyproject.toml requirements.lock
 run: venv
 	$(PY) -m kvpipe $(ARGS)
 
+# The suite runs on PYTEST_WORKERS processes (pytest-xdist; the tests that share an expensive fixture
+# run on one worker, see tests/conftest.py), then the tests marked `alone`, which read the machine's
+# load, with nothing beside them (only their files are collected a second time). Both `alone` and
+# `slow`, they are not part of test-fast.
+PYTEST_WORKERS ?= 2
+PYTEST      := $(PY) -m pytest -q -p xdist -n $(PYTEST_WORKERS) --dist loadgroup
+ALONE_TESTS := $(shell grep -l "pytest.mark.alone" tests/test_*.py)
+
 test: venv
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PYTEST) -m "not alone" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m alone $(PYTEST_ARGS) $(ALONE_TESTS)
 
 test-fast: venv
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
 # ruff: lint, and check that the code is formatted (CI runs this before the tests)
 lint: venv

@@ -115,16 +115,39 @@ def _freeze_long_lived_objects():
 def embedded_model():
     """The embedded model as the default config loads it, kept by kvpipe's per-process model cache
     (kvpipe.model.load) for the tests that use it. That cache holds one model at a time, so these
-    tests run together, last (pytest_collection_modifyitems below): one load per session."""
+    tests run together, first (pytest_collection_modifyitems below): one load per session."""
     from kvpipe import model as models
 
     return models.load(spec_for().model)
 
 
+# Fixtures that cost seconds to make: under pytest-xdist (`make test` runs two workers, --dist loadgroup)
+# the tests that share one run on one worker, which makes it once. Session fixtures are named here;
+# a module's expensive fixture (MODULE_FIXTURES) groups the tests of its module that use it.
+SHARED_FIXTURES = ("embedded_model", "tiny_sweep")
+MODULE_FIXTURES = ("reduced", "passkey_sweep", "failed_sweep", "good_model")
+
+
+def xdist_group(item) -> str | None:
+    names = getattr(item, "fixturenames", ())
+    shared = next((name for name in SHARED_FIXTURES if name in names), None)
+    if shared is None and any(name in names for name in MODULE_FIXTURES):
+        return item.module.__name__
+    return shared
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
 def pytest_collection_modifyitems(items):
-    """Tests that use the embedded model run last, one after another (a stable sort: the rest keep their
-    order); a tiny_random job in between would evict it from kvpipe's one-model cache."""
-    items.sort(key=lambda item: "embedded_model" in getattr(item, "fixturenames", ()))
+    """Each test that shares an expensive fixture joins that fixture's xdist group. The groups come
+    first, the embedded model's first of all (a stable sort: the rest keep their order): a worker
+    starts on the longest work while the other takes the many short tests, and the embedded model's
+    tests run one after another, since a tiny_random job in between would evict it from kvpipe's
+    one-model cache."""
+    groups = {item: xdist_group(item) for item in items}
+    for item, group in groups.items():
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: (groups[item] != "embedded_model", groups[item] is None))
 
 
 # --- MLflow stores ----------------------------------------------------------------------------------------

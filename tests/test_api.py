@@ -19,6 +19,7 @@ def tiny():
     return loaded, dict(inputs)
 
 
+@pytest.mark.slow  # real jobs and generate calls
 @pytest.mark.parametrize("settings", ["cache=static", "cache=quantized backend=hqq backend.nbits=4 axis=kivi"])
 def test_a_users_generate_with_the_api_cache_makes_the_runners_tokens(tiny, settings):
     loaded, _ = tiny
@@ -39,6 +40,7 @@ def test_settings_of_other_groups_are_refused_in_one_line():
         api.settings("cache=quantized backend=quanto backend.nbits=3")
 
 
+@pytest.mark.slow  # imports the quantized layers, seconds in a new process
 def test_generate_with_fallback_retries_after_out_of_memory_as_the_runner_does(tiny, monkeypatch):
     import torch
 

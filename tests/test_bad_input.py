@@ -27,6 +27,7 @@ CATALOGUE = {
 }
 
 
+@pytest.mark.slow  # starts a kvpipe process per case
 @pytest.mark.parametrize("case", sorted(CATALOGUE))
 def test_bad_input_gets_one_line_error_and_exit_2(case, tmp_path):
     args, field, hint = CATALOGUE[case]
@@ -43,6 +44,7 @@ def test_bad_input_gets_one_line_error_and_exit_2(case, tmp_path):
     assert elapsed < 5, f"validation took {elapsed:.1f}s"  # ~0.5 s here; slack for loaded CI machines
 
 
+@pytest.mark.slow  # starts a kvpipe process
 def test_help_describes_kvpipe_its_groups_and_subcommands(tmp_path):
     proc = run_cli(["--help"], cwd=tmp_path, timeout=60)
     assert proc.returncode == 0, proc.stderr

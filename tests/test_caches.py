@@ -38,6 +38,7 @@ SHIPPED = (
 )
 
 
+@pytest.mark.slow  # a real job for each of forty combinations
 @pytest.mark.parametrize("prompt_tokens", [37, 40])
 @pytest.mark.parametrize("combo", SHIPPED, ids=lambda c: ",".join(c))
 def test_every_shipped_combination_runs_on_tiny_random(combo, prompt_tokens):
@@ -59,6 +60,7 @@ SHAPES = {
 }
 
 
+@pytest.mark.slow  # a real job per shape
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("name", sorted(SHAPES))
 @pytest.mark.parametrize("dtype,dtype_bytes", [("float32", 4), ("bfloat16", 2)])
@@ -102,6 +104,7 @@ def test_int2_holds_fewer_bytes_than_int4():
     assert int2.metrics["kv_cache_bytes"] < int4.metrics["kv_cache_bytes"]
 
 
+@pytest.mark.slow  # real jobs
 def test_offloaded_without_cuda_runs_with_offloading_off_and_records_both(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("on CUDA the offloaded cache really offloads")
@@ -125,6 +128,7 @@ def test_offloaded_on_cuda_offloads_and_matches_dynamic(strategy):
 # ---- validation --------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # loads a model per case
 @pytest.mark.parametrize(
     "overrides,field",
     [
@@ -181,6 +185,7 @@ def completions(*overrides):
     return [t["completion"] for t in run_job(spec_for(*overrides)).texts]
 
 
+@pytest.mark.slow  # four real jobs
 def test_static_and_offloaded_match_dynamic_tokens_on_tiny_random():
     reference = completions(*TINY, "workload.prompt_tokens=37")
     for strategy in ("static", "offloaded", "offloaded_static"):

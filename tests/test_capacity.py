@@ -43,6 +43,7 @@ def job_spec(prompt_tokens: int, new_tokens: int, *overrides: str):
 # ---- dense caches: real generation jobs ---------------------------------------------------------
 
 
+@pytest.mark.slow  # a real job per case
 @pytest.mark.parametrize("prompt_tokens,new_tokens,batch", [(37, 5, 1), (64, 3, 1), (41, 6, 2)])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_dense_prediction_equals_measured_cache_bytes(cache, prompt_tokens, new_tokens, batch):
@@ -60,6 +61,7 @@ def test_static_prediction_is_the_whole_max_cache_len_allocation():
 # ---- quantized caches: real generation jobs, then every layout at the layer level ----------------
 
 
+@pytest.mark.slow  # a real job per case
 @pytest.mark.parametrize(
     "prompt_tokens,new_tokens,overrides",
     [
@@ -141,6 +143,7 @@ def base_specs():
     }
 
 
+@pytest.mark.slow  # fills a quantized cache per case
 @pytest.mark.parametrize("backend,nbits", BITS)
 @pytest.mark.parametrize("layout", ["per_token", "per_channel", "kivi"])
 def test_quantized_prediction_equals_cache_bytes_for_every_layout_and_schedule(base_specs, backend, nbits, layout):
@@ -280,6 +283,7 @@ def test_bad_size_is_one_line_and_a_nonzero_exit(capsys):
     assert "--memory-budget='lots'" in err and "8GiB" in err
 
 
+@pytest.mark.slow  # starts kvpipe processes
 def test_plan_runs_from_the_command_line_in_any_directory(tmp_path):
     result = subprocess.run(
         [

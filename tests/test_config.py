@@ -16,6 +16,7 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml"))
 
 
+@pytest.mark.slow  # composes the whole config once per option
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in group_options(g)])
 def test_every_group_option_composes_into_a_plan(group, option):
     overrides = [f"{group}={option}"]

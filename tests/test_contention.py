@@ -4,9 +4,11 @@ and said; torch's threads are chosen, not inherited by accident."""
 from __future__ import annotations
 
 import math
-import multiprocessing
+import subprocess
+import sys
 import time
 
+import psutil
 import pytest
 
 from kvpipe.job.runner import run_job
@@ -31,25 +33,34 @@ def test_threads_and_other_processes_cores_against_the_machines():
     assert contention.other_cores(before, contention.CpuSample(wall_s=2, busy_s=14, own_s=7)) == 1.0
 
 
-def _spin(seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        pass
+SPIN = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end:\n    pass\n"
 
 
+def _spinning(count: int) -> list[subprocess.Popen]:
+    """`count` processes that each keep a core busy, returned once each has spun for a while: a
+    spawned process may take seconds to start on a busy machine."""
+    hogs = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(count)]
+    deadline = time.monotonic() + 30
+    while any(psutil.Process(h.pid).cpu_times().user < 0.3 for h in hogs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return hogs
+
+
+# The job's other processes must be only the ones the test starts: run with the machine to itself
+# (`make test` runs the tests marked `alone` after the parallel part).
+@pytest.mark.slow  # two real jobs, one beside spinning processes
+@pytest.mark.alone
 def test_a_job_beside_busy_processes_is_tagged_contended_marked_noisy_and_says_so():
     idle = run_job(spec_for(*TINY))
     assert idle.tags["contended"] == "false" and idle.params["model.threads"] == "1"
     assert idle.metrics["other_cpu_cores"] < 1
-    hogs = [multiprocessing.get_context("spawn").Process(target=_spin, args=(60,)) for _ in range(contention.cores())]
-    for hog in hogs:
-        hog.start()
+    hogs = _spinning(contention.cores())
     try:
-        time.sleep(1.0)  # they are spinning before the job starts
         busy = run_job(spec_for(*TINY))
     finally:
         for hog in hogs:
-            hog.terminate()
+            hog.kill()
+            hog.wait()
     assert busy.tags["contended"] == "true" and busy.tags["noisy"] == "true"
     assert busy.metrics["other_cpu_cores"] > 1
     (note,) = [n for n in busy.notes if n.startswith("contended:")]

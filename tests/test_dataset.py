@@ -135,6 +135,7 @@ def test_a_max_new_tokens_column_sets_each_rows_length(tmp_path):
     assert len(job.texts) == 2
 
 
+@pytest.mark.slow  # a real job with its quality pass
 def test_the_example_file_runs_with_quality_scored_on_its_own_prompts():
     spec = dataset_spec(EXAMPLE, "quality=on", "quality.windows=2", "quality.scored_tokens=8", "workload.limit=3")
     job = run_job(spec)

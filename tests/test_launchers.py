@@ -23,7 +23,7 @@ TINY = [
     "workload.warmup=0",
     "quality=off",
     "workload.prompts=[Hi.]",
-    "cache=dynamic,static,quantized",
+    "cache=dynamic,quantized",  # two jobs side by side: each launcher process imports torch and transformers
     "backend=hqq",  # the backend does not matter here; quanto JIT-loads a C++ extension in each new process
 ]
 
@@ -42,7 +42,7 @@ def assert_every_child_under_one_parent(uri: str) -> None:
     parents, children = runs_under_one_parent(uri)
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     statuses = [(c.info.run_name, c.info.status, c.data.tags.get("kvpipe.status")) for c in children]
-    assert len(children) == 3 and all(c.info.status == "FINISHED" for c in children), statuses
+    assert len(children) == 2 and all(c.info.status == "FINISHED" for c in children), statuses
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
 
 

@@ -97,6 +97,7 @@ def test_a_model_folder_names_its_runs_and_model_name_overrides_it(good_model, c
     assert f"kvpipe plan · {good_model.name} · cpu" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # saves a model folder per case
 @pytest.mark.parametrize("case", sorted(BROKEN))
 def test_a_broken_model_folder_is_one_line_and_records_nothing(case, good_model, tmp_path):
     from kvpipe.model import loading
@@ -114,6 +115,7 @@ def test_a_broken_model_folder_is_one_line_and_records_nothing(case, good_model,
     assert not (tmp_path / "run" / "result.json").exists() and not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.slow  # starts kvpipe processes
 def test_a_config_that_is_not_json_is_one_line_from_the_cli_and_from_plan(good_model, tmp_path):
     folder = broken_copy(good_model, tmp_path, "config.json is not JSON")
     for args in (["model=hf", f"model.name_or_path={folder}"], ["plan", "model=hf", f"model.name_or_path={folder}"]):
@@ -133,6 +135,7 @@ def test_a_prompt_too_long_names_the_prompt_length(tmp_path):
         run_job(spec)
 
 
+@pytest.mark.slow  # starts kvpipe processes
 def test_plan_answers_for_the_llama_presets_without_the_network(tmp_path, monkeypatch):
     # No hub: offline mode, and an endpoint that cannot answer, in case offline mode were ignored
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

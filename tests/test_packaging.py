@@ -6,9 +6,12 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
+
 from conftest import REPO
 
 
+@pytest.mark.slow  # builds the wheel
 def test_wheel_contains_every_config_file(tmp_path):
     subprocess.run(
         [

@@ -30,6 +30,7 @@ def test_tiny_random_pipeline_writes_result_json_with_contract_metrics(tmp_path,
     assert result.tags["cache.effective"] == "dynamic"
 
 
+@pytest.mark.slow  # a real job logged to a new MLflow store
 def test_mlflow_run_reads_back_with_params_metrics_tags_and_artifacts(tmp_path, existing_store):
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -62,6 +63,7 @@ def test_default_store_is_absolute_sqlite_under_outputs(tmp_path):
     assert artifacts == (tmp_path / "outputs" / "mlartifacts").as_uri()
 
 
+@pytest.mark.slow  # a real job
 def test_tracking_off_still_writes_result_json(tmp_path, tiny_spec):
     # in-process: `python -m kvpipe` itself runs in test_cli_default_run_on_the_embedded_model (slow)
     assert tiny_spec().tracking.enabled is False  # tracking=off, as conftest.TINY composes it
@@ -70,6 +72,7 @@ def test_tracking_off_still_writes_result_json(tmp_path, tiny_spec):
     assert not (tmp_path / "outputs" / "mlflow.db").exists()
 
 
+@pytest.mark.slow  # saves and loads a model folder, then runs it
 def test_hf_model_from_a_local_folder(tmp_path, tiny_spec):
     from kvpipe import model as models
 

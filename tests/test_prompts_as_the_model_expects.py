@@ -55,6 +55,7 @@ def leading_bos(ids: list[int]) -> int:
     return count
 
 
+@pytest.mark.slow  # a real job per workload and tokenizer
 @pytest.mark.parametrize("case", sorted(TOKENIZERS))
 @pytest.mark.parametrize("kind", ["chat", "long_context", "passkey"])
 def test_bos_once_where_the_tokenizer_adds_it_and_lengths_stay_exact(case, kind):

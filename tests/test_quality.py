@@ -45,6 +45,7 @@ def test_long_context_quality_scores_windows_of_the_workloads_own_text_at_its_pr
     assert windows[0].prefix == first_prompt  # the workload's own prompt
 
 
+@pytest.mark.slow  # a real job with its quality pass
 def test_chat_quality_scores_the_workloads_prompts_continued_by_the_reference():
     spec = spec_for("model=tiny_random", "tracking=off", "quality.windows=3", "quality.scored_tokens=8")
     windows = spec.workload_kind.windows(model.load_tokenizer(spec.model), 3, 8)
@@ -83,6 +84,7 @@ def test_a_compiled_cache_is_scored_through_its_compiled_decode_call(monkeypatch
     assert metrics["kl_vs_reference"] < 1e-6
 
 
+@pytest.mark.slow  # real jobs with their quality pass
 @pytest.mark.parametrize("strategy", ["dynamic", "static", "offloaded", "offloaded_static"])
 def test_lossless_strategies_agree_fully_with_kl_near_zero(strategy):
     metrics = run_job(spec_for(*TINY, f"cache={strategy}")).metrics
@@ -185,6 +187,7 @@ BATCHING = {
 }
 
 
+@pytest.mark.slow  # scores each cache twice, batched and apart
 @pytest.mark.parametrize("workload", ["chat", "long_context"])  # prompts of several lengths, and of one
 @pytest.mark.parametrize("cache", sorted(BATCHING))
 def test_windows_scored_together_score_as_windows_scored_one_at_a_time(cache, workload):
@@ -214,6 +217,7 @@ def test_a_compiled_static_cache_scores_only_unpadded_windows_together():
     assert spec_for("cache=static").strategy.quality_batching() == "padded"
 
 
+@pytest.mark.slow  # real jobs with their quality pass
 def test_a_plain_dynamic_cache_scores_exactly_as_the_reference_so_it_is_not_scored_twice(monkeypatch):
     spec = spec_for("model=tiny_random", "workload=chat", "quality.windows=3", "quality.scored_tokens=24")
     loaded = model.load(spec.model)

@@ -199,6 +199,7 @@ def test_min_accuracy_misses_runs_that_never_measured_retrieval():
     )
 
 
+@pytest.mark.slow  # starts a kvpipe process per case
 @pytest.mark.parametrize("value", ["1.5", "-0.1"])
 def test_min_accuracy_outside_0_to_1_is_one_line_with_exit_2(tmp_path, value):
     proc = run_cli(["recommend", "--min-accuracy", value], cwd=tmp_path, timeout=60)

@@ -35,6 +35,7 @@ def count_scoring(monkeypatch) -> list:
     return rows
 
 
+@pytest.mark.slow  # real jobs with their quality pass
 def test_a_later_process_reuses_the_stored_references_and_scores_alike(store, monkeypatch):
     first = run_job(spec_for(*TINY, "cache=quantized", "axis=per_token")).metrics
     assert len(list(store.glob("*.pt"))) == 2  # the greedy tokens and the scored windows
@@ -46,6 +47,7 @@ def test_a_later_process_reuses_the_stored_references_and_scores_alike(store, mo
         assert second[name] == pytest.approx(first[name], rel=1e-6, abs=1e-9)
 
 
+@pytest.mark.slow  # real jobs with their quality pass
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "another key"])
 def test_an_unusable_entry_is_recomputed_never_trusted(store, monkeypatch, damage):
     spec = spec_for(*TINY, "cache=static")
@@ -79,6 +81,7 @@ def _writer(folder: str, key: str, seed: int) -> None:
         references.save(key, [torch.full((256, 1024), float(seed))])
 
 
+@pytest.mark.slow  # starts two Python processes
 def test_two_processes_writing_one_entry_leave_it_whole(tmp_path, monkeypatch):
     monkeypatch.setenv(references.FOLDER_ENV, str(tmp_path / "references"))
     context = multiprocessing.get_context("spawn")

@@ -68,6 +68,7 @@ def toy_spec(*overrides: str):
     return make_spec(compose_config([*TINY, "cache.strategy=headroom", *overrides]))
 
 
+@pytest.mark.slow  # real jobs
 def test_a_new_strategy_is_validated_from_its_own_settings(toy):
     assert toy_spec("cache.headroom=4").strategy.settings.headroom == 4
     with pytest.raises(ConfigError, match=r"cache.headroom=-1 .*expected 0 or more"):

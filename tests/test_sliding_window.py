@@ -60,6 +60,7 @@ def predicted(spec, prompt_tokens: int, new_tokens: int) -> int:
 # ---- the shape, per layer -----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # builds and loads three models
 def test_the_shape_records_each_layers_type_and_window_as_the_loaded_model_builds_its_cache():
     for model in (GEMMA, MISTRAL):
         spec = spec_for(*model)
@@ -110,6 +111,7 @@ def test_layers_without_kv_are_left_out_and_unknown_types_are_one_line():
 # ---- prediction = measurement, to the byte --------------------------------------------------------
 
 
+@pytest.mark.slow  # a real job per strategy, for each of ten model shapes
 @pytest.mark.parametrize("prompt_tokens,new_tokens", REGIMES)
 @pytest.mark.parametrize("model", [GEMMA, MISTRAL], ids=["gemma3-style", "mistral-style"])
 def test_every_strategys_prediction_equals_the_bytes_a_real_job_holds(model, prompt_tokens, new_tokens):
@@ -154,6 +156,7 @@ def test_quantized_full_layers_only_by_default_and_every_layer_on_request():
     assert every.metrics["kv_cache_bytes"] < full_only.metrics["kv_cache_bytes"] < dense
 
 
+@pytest.mark.slow  # real jobs with their quality pass
 def test_quantized_sliding_cache_is_scored_by_quality_like_any_quantized_cache():
     spec = spec_for(*GEMMA, "workload=long_context", "tracking=off", "workload.warmup=0", "workload.repeats=1",
                     "workload.prompt_tokens=40", "workload.max_new_tokens=8", "cache=quantized",
@@ -193,6 +196,7 @@ def test_quantize_sliding_where_the_backend_keeps_no_window_is_one_line():
 # ---- offloading only the full-attention layers ---------------------------------------------------
 
 
+@pytest.mark.slow  # real offloaded jobs
 def test_offload_only_non_sliding_takes_transformers_defaults_and_is_recorded():
     assert spec_for("cache=offloaded").params()["cache.offload_only_non_sliding"] == "false"
     assert spec_for("cache=offloaded_static").params()["cache.offload_only_non_sliding"] == "true"

@@ -64,7 +64,7 @@ def test_a_noisy_recommendation_says_it_is_noisy():
         {"cache": "static", "tpot_ms": 3.0, "tags": {"noisy": "true"}, "metrics": {"timing_noise_cv": 0.35}},
     )
     chosen, (what, _) = choose(table, Limits())
-    assert chosen["label"] == "static" and "NOISY: TTFT or TPOT changed by 35% between calls of one shape" in what
+    assert chosen["label"] == "static" and "NOISY: TTFT or TPOT varied by 35% between calls of one shape" in what
 
 
 def test_a_table_from_two_machines_says_so():

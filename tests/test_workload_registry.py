@@ -70,6 +70,7 @@ def countdown_spec(*overrides: str):
     return make_spec(compose_config([*TINY, "workload.kind=countdown", *overrides]))
 
 
+@pytest.mark.slow  # real jobs
 def test_a_new_workload_is_validated_from_its_own_settings(countdown):
     assert countdown_spec("workload.start=3").workload_kind.settings.start == 3
     with pytest.raises(ConfigError, match=r"workload.start=0 .*expected 1 or more"):

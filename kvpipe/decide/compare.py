@@ -34,9 +34,9 @@ RETRIEVAL_FILES = ("retrieval_heatmaps.png", "accuracy_vs_kv_bytes.png")  # when
 FOOTNOTE = (
     "★ Pareto front of each workload over peak memory, TPOT and KL (lower is better; lossy runs without a "
     "quality pass are left off); where every run measured passkey retrieval, over its accuracy in place of KL "
-    "(and KL too when every run has it). ⚠ noisy: TTFT or TPOT changed between calls of one shape by more than "
-    "the run's workload.noise_threshold, so its place on the front is not firm. Peak memory: the process's "
-    "(CPU) or the allocator's (CUDA) peak during a measured call, weights included."
+    "(and KL too when every run has it). ⚠ noisy: TTFT or TPOT varied between calls of one shape, or between a "
+    "call's tokens, by more than the run's workload.noise_threshold, so its place on the front is not firm. "
+    "Peak memory: the process's (CPU) or the allocator's (CUDA) peak during a measured call, weights included."
 )
 MIB = 2**20
 

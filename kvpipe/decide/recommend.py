@@ -135,7 +135,7 @@ def summary(run, limits: Limits, baseline=None) -> str:
         parts.append(f"CONTENDED: other processes held {held} while it measured, so every timing is slow")
     elif run.get("noisy"):
         noise = catalogue.get("timing_noise_cv").show(run.get("metrics.timing_noise_cv", float("nan")))
-        parts.append(f"NOISY: TTFT or TPOT changed by {noise} between calls of one shape")
+        parts.append(f"NOISY: TTFT or TPOT varied by {noise} between calls of one shape or between a call's tokens")
     return f"{run['label']}: " + ", ".join(parts)
 
 

@@ -142,7 +142,8 @@ def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
     growth = column(runs, "tags.kvpipe.peak_memory_source", "").fillna("").str.endswith("_growth")
     weights = column(runs, "metrics.weights_bytes").fillna(0)
     runs["memory_bytes"] = column(runs, "metrics.peak_memory_bytes") + weights.where(growth, 0)
-    # A figure that changed between calls of one shape by more than the run's workload.noise_threshold.
+    # A figure that varied (between calls of one shape, or between a call's tokens) by more than the
+    # run's workload.noise_threshold.
     runs["noisy"] = column(runs, "tags.kvpipe.noisy", "").fillna("") == "true"
     # Other processes held cores the job counted on while it measured: every timing is slow alike.
     runs["contended"] = column(runs, "tags.kvpipe.contended", "").fillna("") == "true"

@@ -109,8 +109,9 @@ def run_job(spec: Spec) -> JobResult:
         )
     elif tags["noisy"] == "true":
         setup.notes.append(
-            f"noisy: TTFT or TPOT changed by {metrics['timing_noise_cv']:.0%} between calls of one shape (threshold "
-            f"workload.noise_threshold={spec.workload.noise_threshold:g}); rerun on an idle machine or with more repeats"
+            f"noisy: TTFT or TPOT varied by {metrics['timing_noise_cv']:.0%} between calls of one shape or between a "
+            f"call's tokens (threshold workload.noise_threshold={spec.workload.noise_threshold:g}); rerun on an idle "
+            "machine or with more repeats"
         )
     if ran.quality.enabled:
         started = time.perf_counter()
