@@ -5,7 +5,7 @@ is in pyproject.toml."""
 
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, find_packages, setup
 
 CONF = Path(__file__).parent / "conf"
 conf_packages = ["kvpipe.conf"] + [
@@ -15,7 +15,12 @@ conf_packages = ["kvpipe.conf"] + [
 ]
 
 setup(
-    packages=[*find_packages(include=["kvpipe", "kvpipe.*"]), *conf_packages],
+    # hydra_plugins is a namespace package Hydra scans for plugins: kvpipe's sweeper lives there
+    packages=[
+        *find_packages(include=["kvpipe", "kvpipe.*"]),
+        *find_namespace_packages(include=["hydra_plugins.*"]),
+        *conf_packages,
+    ],
     package_dir={"kvpipe.conf": "conf"},
     package_data={package: ["*.yaml"] for package in conf_packages},
 )

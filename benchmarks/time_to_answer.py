@@ -54,7 +54,8 @@ def timed_command(launch: Path, env: dict, overrides: list[str]) -> dict:
     subprocess.run([sys.executable, "-m", "kvpipe", *overrides], cwd=launch, env=env, check=True,
                    stdout=subprocess.DEVNULL)  # fmt: skip
     wall_ms = (time.perf_counter() - started) * 1e3
-    jobs = [json.loads(p.read_text())["metrics"] for p in sorted((launch / "outputs").rglob("result.json"))]
+    found = [*launch.glob("outputs/runs/*/*/result.json"), *launch.glob("outputs/multiruns/*/*/*/result.json")]
+    jobs = [json.loads(p.read_text())["metrics"] for p in sorted(found)]  # not the copies logged as artifacts
     if not jobs:
         sys.exit(f"kvpipe {' '.join(overrides)} wrote no result.json under {launch}/outputs")
     total = {

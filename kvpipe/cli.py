@@ -1,5 +1,5 @@
 """Command line. `kvpipe [overrides]` and `python -m kvpipe` run a Hydra job (or sweep, with -m);
-`kvpipe compare|recommend|plan|sync ...` are subcommands of one argparse parser.
+`kvpipe compare|recommend|plan|advise|sync ...` are subcommands of one argparse parser.
 
 argparse rather than Typer: Hydra already owns the default command's argv and its --help, so the
 subcommands need only a parser of their own, and argparse adds no dependency and no second style.
@@ -35,6 +35,7 @@ SUBCOMMANDS = {
     "compare": ("kvpipe.decide.compare", "a sweep's runs as one table, a Pareto front and plots"),
     "recommend": ("kvpipe.decide.recommend", "the cache to use under memory, latency and quality limits"),
     "plan": ("kvpipe.decide.plan", "KV-cache and weight bytes from the config alone, before anything loads"),
+    "advise": ("kvpipe.decide.advise", "plan, search the cache space under your limits, and recommend, in one command"),
     "sync": ("kvpipe.record.sync", "upload results kept on disk while MLflow was unreachable"),
 }
 
@@ -84,7 +85,7 @@ def _run_subcommand(argv: list[str]) -> int:
 def _store_setting(argv: list[str]) -> tuple[list[str], str | None]:
     """`tracking.uri=URI`, spelt as for runs, for the subcommands that read or write a store (plan
     takes it as one of its overrides)."""
-    if argv[0] == "plan":
+    if argv[0] in ("plan", "advise"):  # overrides of their own: the store stays one of them
         return argv, None
     uri = next((a.split("=", 1)[1] for a in argv if a.startswith("tracking.uri=")), None)
     return [a for a in argv if not a.startswith("tracking.uri=")], uri
@@ -132,6 +133,10 @@ def main() -> None:
     sys.argv[1:] = flags[:1] + [a for a in sys.argv[1:] if a not in ("-m", "--multirun")]
     # Let composition errors reach us instead of Hydra's multi-line report; we print one line.
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    if any(a.startswith("hydra/sweeper=") for a in sys.argv[1:]):
+        from kvpipe.search import register_sweeper
+
+        register_sweeper()
     try:
         _hydra_app()
     except KeyboardInterrupt:

@@ -67,8 +67,16 @@ def swept_values(config: DictConfig) -> dict[str, list[str]]:
     return values
 
 
+def is_search(config: DictConfig) -> bool:
+    """hydra/sweeper=search (kvpipe.search): trials chosen as it goes, not a grid."""
+    return "trials" in (config.hydra.get("sweeper") or {})
+
+
 def count_jobs(config: DictConfig) -> int:
-    """How many jobs the sweep makes: the product of each key's number of values."""
+    """How many jobs the sweep makes: the product of each key's number of values, or a search's
+    trial budget."""
+    if is_search(config):
+        return int(config.hydra.sweeper.trials)
     return math.prod(len(values) for values in swept_values(config).values())
 
 
@@ -76,6 +84,9 @@ def sweep_name(config: DictConfig) -> str:
     """The MLflow parent run's name: sweep_name, else the preset's, else the keys it sweeps."""
     if config.get("sweep_name"):
         return str(config.sweep_name)
+    if is_search(config):
+        given = [o for o in config.hydra.overrides.task if not o.startswith("resume=")]
+        return "search of the cache space" + (f" · {' '.join(given)}" if given else "")
     keys = [key for key, values in swept_values(config).items() if len(values) > 1]
     return "sweep over " + " × ".join(keys) if keys else "sweep"
 
@@ -93,7 +104,8 @@ class SweepCallback(Callback):
         parent = None
         tags = {"kvpipe.sweep_dir": str(sweep_dir.resolve()), "kvpipe.total_jobs": str(total)}
         try:
-            if tracking_cfg.enabled and config.get("resume"):
+            # a search asked again (or resumed after a kill) continues its study: its parent too
+            if tracking_cfg.enabled and (config.get("resume") or is_search(config)):
                 # the same sweep again: its parent run takes the new jobs, rather than a second, empty parent
                 parent = tracking.reopen_parent(tracking_cfg, launch_dir, name, swept, tags)
                 if parent:

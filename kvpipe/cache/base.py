@@ -65,6 +65,8 @@ class CacheStrategy:
     # Settings added after runs were recorded, with what they mean left unset (null): at that value
     # they stay out of the measurement key, so resume=true still finds the older runs.
     late_defaults: ClassVar[dict[str, Any]] = {}
+    # What `kvpipe advise` searches of it: one point per entry, each the overrides beside cache=NAME
+    search_variants: ClassVar[tuple[dict[str, str], ...]] = ({},)
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -248,6 +250,12 @@ class CacheStrategy:
         offloaded = [w for w in kv.windows if w is None or not only_full]
         largest = sorted(offloaded, key=lambda w: float("inf") if w is None else w, reverse=True)[:2]
         return kv.with_layers([*resident, *largest])
+
+    @classmethod
+    def search_points(cls, head_dim: int, group_sizes, residual_lengths) -> list[dict[str, str]]:
+        """Every configuration of this strategy that a search may measure, as Hydra overrides
+        ({"cache": NAME, ...}); group sizes and residual lengths are for backends that read them."""
+        return [{"cache": cls.name, **variant} for variant in cls.search_variants]
 
     @classmethod
     def plan_variants(cls, spec: Spec, shape: ModelShape) -> list[tuple[str, Spec]]:

@@ -44,6 +44,15 @@ class Quantized(CacheStrategy):
         return (*super().read_fields(), *backend.read_fields())
 
     @classmethod
+    def search_points(cls, head_dim: int, group_sizes, residual_lengths) -> list[dict[str, str]]:
+        """Each registered backend's own points (its bit widths, axes, group sizes and residuals)."""
+        return [
+            {"cache": cls.name, **point}
+            for backend in backends.registered()
+            for point in backend.search_points(head_dim, group_sizes, residual_lengths)
+        ]
+
+    @classmethod
     def command_overrides(cls, params: Mapping[str, str]) -> list[str]:
         backend = backends.get(params.get("backend.name", ""))
         return [*super().command_overrides(params), *backend.command_overrides(params)]

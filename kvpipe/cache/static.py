@@ -15,6 +15,7 @@ class Static(CacheStrategy):
     family = "static"
     order = 20
     in_label = ("cache.compile",)
+    search_variants = ({}, {"cache.compile": "true"})
 
     @dataclass
     class Settings:

@@ -70,6 +70,16 @@ class QuantBackend:
                 words.append(f"backend.{setting.name}={value}")
         return words
 
+    @classmethod
+    def search_points(cls, head_dim: int, group_sizes, residual_lengths) -> list[dict[str, str]]:
+        """Every configuration of this backend a search may measure: its bit widths and axis layouts."""
+        layouts = [{"axis": layout} for layout in LAYOUTS if layout in cls.axes] or [{}]
+        return [
+            {"backend": cls.name, "backend.nbits": str(nbits), **layout}
+            for nbits in cls.nbits_choices
+            for layout in layouts
+        ]
+
     # ---- checks -------------------------------------------------------------------------------
 
     def check(self) -> None:
@@ -94,7 +104,8 @@ class QuantBackend:
 
     # ---- building -----------------------------------------------------------------------------
 
-    def require_available(self) -> None:
+    @classmethod
+    def require_available(cls) -> None:
         """Raise a one-line KvpipeError if this backend cannot run with the installed packages."""
 
     def cache_options(self) -> dict[str, Any]:
@@ -163,6 +174,17 @@ class GroupedBackend(QuantBackend):
 
     def fits_head_dim(self, head_dim: int) -> bool:
         return head_dim % self.settings.q_group_size == 0
+
+    @classmethod
+    def search_points(cls, head_dim: int, group_sizes, residual_lengths) -> list[dict[str, str]]:
+        """Each bit width and layout at every group size that divides head_dim and every residual length."""
+        return [
+            {**point, "backend.q_group_size": str(size), "backend.residual_length": str(residual)}
+            for point in super().search_points(head_dim, group_sizes, residual_lengths)
+            for size in group_sizes
+            if head_dim % size == 0
+            for residual in residual_lengths
+        ]
 
     def check_for_model(self, shape) -> None:
         if not self.fits_head_dim(shape.head_dim):

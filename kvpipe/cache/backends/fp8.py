@@ -22,14 +22,15 @@ class FP8(QuantBackend):
     class Settings:
         nbits: int = 8
 
-    def require_available(self) -> None:
+    @classmethod
+    def require_available(cls) -> None:
         import transformers
         import transformers.cache_utils as cache_utils
 
         if not hasattr(cache_utils, "Fp8QuantizedLayer"):
             raise KvpipeError(
                 f"backend=fp8 needs a transformers with Fp8QuantizedLayer; this one ({transformers.__version__}) "
-                f"has none; use {alternatives(self.name)}"
+                f"has none; use {alternatives(cls.name)}"
             )
 
     @classmethod

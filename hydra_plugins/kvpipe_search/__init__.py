@@ -1,0 +1,8 @@
+"""Hydra finds sweepers only in the hydra_plugins namespace: this names kvpipe's search there
+(hydra/sweeper=search, conf/hydra/sweeper/search.yaml). The search itself is kvpipe.search."""
+
+from kvpipe.search.sweeper import SearchSweeper
+
+
+class KvpipeSearchSweeper(SearchSweeper):
+    pass

@@ -1,0 +1,192 @@
+"""`kvpipe advise`: from question to answer in one command.
+
+It prints the plan (what each strategy's cache would hold), searches the cache space within the trial
+or time budget (hydra/sweeper=search: an Optuna study, its trials run and recorded as a sweep's jobs,
+under one MLflow parent run), then prints the Pareto front found and `recommend`'s answer over it:
+the cache to use with its numbers, the `use:` line and the generate() snippet. Exit 0 with an
+answer, 1 with none (naming the closest run and how far it misses), 2 for a usage error.
+
+    kvpipe advise --memory-budget 2GiB --max-tpot-ms 80 --trials 12
+    kvpipe advise model=hf model.name_or_path=/models/x --max-kl 0.02 --timeout 20m
+    kvpipe advise workload=passkey --min-accuracy 0.9 backend=hqq     # narrow the space: hqq only
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from kvpipe.errors import ConfigError, KvpipeError
+from kvpipe.units import human_bytes, parse_bytes
+
+DEFAULT_TRIALS = 20
+ADVISE_DIR = "outputs/advise"
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from '20m', '90s', '1h', '1h30m' or a plain number of seconds."""
+    match = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
+    if not text.strip() or not match or not any(match.groups()):
+        raise ConfigError("--timeout", text, "expected a duration such as 20m, 90s, 1h30m or 600")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise ConfigError("--timeout", text, "expected a duration above zero")
+    return total
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides: the model and workload, fixed for every trial; "
+                        "cache=, backend=, backend.nbits=, axis=, ... narrow the space")  # fmt: skip
+    parser.add_argument("--memory-budget", metavar="SIZE", help="peak memory, weights included: 8GiB, 512MiB, 1e9")
+    parser.add_argument("--max-tpot-ms", type=float, metavar="MS", help="time per output token")
+    quality = parser.add_mutually_exclusive_group()
+    quality.add_argument(
+        "--max-kl", type=float, metavar="NATS", help="KL vs the full-precision reference (default 0.05)"
+    )
+    quality.add_argument("--min-accuracy", type=float, metavar="FRACTION", help="passkey retrieval accuracy, 0 to 1")
+    parser.add_argument(
+        "--trials", type=int, default=DEFAULT_TRIALS, help=f"jobs to measure at most (default {DEFAULT_TRIALS})"
+    )
+    parser.add_argument("--timeout", metavar="DURATION", help="launch no new trial after this long: 20m, 1h, 600")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvpipe.decide import plan
+
+    started = time.monotonic()
+    limits = _limits(args)
+    if any(o in ("tracking=off", "tracking.enabled=false") for o in args.overrides):
+        raise ConfigError(
+            "tracking", "off", "advise reads its trials back from MLflow; expected tracking=sqlite or server"
+        )
+    budget = parse_bytes(args.memory_budget) if args.memory_budget else None
+    plan.report(plan._spec(args.overrides), budget, None, None)
+    sweep_dir = Path(ADVISE_DIR) / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    print(f"\nadvise: searching at most {args.trials} jobs" + (f" for at most {args.timeout}" if args.timeout else "")
+          + f"; trials in {sweep_dir}", flush=True)  # fmt: skip
+    _search(args, sweep_dir)
+    parent = _parent_run(sweep_dir)
+    print()
+    print_front(parent, args, limits)
+    status = _recommend(args, parent)
+    minutes, seconds = divmod(int(time.monotonic() - started), 60)
+    print(
+        f"advise: done in {minutes}m{seconds:02d}s (sweep {parent[:8]}; `kvpipe compare --parent {parent}` shows every trial)"
+    )
+    return status
+
+
+def _limits(args):
+    from kvpipe.decide.recommend import DEFAULT_KL, Limits
+
+    for name, value in (("--max-tpot-ms", args.max_tpot_ms), ("--max-kl", args.max_kl)):
+        if value is not None and not value >= 0:
+            raise ConfigError(name, value, "expected a number ≥ 0")
+    if args.min_accuracy is not None and not 0 <= args.min_accuracy <= 1:
+        raise ConfigError("--min-accuracy", args.min_accuracy, "expected a fraction from 0 to 1, e.g. 0.9")
+    if args.trials < 1:
+        raise ConfigError("--trials", args.trials, "expected a positive number of jobs")
+    if args.timeout:
+        parse_duration(args.timeout)
+    kl = args.max_kl if args.max_kl is not None or args.min_accuracy is not None else DEFAULT_KL
+    budget = parse_bytes(args.memory_budget) if args.memory_budget else None
+    return Limits(memory_bytes=budget, tpot_ms=args.max_tpot_ms, kl=kl, accuracy=args.min_accuracy)
+
+
+def _search(args, sweep_dir: Path) -> None:
+    """The Hydra multirun with the search sweeper, in this process (one import of everything)."""
+    from kvpipe import cli
+    from kvpipe.search import register_sweeper
+
+    settings = {
+        "trials": args.trials,
+        "timeout_s": parse_duration(args.timeout) if args.timeout else None,
+        "memory_budget": args.memory_budget,
+        "max_tpot_ms": args.max_tpot_ms,
+        "max_kl": args.max_kl,
+        "min_accuracy": args.min_accuracy,
+    }
+    argv = ["-m", "hydra/sweeper=search", f"hydra.sweep.dir={sweep_dir}", *args.overrides]
+    argv += [f"hydra.sweeper.{name}={value}" for name, value in settings.items() if value is not None]
+    register_sweeper()
+    saved = sys.argv
+    sys.argv = ["kvpipe", *argv]
+    try:
+        cli._hydra_app()
+    except SystemExit as exc:  # a search whose trials failed ends like a sweep with failed jobs: go on
+        if exc.code not in (0, 1, None):
+            raise KvpipeError(f"the search stopped (exit {exc.code}); see its log in {sweep_dir}") from None
+    except KvpipeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Hydra's and OmegaConf's user errors as one line
+        message = cli._user_error(exc)
+        if message is None:
+            raise
+        raise KvpipeError(message) from None
+    finally:
+        sys.argv = saved
+
+
+def _parent_run(sweep_dir: Path) -> str:
+    from kvpipe.sweep import SweepState
+
+    state = SweepState.load(sweep_dir)
+    if state is None or not state.parent_run_id:
+        raise KvpipeError(f"the search in {sweep_dir} has no MLflow parent run; its results are on disk there")
+    return state.parent_run_id
+
+
+def _source(args) -> tuple[str, str | None]:
+    """(experiment, tracking URI) the trials were recorded in, from the overrides."""
+    given = dict(o.split("=", 1) for o in args.overrides if "=" in o)
+    return given.get("tracking.experiment", "kvpipe"), given.get("tracking.uri")
+
+
+def print_front(parent: str, args, limits) -> None:
+    """The feasible runs of the search that no other feasible run beats on memory, TPOT and quality."""
+    import pandas as pd
+
+    from kvpipe.decide.runs import load_runs
+    from kvpipe.search import objectives
+
+    experiment, uri = _source(args)
+    runs, _ = load_runs(experiment, parent, uri)
+    device = "cuda" if (runs.get("tags.kvpipe.device", pd.Series(dtype=str)) == "cuda").any() else "cpu"
+    passkey = runs.get("metrics.retrieval_accuracy", pd.Series(dtype=float)).notna().any()
+    rows = []
+    for _, run in runs.iterrows():
+        values = objectives.values(run, device)
+        if all(v == v for v in values) and not limits.misses(run):
+            rows.append((values, run))
+    front = [(v, r) for v, r in rows if not any(_dominates(o, v) for o, _ in rows)]
+    names = objectives.axis_names(device, passkey)
+    print(
+        f"Pareto front within the limits ({len(front)} of {len(runs)} measured runs; {', '.join(names)}, lower is better):"
+    )
+    for values, run in sorted(front, key=lambda item: item[0][0]):
+        memory, tpot, quality = values
+        print(f"  {run['label']:<40} {names[0]} {human_bytes(memory):>10} · TPOT {tpot:6.1f} ms · "
+              f"{names[2]} {quality:.3g}")  # fmt: skip
+    if not front:
+        print("  (no measured run meets every limit)")
+
+
+def _dominates(a, b) -> bool:
+    return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))
+
+
+def _recommend(args, parent: str) -> int:
+    from kvpipe.decide import recommend
+
+    experiment, uri = _source(args)
+    namespace = argparse.Namespace(
+        memory_budget=args.memory_budget, max_tpot_ms=args.max_tpot_ms, max_kl=args.max_kl,
+        min_accuracy=args.min_accuracy, all=False, experiment=experiment, parent=parent,
+        tracking_uri=uri, uri_spelling="tracking.uri",
+    )  # fmt: skip
+    return recommend.run(namespace)

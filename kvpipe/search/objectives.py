@@ -1,0 +1,67 @@
+"""What a search minimises and what it must respect, read from a job's record as compare reads it.
+
+Three objectives, all minimised: memory, TPOT, and quality loss (KL against the full-precision
+reference, or for passkey workloads 1 - retrieval accuracy). Memory is the measured peak, weights
+included, except on CPU: there the process's peak is the interpreter, the libraries and the weights,
+and the cache's share of it is within the noise, so the search minimises the KV cache's bytes
+(`kv_cache_bytes`) and says so. The user's limits are constraints (Optuna's: <= 0 is feasible), each
+the limit's relative overshoot, measured exactly as `recommend` measures it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from kvpipe.decide.recommend import MINIMUMS, Limits
+from kvpipe.decide.runs import with_derived
+
+INFEASIBLE = 1.0  # the constraint value of a figure that was not measured: as bad as twice the limit
+
+
+def memory_axis(device: str) -> str:
+    """The figure the search minimises as memory on this device (a column of `row`)."""
+    return "memory_bytes" if device == "cuda" else "metrics.kv_cache_bytes"
+
+
+def axis_names(device: str, passkey: bool) -> list[str]:
+    memory = "peak memory (weights included)" if device == "cuda" else "KV cache bytes"
+    return [memory, "TPOT ms", "1 - retrieval accuracy" if passkey else "KL nats"]
+
+
+def row(metrics: dict, params: dict, tags: dict) -> pd.Series:
+    """One run as compare and recommend see it (label, strategy, memory_bytes, quality_loss, ...)."""
+    frame = pd.DataFrame(
+        [
+            {
+                **{f"metrics.{k}": (math.nan if v is None else v) for k, v in metrics.items()},
+                **{f"params.{k}": v for k, v in params.items()},
+                **{f"tags.{k}": v for k, v in tags.items()},
+                "run_id": tags.get("mlflow.runId", ""),
+            }
+        ]
+    )
+    return with_derived(frame).iloc[0]
+
+
+def values(run: pd.Series, device: str) -> list[float]:
+    """[memory, TPOT, quality loss]; NaN where a figure was not measured."""
+    accuracy = run.get("metrics.retrieval_accuracy", math.nan)
+    quality = 1 - accuracy if accuracy == accuracy else run["quality_loss"]
+    return [float(run.get(memory_axis(device), math.nan)), float(run["metrics.tpot_ms"]), float(quality)]
+
+
+def constraints(run: pd.Series, limits: Limits) -> list[float]:
+    """One value per limit set, <= 0 where the run meets it."""
+    found = []
+    for name, (value, limit) in limits.checks(run).items():
+        if limit is None:
+            continue
+        if value is None or value != value:
+            found.append(INFEASIBLE)
+        elif name in MINIMUMS:
+            found.append(1 - value / limit if limit > 0 else 0.0)
+        else:
+            found.append(value / limit - 1 if limit > 0 else (0.0 if value <= 0 else INFEASIBLE))
+    return found

@@ -1,0 +1,86 @@
+"""hydra/sweeper=search: an Optuna study over the cache space, its trials run by Hydra's launcher.
+
+Each round asks the study for trials, decodes each to a point of the space (kvpipe.search.space),
+and launches the new points as one batch through whichever launcher is configured (basic, joblib,
+submitit, Ray), as sweep jobs: one MLflow child each under the search's parent run, exactly as a
+sweep records them. A point the study has already seen is told its earlier figures; one whose
+measurement FINISHED in the experiment before is launched with resume=true, which skips it, and its
+recorded figures are told; one that `kvpipe plan` predicts cannot fit the memory budget (weights plus
+KV cache) is pruned, with its predicted bytes, and never launched.
+
+Where the space is no larger than the trial budget every point is measured (an exhaustive pass);
+otherwise NSGA-II (multi-objective, the user's limits as constraints) chooses, from a first
+generation that holds the space's extremes. The study lives in an SQLite file beside the tracking
+store (or hydra.sweeper.storage), so a killed search resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.plugins.sweeper import Sweeper
+from omegaconf import DictConfig, OmegaConf
+
+from kvpipe.search import space as spaces
+
+log = logging.getLogger(__name__)
+
+STUDY_FILE = "optuna.db"
+
+
+@dataclass
+class SearchSettings:
+    """hydra.sweeper.* (conf/hydra/sweeper/search.yaml)."""
+
+    trials: int = 20  # jobs to measure at most (points already measured or pruned do not count)
+    timeout_s: Optional[float] = None  # launch no new batch after this long
+    memory_budget: Optional[str] = None  # e.g. 8GiB: a constraint, and the plan's pruning bound
+    max_tpot_ms: Optional[float] = None
+    max_kl: Optional[float] = None  # default: recommend's 0.05, unless min_accuracy is given
+    min_accuracy: Optional[float] = None
+    group_sizes: list = field(default_factory=lambda: list(spaces.GROUP_SIZES))
+    residual_lengths: list = field(default_factory=lambda: list(spaces.RESIDUAL_LENGTHS))
+    storage: Optional[str] = None  # an Optuna storage URL; default sqlite beside the tracking store
+    study_name: Optional[str] = None  # default: from the model, workload, space and limits
+    seed: int = 0
+    population_size: Optional[int] = None  # NSGA-II's generation; default from the trial budget
+    max_batch_size: Optional[int] = None  # trials launched together; default the launcher's n_jobs, else 1
+
+
+class SearchSweeper(Sweeper):
+    def __init__(self, **settings: Any) -> None:
+        settings = {k: (OmegaConf.to_object(v) if isinstance(v, DictConfig) or OmegaConf.is_list(v) else v)
+                    for k, v in settings.items()}  # fmt: skip
+        self.settings = SearchSettings(**settings)
+        self.config: DictConfig | None = None
+        self.launcher = None
+
+    def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.hydra_context, self.config = hydra_context, config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def sweep(self, arguments: list[str]) -> Any:
+        from kvpipe.search.search import Search
+
+        assert self.config is not None and self.launcher is not None
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        search = Search.start(self.settings, arguments, Path(self.config.hydra.runtime.cwd), sweep_dir)
+        return search.run(self._launch, self._batch_size())
+
+    def _batch_size(self) -> int:
+        if self.settings.max_batch_size:
+            return max(1, int(self.settings.max_batch_size))
+        jobs = self.config.hydra.launcher.get("n_jobs") if "launcher" in self.config.hydra else None
+        return max(1, int(jobs)) if isinstance(jobs, int) and jobs > 0 else 1
+
+    def _launch(self, batch: list[list[str]], first_index: int):
+        return self.launcher.launch(batch, initial_job_idx=first_index)
