@@ -58,8 +58,8 @@ test-fast: venv
 
 # ruff: lint, and check that the code is formatted (CI runs this before the tests)
 lint: venv
-	$(VENV)/bin/ruff check kvpipe tests benchmarks setup.py
-	$(VENV)/bin/ruff format --check kvpipe tests benchmarks setup.py
+	$(VENV)/bin/ruff check kvpipe hydra_plugins tests benchmarks setup.py
+	$(VENV)/bin/ruff format --check kvpipe hydra_plugins tests benchmarks setup.py
 
 format: venv
 	$(VENV)/bin/ruff check --fix kvpipe tests benchmarks setup.py

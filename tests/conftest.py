@@ -1,9 +1,11 @@
 """Shared fixtures: Hydra composition, a scratch launch dir, specs for tiny models, and what the
 expensive end-to-end tests share: one real sweep, one migrated MLflow store, the embedded model.
 
-Speed (2 cores, no GPU): the whole suite in about 9 minutes, `-m "not slow"` in about three and a half.
-Tests marked slow load the embedded model or start kvpipe, Hydra or MLflow processes; each of
-those paths runs once per session where the tests can share it (the fixtures below)."""
+Speed (2 cores, no GPU, `make test`: two pytest-xdist workers): the whole suite in about five and a
+half minutes, `make test-fast` (`-m "not slow"`) in under a minute. Tests marked slow run real jobs,
+load the embedded model or start kvpipe, Hydra or MLflow processes; the fast ones check logic on
+configs, records and synthetic figures. An expensive fixture is made once per session, on the one
+worker that runs every test using it (the xdist groups below)."""
 
 from __future__ import annotations
 
@@ -125,7 +127,7 @@ def embedded_model():
 # the tests that share one run on one worker, which makes it once. Session fixtures are named here;
 # a module's expensive fixture (MODULE_FIXTURES) groups the tests of its module that use it.
 SHARED_FIXTURES = ("embedded_model", "tiny_sweep")
-MODULE_FIXTURES = ("reduced", "passkey_sweep", "failed_sweep", "good_model")
+MODULE_FIXTURES = ("reduced", "passkey_sweep", "failed_sweep", "good_model", "advised")
 
 
 def xdist_group(item) -> str | None:

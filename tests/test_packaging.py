@@ -12,7 +12,7 @@ from conftest import REPO
 
 
 @pytest.mark.slow  # builds the wheel
-def test_wheel_contains_every_config_file(tmp_path):
+def test_wheel_contains_every_config_file_and_the_sweeper_plugin(tmp_path):
     subprocess.run(
         [
             sys.executable,
@@ -34,3 +34,5 @@ def test_wheel_contains_every_config_file(tmp_path):
     shipped = {f"kvpipe/conf/{p.relative_to(REPO / 'conf')}" for p in (REPO / "conf").rglob("*.yaml")}
     assert shipped and shipped <= names
     assert "kvpipe/cli.py" in names
+    # Hydra scans the hydra_plugins namespace of an installed kvpipe for the search sweeper
+    assert "hydra_plugins/kvpipe_search/__init__.py" in names and "hydra_plugins/__init__.py" not in names

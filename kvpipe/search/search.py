@@ -52,9 +52,10 @@ def split_arguments(arguments: list[str]) -> tuple[list[str], dict[str, list[str
             values = list(override.sweep_string_iterator()) if swept else [override.get_value_element_as_str()]
             restrict[key] = values
         elif swept:
-            raise ConfigError(key, override.get_value_element_as_str(), (
-                "a search sweeps only the cache space (" + ", ".join(DIMENSIONS) + "); give it one value"
-            ))  # fmt: skip
+            value = override.input_line.split("=", 1)[-1]
+            raise ConfigError(
+                key, value, f"a search sweeps only the cache space ({', '.join(DIMENSIONS)}); give it one value"
+            )
         else:
             fixed.append(override.input_line)
     return fixed, restrict
