@@ -154,8 +154,10 @@ def test_advise_plans_searches_and_recommends_with_the_front_and_the_use_line(ad
     assert "trial 3/3 measured" in first.stderr and "best so far" in first.stderr and "ETA" in first.stderr
     assert len(mlflow_children(launch)) == 3  # one child per trial, under one parent
     (study,) = (launch / "outputs").glob("optuna.db")  # beside the tracking store
-    states = sqlite3.connect(study).execute("select state from trials").fetchall()
-    assert states.count(("COMPLETE",)) == 3
+    per_study = sqlite3.connect(study).execute(
+        "select study_id, count(*) from trials where state = 'COMPLETE' group by study_id order by study_id"
+    ).fetchall()
+    assert [count for _, count in per_study] == [3, 3]  # this advise's study, and the one asked under other limits
 
 
 @pytest.mark.slow  # reads the advise above
@@ -174,7 +176,8 @@ def test_a_killed_search_resumes_where_it_stopped(tmp_path, existing_store):
     command = [sys.executable, "-m", "kvpipe", "-m", "hydra/sweeper=search", "hydra.sweeper.trials=3", *JOB, *SPACE]
     proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
-    while not list(tmp_path.glob("outputs/multiruns/*/*/*/result.json")) and time.monotonic() < deadline:
+    # the second job started: the first is recorded in MLflow and told to the study
+    while not list(tmp_path.glob("outputs/multiruns/*/*/1")) and time.monotonic() < deadline:
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)

@@ -57,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvpipe.decide import plan
+    from kvpipe.search.search import split_arguments
 
     started = time.monotonic()
     limits = _limits(args)
@@ -65,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
             "tracking", "off", "advise reads its trials back from MLflow; expected tracking=sqlite or server"
         )
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
-    plan.report(plan._spec(args.overrides), budget, None, None)
+    fixed, _ = split_arguments(args.overrides)  # the plan shows every strategy: the model and workload matter
+    plan.report(plan._spec(fixed), budget, None, None)
     sweep_dir = Path(ADVISE_DIR) / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     print(f"\nadvise: searching at most {args.trials} jobs" + (f" for at most {args.timeout}" if args.timeout else "")
           + f"; trials in {sweep_dir}", flush=True)  # fmt: skip
