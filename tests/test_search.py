@@ -154,9 +154,11 @@ def test_advise_plans_searches_and_recommends_with_the_front_and_the_use_line(ad
     assert "trial 3/3 measured" in first.stderr and "best so far" in first.stderr and "ETA" in first.stderr
     assert len(mlflow_children(launch)) == 3  # one child per trial, under one parent
     (study,) = (launch / "outputs").glob("optuna.db")  # beside the tracking store
-    per_study = sqlite3.connect(study).execute(
-        "select study_id, count(*) from trials where state = 'COMPLETE' group by study_id order by study_id"
-    ).fetchall()
+    per_study = (
+        sqlite3.connect(study)
+        .execute("select study_id, count(*) from trials where state = 'COMPLETE' group by study_id order by study_id")
+        .fetchall()
+    )
     assert [count for _, count in per_study] == [3, 3]  # this advise's study, and the one asked under other limits
 
 
