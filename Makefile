@@ -62,8 +62,8 @@ lint: venv
 	$(VENV)/bin/ruff format --check kvpipe hydra_plugins tests benchmarks setup.py
 
 format: venv
-	$(VENV)/bin/ruff check --fix kvpipe tests benchmarks setup.py
-	$(VENV)/bin/ruff format kvpipe tests benchmarks setup.py
+	$(VENV)/bin/ruff check --fix kvpipe hydra_plugins tests benchmarks setup.py
+	$(VENV)/bin/ruff format kvpipe hydra_plugins tests benchmarks setup.py
 
 # Browse the runs: the MLflow UI on http://$(MLFLOW_HOST):$(MLFLOW_PORT), reading the default store.
 ui: venv

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvpipe.decide.runs import non_dominated
 from kvpipe.measure import references
 from kvpipe.model.embedded import embedded_folder
 from kvpipe.record.result import iter_results
@@ -74,7 +75,7 @@ POINT_KEYS = ("cache", "backend", "backend.nbits", "axis", "backend.q_group_size
 
 
 def front(points: dict[str, np.ndarray]) -> list[str]:
-    return [k for k, v in points.items() if not any((o <= v).all() and (o < v).any() for o in points.values())]
+    return [k for k, kept in zip(points, non_dominated(list(points.values()))) if kept]
 
 
 def hypervolume(points: list[np.ndarray], low: np.ndarray, high: np.ndarray) -> float:

@@ -248,7 +248,7 @@ def _announce(index: int, state: SweepState | None, overrides: list[str]) -> Non
     eta = ""
     if state and index:
         elapsed = time.time() - state.started_at
-        eta = f" · ETA {_duration(elapsed / index * (state.total_jobs - index))}"
+        eta = f" · ETA {duration_text(elapsed / index * (state.total_jobs - index))}"
     message = f"job {index + 1}/{total}: {' '.join(overrides) or '(defaults)'}{eta}"
     if sys.stderr.isatty():
         from rich.console import Console
@@ -258,6 +258,6 @@ def _announce(index: int, state: SweepState | None, overrides: list[str]) -> Non
         log.info(message)
 
 
-def _duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"

@@ -21,9 +21,10 @@ from datetime import datetime
 from pathlib import Path
 
 from kvpipe.errors import ConfigError, KvpipeError
-from kvpipe.units import human_bytes, parse_bytes
+from kvpipe.search.sweeper import SearchSettings
+from kvpipe.units import human_bytes
 
-DEFAULT_TRIALS = 20
+DEFAULT_TRIALS = SearchSettings.trials
 ADVISE_DIR = "outputs/advise"
 
 
@@ -65,9 +66,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "tracking", "off", "advise reads its trials back from MLflow; expected tracking=sqlite or server"
         )
-    budget = parse_bytes(args.memory_budget) if args.memory_budget else None
     fixed, _ = split_arguments(args.overrides)  # the plan shows every strategy: the model and workload matter
-    plan.report(plan._spec(fixed), budget, None, None)
+    plan.report(plan._spec(fixed), limits.memory_bytes, None, None)
     sweep_dir = Path(ADVISE_DIR) / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     print(f"\nadvise: searching at most {args.trials} jobs" + (f" for at most {args.timeout}" if args.timeout else "")
           + f"; trials in {sweep_dir}", flush=True)  # fmt: skip
@@ -84,20 +84,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _limits(args):
-    from kvpipe.decide.recommend import DEFAULT_KL, Limits
+    from kvpipe.decide.recommend import limits_from
 
-    for name, value in (("--max-tpot-ms", args.max_tpot_ms), ("--max-kl", args.max_kl)):
-        if value is not None and not value >= 0:
-            raise ConfigError(name, value, "expected a number ≥ 0")
-    if args.min_accuracy is not None and not 0 <= args.min_accuracy <= 1:
-        raise ConfigError("--min-accuracy", args.min_accuracy, "expected a fraction from 0 to 1, e.g. 0.9")
+    limits = limits_from(args.memory_budget, args.max_tpot_ms, args.max_kl, args.min_accuracy)
     if args.trials < 1:
         raise ConfigError("--trials", args.trials, "expected a positive number of jobs")
     if args.timeout:
         parse_duration(args.timeout)
-    kl = args.max_kl if args.max_kl is not None or args.min_accuracy is not None else DEFAULT_KL
-    budget = parse_bytes(args.memory_budget) if args.memory_budget else None
-    return Limits(memory_bytes=budget, tpot_ms=args.max_tpot_ms, kl=kl, accuracy=args.min_accuracy)
+    return limits
 
 
 def _search(args, sweep_dir: Path) -> None:
@@ -153,7 +147,7 @@ def print_front(parent: str, args, limits) -> None:
     """The feasible runs of the search that no other feasible run beats on memory, TPOT and quality."""
     import pandas as pd
 
-    from kvpipe.decide.runs import load_runs
+    from kvpipe.decide.runs import load_runs, non_dominated
     from kvpipe.search import objectives
 
     experiment, uri = _source(args)
@@ -165,7 +159,7 @@ def print_front(parent: str, args, limits) -> None:
         values = objectives.values(run, device)
         if all(v == v for v in values) and not limits.misses(run):
             rows.append((values, run))
-    front = [(v, r) for v, r in rows if not any(_dominates(o, v) for o, _ in rows)]
+    front = [row for row, kept in zip(rows, non_dominated([values for values, _ in rows])) if kept]
     names = objectives.axis_names(device, passkey)
     print(
         f"Pareto front within the limits ({len(front)} of {len(runs)} measured runs; {', '.join(names)}, lower is better):"
@@ -176,10 +170,6 @@ def print_front(parent: str, args, limits) -> None:
               f"{names[2]} {quality:.3g}")  # fmt: skip
     if not front:
         print("  (no measured run meets every limit)")
-
-
-def _dominates(a, b) -> bool:
-    return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))
 
 
 def _recommend(args, parent: str) -> int:

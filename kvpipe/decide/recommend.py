@@ -259,18 +259,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_source_arguments(parser)
 
 
-def run(args: argparse.Namespace) -> int:
-    """0 and the strategy to use per workload, or 1 and the limit closest to being met."""
-    for name, value in (("--max-tpot-ms", args.max_tpot_ms), ("--max-kl", args.max_kl)):
+def limits_from(memory_budget: str | None, max_tpot_ms, max_kl, min_accuracy) -> Limits:
+    """The user's limits, checked (one-line errors naming the flag), as recommend, advise and the
+    search read them."""
+    for name, value in (("--max-tpot-ms", max_tpot_ms), ("--max-kl", max_kl)):
         if value is not None and not value >= 0:
             raise ConfigError(name, value, "expected a number ≥ 0")
-    if args.min_accuracy is not None and not 0 <= args.min_accuracy <= 1:
-        raise ConfigError("--min-accuracy", args.min_accuracy, "expected a fraction from 0 to 1, e.g. 0.9")
-    budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
+    if min_accuracy is not None and not 0 <= min_accuracy <= 1:
+        raise ConfigError("--min-accuracy", min_accuracy, "expected a fraction from 0 to 1, e.g. 0.9")
+    budget = parse_bytes(memory_budget) if memory_budget is not None else None
     # One quality limit by default: KL, or retrieval accuracy when asked for (passkey runs score
     # their answers, and their KL would be over the reference's rambling past the answer); both when both are given
-    kl = args.max_kl if args.max_kl is not None or args.min_accuracy is not None else DEFAULT_KL
-    limits = Limits(memory_bytes=budget, tpot_ms=args.max_tpot_ms, kl=kl, accuracy=args.min_accuracy)
+    kl = max_kl if max_kl is not None or min_accuracy is not None else DEFAULT_KL
+    return Limits(memory_bytes=budget, tpot_ms=max_tpot_ms, kl=kl, accuracy=min_accuracy)
+
+
+def run(args: argparse.Namespace) -> int:
+    """0 and the strategy to use per workload, or 1 and the limit closest to being met."""
+    limits = limits_from(args.memory_budget, args.max_tpot_ms, args.max_kl, args.min_accuracy)
     runs, parent_run = load_runs(
         args.experiment, args.parent, args.tracking_uri, whole_experiment=args.all, spelled=args.uri_spelling
     )

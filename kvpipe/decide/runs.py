@@ -192,13 +192,17 @@ def pareto_front(runs: pd.DataFrame) -> pd.Series:
             axes.append(runs["quality_loss"])
     else:
         axes.append(runs["quality_loss"])
-    points = np.column_stack(axes).astype(float)
-    known = points[~np.isnan(points).any(axis=1)]  # unknown loss or no timing: no claim either way
-    return pd.Series(
-        [not np.isnan(p).any() and not ((known <= p).all(axis=1) & (known < p).any(axis=1)).any() for p in points],
-        index=runs.index,
-        dtype=bool,
-    )
+    return pd.Series(non_dominated(np.column_stack(axes)), index=runs.index, dtype=bool)
+
+
+def non_dominated(points) -> list[bool]:
+    """For each row of `points` (lower is better on every column): True where it has no NaN and no
+    other row is as good on every column and better on one. A row with a NaN makes no claim either way."""
+    if len(points) == 0:
+        return []
+    points = np.asarray(points, dtype=float).reshape(len(points), -1)
+    known = points[~np.isnan(points).any(axis=1)]
+    return [not np.isnan(p).any() and not ((known <= p).all(axis=1) & (known < p).any(axis=1)).any() for p in points]
 
 
 def is_lossless(strategy: str) -> bool:

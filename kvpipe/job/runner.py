@@ -19,6 +19,7 @@ from kvpipe.measure.environment import environment, load_average, physical_cores
 from kvpipe.measure.memory import freeze_long_lived_objects
 from kvpipe.measure.metrics import prompt_lengths, summarise
 from kvpipe.spec import Spec
+from kvpipe.workload import longest_prompt_of
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,8 @@ def run_job(spec: Spec) -> JobResult:
     workload = spec.workload_kind
     batches = workload.batches(tokenizer, device)
     workload.check_fits(shape, batches)
-    # Caches are sized for prompt + workload.max_new_tokens: the longest context, less that, is the
-    # prompt length they must be built for (a batch with its own, longer, output counts in full).
     new_tokens = spec.workload.max_new_tokens
-    longest_prompt = max(b.prompt_tokens + (b.max_new_tokens or new_tokens) for b in batches) - new_tokens
+    longest_prompt = longest_prompt_of(batches, new_tokens)
     spec.strategy.check_for_model(shape, longest_prompt)
 
     load_started = time.perf_counter()

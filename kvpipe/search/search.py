@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from kvpipe.decide.recommend import DEFAULT_KL, Limits
+from kvpipe.decide.recommend import Limits, limits_from
 from kvpipe.errors import ConfigError, KvpipeError
 from kvpipe.record.result import Result
 from kvpipe.search import objectives
 from kvpipe.search.space import DIMENSIONS, Point, Space, build
-from kvpipe.units import human_bytes, parse_bytes
+from kvpipe.units import human_bytes
+from kvpipe.workload import longest_prompt_of
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,7 @@ def split_arguments(arguments: list[str]) -> tuple[list[str], dict[str, list[str
 
 
 def limits_of(settings) -> Limits:
-    kl = settings.max_kl if settings.max_kl is not None or settings.min_accuracy is not None else DEFAULT_KL
-    budget = parse_bytes(settings.memory_budget) if settings.memory_budget else None
-    return Limits(memory_bytes=budget, tpot_ms=settings.max_tpot_ms, kl=kl, accuracy=settings.min_accuracy)
+    return limits_from(settings.memory_budget, settings.max_tpot_ms, settings.max_kl, settings.min_accuracy)
 
 
 def default_storage(tracking_uri: str, launch_dir: Path, store_dir: str) -> str:
@@ -286,7 +285,7 @@ class Search:
             tokenizer = model.load_tokenizer(self.spec.model)
             batches = self.spec.workload_kind.batches(tokenizer, "cpu")
             new = self.spec.workload.max_new_tokens
-            longest = max(b.prompt_tokens + (b.max_new_tokens or new) for b in batches) - new
+            longest = longest_prompt_of(batches, new)
             shape = model.describe(self.spec.model)
             self._bytes = (weights(self.spec.model, dtype).bytes, kv_shape(shape, self.spec.workload.batch_size, dtype),
                            longest)  # fmt: skip
@@ -335,8 +334,10 @@ class Search:
 
     def front(self) -> list[tuple[Point, Seen]]:
         """The feasible points no other feasible point beats on every objective."""
+        from kvpipe.decide.runs import non_dominated
+
         ok = [(p, s) for p, s in self.seen.items() if s.values and all(c <= 0 for c in s.constraints or [])]
-        return [(p, s) for p, s in ok if not any(_dominates(o.values, s.values) for _, o in ok)]
+        return [item for item, kept in zip(ok, non_dominated([s.values for _, s in ok])) if kept]
 
     def _print_front(self) -> None:
         counts = {o: sum(s.outcome == o for s in self.seen.values()) for o in (MEASURED, REUSED, PRUNED, FAILED)}
@@ -359,10 +360,6 @@ def _state(name: str):
     return getattr(TrialState, name)
 
 
-def _dominates(a: list[float], b: list[float]) -> bool:
-    return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))
-
-
 def _extremes(points: list[Point]) -> list[Point]:
     """A first generation that spans the space: every dense point, and each backend's fewest and most
     bits at its first layout, group size and residual length."""
@@ -380,7 +377,6 @@ def _extremes(points: list[Point]) -> list[Point]:
 
 
 def _eta(elapsed_s: float, done: int, total: int) -> str:
-    if not done or done >= total:
-        return "0s"
-    minutes, seconds = divmod(int(math.ceil(elapsed_s / done * (total - done))), 60)
-    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+    from kvpipe.sweep import duration_text
+
+    return duration_text(math.ceil(elapsed_s / done * (total - done))) if 0 < done < total else "0s"

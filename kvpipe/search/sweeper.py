@@ -28,8 +28,6 @@ from kvpipe.search import space as spaces
 
 log = logging.getLogger(__name__)
 
-STUDY_FILE = "optuna.db"
-
 
 @dataclass
 class SearchSettings:

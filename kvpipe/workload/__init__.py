@@ -6,8 +6,30 @@ on import) and the registry callers ask.
 """
 
 from kvpipe.plugins import import_plugins
-from kvpipe.workload.base import REGISTRY, Batch, Common, Window, Workload, get, names, reads, registered
+from kvpipe.workload.base import (
+    REGISTRY,
+    Batch,
+    Common,
+    Window,
+    Workload,
+    get,
+    longest_prompt_of,
+    names,
+    reads,
+    registered,
+)
 
 import_plugins(__name__, __path__, packages=True)
 
-__all__ = ["REGISTRY", "Batch", "Common", "Window", "Workload", "get", "names", "reads", "registered"]
+__all__ = [
+    "REGISTRY",
+    "Batch",
+    "Common",
+    "Window",
+    "Workload",
+    "get",
+    "longest_prompt_of",
+    "names",
+    "reads",
+    "registered",
+]

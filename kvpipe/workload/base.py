@@ -222,6 +222,12 @@ class Workload:
         return f"{self.name} prompts", None
 
 
+def longest_prompt_of(batches: list[Batch], new_tokens: int) -> int:
+    """The prompt length caches are sized for: they hold prompt + workload.max_new_tokens, so the
+    longest context less that (a batch with its own, longer, output counts in full)."""
+    return max(b.prompt_tokens + (b.max_new_tokens or new_tokens) for b in batches) - new_tokens
+
+
 def padded_batch(tokenizer, rows: list[list[int]], device: str, facts: list | None = None, **extra) -> Batch:
     """Rows of ids as one left-padded batch (the tokenizer's padding side and pad token)."""
     encoded = tokenizer.pad({"input_ids": rows}, return_tensors="pt", padding=True)
