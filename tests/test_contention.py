@@ -54,7 +54,9 @@ def test_a_job_beside_busy_processes_is_tagged_contended_marked_noisy_and_says_s
     idle = run_job(spec_for(*TINY))
     assert idle.tags["contended"] == "false" and idle.params["model.threads"] == "1"
     assert idle.metrics["other_cpu_cores"] < 1
-    hogs = _spinning(contention.cores())
+    # two spinning processes per core: the scheduler cannot then leave the job most of a core (with one
+    # per core it sometimes did, and the job was rightly not contended)
+    hogs = _spinning(2 * contention.cores())
     try:
         busy = run_job(spec_for(*TINY))
     finally:
