@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 STUDY_FILE = "optuna.db"
 # What a trial's user attributes hold (Optuna's own storage keeps them across processes)
 POINT, OUTCOME, CONSTRAINTS, DETAIL = "point", "outcome", "constraints", "detail"
-MEASURED, REUSED, PRUNED, FAILED = "measured", "reused", "pruned", "failed"  # outcomes
+MEASURED, REUSED, PRUNED, INFERRED, FAILED = "measured", "reused", "pruned", "inferred", "failed"  # outcomes
+SAMPLERS = ("frontier", "nsga2")
 
 
 @dataclass
@@ -91,7 +92,7 @@ class Search:
         self.launch_dir, self.sweep_dir = launch_dir, sweep_dir
         # a workload that scores retrieval: its quality objective is 1 - accuracy (objectives.values)
         self.passkey = any(m.name == "retrieval_accuracy" for m in spec.workload_kind.metrics)
-        self.seen: dict[Point, Seen] = self._seen_before()
+        self.seen: dict[Point, Seen] = self._seen_before() if study is not None else {}
         self._bytes = None  # (weights, kv shape, longest prompt): made on the first pruning check
         self.started = time.monotonic()
 
@@ -116,14 +117,12 @@ class Search:
         storage = settings.storage or default_storage(uri, launch_dir, spec.tracking.store_dir)
         name = settings.study_name or study_name(spec, space, limits, fixed)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        population = settings.population_size or max(4, min(len(space.points), settings.trials // 3 or 4))
-        sampler = optuna.samplers.NSGAIISampler(
-            population_size=population, seed=settings.seed, constraints_func=_constraints
-        )
-        study = optuna.create_study(
-            storage=storage, study_name=name, directions=["minimize"] * 3, sampler=sampler, load_if_exists=True
-        )
-        search = cls(settings, fixed, spec, space, limits, device, study, launch_dir, sweep_dir)
+        search = cls(settings, fixed, spec, space, limits, device, None, launch_dir, sweep_dir)
+        search.study = optuna.create_study(
+            storage=storage, study_name=name, directions=["minimize"] * 3, sampler=search._sampler(),
+            load_if_exists=True,
+        )  # fmt: skip
+        search.seen = search._seen_before()
         log.info(
             "search %r: %d configurations (%s), study in %s; objectives: %s",
             name, len(space.points), "every one measured" if search.exhaustive else f"at most {settings.trials} measured",
@@ -132,6 +131,27 @@ class Search:
         for note in space.left_out:
             log.info("left out of the space: %s", note)
         return search
+
+    def _sampler(self):
+        import optuna
+
+        from kvpipe.search.frontier import FrontierSampler
+
+        if self.settings.sampler not in SAMPLERS:
+            raise ConfigError("hydra.sweeper.sampler", self.settings.sampler, f"expected one of {', '.join(SAMPLERS)}")
+        if self.settings.sampler == "frontier":
+            return FrontierSampler(self.space, self.predicted_memory, self.quality_limit, seed=self.settings.seed)
+        population = self.settings.population_size or max(4, min(len(self.space.points), self.settings.trials // 3 or 4))
+        return optuna.samplers.NSGAIISampler(
+            population_size=population, seed=self.settings.seed, constraints_func=_constraints
+        )
+
+    @property
+    def quality_limit(self) -> float | None:
+        """The limit on the quality objective (KL, or 1 - retrieval accuracy)."""
+        if self.passkey:
+            return None if self.limits.accuracy is None else 1 - self.limits.accuracy
+        return self.limits.kl
 
     @property
     def exhaustive(self) -> bool:
@@ -170,7 +190,7 @@ class Search:
         distributions = {name: CategoricalDistribution(values) for name, values in self.space.choices().items()}
         self._enqueue_first_generation()
         returns, job_index = [], self._next_job_index()
-        while self.measured() < self.settings.trials and len(self.seen) < len(self.space.points):
+        while self.measured() < self.settings.trials and self._left():
             if self.settings.timeout_s and time.monotonic() - self.started > self.settings.timeout_s:
                 log.warning("search: timeout of %gs reached; no new trials", self.settings.timeout_s)
                 break
@@ -186,9 +206,23 @@ class Search:
         self._print_front()
         return returns
 
+    def _left(self) -> list[Point]:
+        """Points still worth a job: not seen, and (unless every point is measured) not inferred to miss."""
+        inferred = {} if self.exhaustive else self._inferred()
+        return [p for p in self.space.points if p not in self.seen and p not in inferred]
+
+    def _inferred(self) -> dict:
+        from kvpipe.search.frontier import inferred_misses
+
+        measured = {p: s.values for p, s in self.seen.items() if s.values}
+        return inferred_misses(self.space, measured, self.quality_limit)
+
     def _enqueue_first_generation(self) -> None:
-        """Every unseen point when the budget covers the space; else the space's extremes first."""
+        """Every unseen point when the budget covers the space; else, for NSGA-II, the space's extremes
+        first (the frontier walk chooses its own)."""
         unseen = [p for p in self.space.points if p not in self.seen]
+        if not self.exhaustive and self.settings.sampler != "nsga2":
+            return
         first = unseen if self.exhaustive else _extremes(unseen)
         for point in first:
             self.study.enqueue_trial(self.space.encode(point), skip_if_exists=True)
@@ -208,12 +242,16 @@ class Search:
                 self.study.tell(trial, state=_state("FAIL"))  # asked twice in one batch: the first one measures it
             elif (pruned := self._pruned(point)) is not None:
                 self._tell(trial, point, pruned)
+            elif not self.exhaustive and (missed := self._inferred().get(point)) is not None:
+                self._tell(trial, point, _inferred_miss(missed, self.quality_limit, self.passkey))
             else:
                 batch.append((trial, point))
             if tries == 25 * size and not batch:  # the sampler keeps to seen points: take an unseen one
-                unseen = [p for p in self.space.points if p not in self.seen]
-                if unseen:
-                    self.study.enqueue_trial(self.space.encode(random.Random(tries).choice(unseen)))
+                left = self._left()
+                if left:
+                    self.study.enqueue_trial(self.space.encode(random.Random(tries).choice(left)))
+                else:
+                    break
         return batch
 
     def _tell(self, trial, point: Point, seen: Seen, again: bool = False) -> None:
@@ -224,7 +262,7 @@ class Search:
         if seen.values is not None and not any(math.isnan(v) for v in seen.values):
             self.study.tell(trial, seen.values)
         else:
-            self.study.tell(trial, state=_state("PRUNED" if seen.outcome == PRUNED else "FAIL"))
+            self.study.tell(trial, state=_state("PRUNED" if seen.outcome in (PRUNED, INFERRED) else "FAIL"))
         if not again:
             self.seen[point] = seen
             self._progress(point, seen)
@@ -272,6 +310,12 @@ class Search:
         self._record_pruned(point, detail)
         return Seen(PRUNED, detail=detail)
 
+    def predicted_memory(self, point: Point) -> float:
+        """The memory objective before the job runs: the plan's KV cache bytes on CPU, and on CUDA
+        weights plus KV cache (the measured peak adds the activations)."""
+        total = self.predicted_bytes(point)
+        return total if self.device == "cuda" else total - self._bytes[0]
+
     def predicted_bytes(self, point: Point) -> int:
         """Weights plus the KV cache that `kvpipe plan` predicts for this point and the workload."""
         from kvpipe import model
@@ -316,7 +360,7 @@ class Search:
         best = self._best()
         line = (
             f"trial {done}/{total} {seen.outcome}: {point.label()}{figures}"
-            + (f" ({seen.detail})" if seen.outcome in (PRUNED, FAILED) else "")
+            + (f" ({seen.detail})" if seen.outcome in (PRUNED, INFERRED, FAILED) else "")
             + (f" · best so far: {best}" if best else "")
             + (f" · ETA {_eta(time.monotonic() - self.started, done, total)}" if seen.outcome == MEASURED else "")
         )
@@ -341,6 +385,8 @@ class Search:
 
     def _print_front(self) -> None:
         counts = {o: sum(s.outcome == o for s in self.seen.values()) for o in (MEASURED, REUSED, PRUNED, FAILED)}
+        inferred = {} if self.exhaustive else self._inferred()
+        counts[INFERRED] = len([p for p in inferred if p not in self.seen or self.seen[p].outcome == INFERRED])
         print(
             f"search: {len(self.seen)} of {len(self.space.points)} configurations seen ("
             + ", ".join(f"{n} {o}" for o, n in counts.items())
@@ -348,6 +394,13 @@ class Search:
             file=sys.stderr,
             flush=True,
         )
+
+
+def _inferred_miss(missed: tuple[Point, float], limit: float, passkey: bool) -> Seen:
+    point, loss = missed
+    what = "1 - retrieval accuracy" if passkey else "KL"
+    detail = f"inferred: no better than {point.label()} ({what} {loss:.3g} > {limit:g}), which keeps more exact"
+    return Seen(INFERRED, detail=detail)
 
 
 def _constraints(trial) -> list[float]:

@@ -8,9 +8,10 @@ measurement FINISHED in the experiment before is launched with resume=true, whic
 recorded figures are told; one that `kvpipe plan` predicts cannot fit the memory budget (weights plus
 KV cache) is pruned, with its predicted bytes, and never launched.
 
-Where the space is no larger than the trial budget every point is measured (an exhaustive pass);
-otherwise NSGA-II (multi-objective, the user's limits as constraints) chooses, from a first
-generation that holds the space's extremes. The study lives in an SQLite file beside the tracking
+Where the space is no larger than the trial budget every point is measured (an exhaustive pass).
+Otherwise the sampler chooses: by default the frontier walk (kvpipe.search.frontier), which uses the
+plan's exact bytes and the order of quality within a quantized family; or NSGA-II (sampler=nsga2,
+multi-objective, the user's limits as constraints) from a first generation of the space's extremes. The study lives in an SQLite file beside the tracking
 store (or hydra.sweeper.storage), so a killed search resumes where it stopped.
 """
 
@@ -43,6 +44,7 @@ class SearchSettings:
     residual_lengths: list = field(default_factory=lambda: list(spaces.RESIDUAL_LENGTHS))
     storage: Optional[str] = None  # an Optuna storage URL; default sqlite beside the tracking store
     study_name: Optional[str] = None  # default: from the model, workload, space and limits
+    sampler: str = "frontier"  # frontier (kvpipe.search.frontier) or nsga2 (Optuna's NSGAIISampler)
     seed: int = 0
     population_size: Optional[int] = None  # NSGA-II's generation; default from the trial budget
     max_batch_size: Optional[int] = None  # trials launched together; default the launcher's n_jobs, else 1
