@@ -54,9 +54,7 @@ def at_least_as_safe(safer: Point, point: Point) -> bool:
     """Whether `safer` keeps at least as much exact as `point` in every ordered dimension (same family)."""
     if point.get("backend") is None or family(safer) != family(point):
         return False
-    return all(
-        _safer_value(name, safer.get(name), point.get(name)) for name in ORDERED if point.get(name) is not None
-    )
+    return all(_safer_value(name, safer.get(name), point.get(name)) for name in ORDERED if point.get(name) is not None)
 
 
 def safer_neighbours(space: Space, point: Point) -> list[Point]:

@@ -141,7 +141,9 @@ class Search:
             raise ConfigError("hydra.sweeper.sampler", self.settings.sampler, f"expected one of {', '.join(SAMPLERS)}")
         if self.settings.sampler == "frontier":
             return FrontierSampler(self.space, self.predicted_memory, self.quality_limit, seed=self.settings.seed)
-        population = self.settings.population_size or max(4, min(len(self.space.points), self.settings.trials // 3 or 4))
+        population = self.settings.population_size or max(
+            4, min(len(self.space.points), self.settings.trials // 3 or 4)
+        )
         return optuna.samplers.NSGAIISampler(
             population_size=population, seed=self.settings.seed, constraints_func=_constraints
         )
