@@ -11,7 +11,7 @@ configuration counts the same in both and timing noise between the two runs does
 axes are normalised to the grid's range and the reference point is 1.1 on each. Goal: at least 0.95
 of the front's hypervolume with at most 40% of the grid's jobs.
 
-    python benchmarks/search_vs_grid.py                            # embedded model, reduced space (~60 min, 2 cores)
+    python benchmarks/search_vs_grid.py                            # embedded model, reduced space (~50 min, 2 cores)
     python benchmarks/search_vs_grid.py --reuse-grid --samplers frontier   # one search again, same grid
     python benchmarks/search_vs_grid.py --reuse-grid --replay-only         # each sampler replayed: seconds
     python benchmarks/search_vs_grid.py --share 0.3 -- model=tiny_random

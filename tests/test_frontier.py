@@ -131,3 +131,25 @@ def test_the_sweeper_takes_either_sampler_and_refuses_others_in_one_line(sampler
     )
     with pytest.raises(ConfigError, match="hydra.sweeper.sampler.*frontier, nsga2"):
         search("tpe")._sampler()
+
+
+@pytest.mark.slow  # composes a config and loads tiny_random's tokenizer
+def test_the_search_skips_what_it_infers_unless_every_point_is_measured(tmp_path, capsys):
+    from kvpipe.search.search import MEASURED, Search, Seen
+    from kvpipe.search.sweeper import SearchSettings
+
+    from test_search import JOB, SPACE  # dynamic, and hqq per-token at 2 and 4 bits
+
+    def search(trials):
+        return Search.start(SearchSettings(trials=trials), [*JOB, *SPACE], tmp_path, tmp_path / "sweep")
+
+    budget = search(trials=2)
+    dense, two_bits, four_bits = budget.space.points
+    budget.seen[four_bits] = Seen(MEASURED, [1e4, 5.0, 0.5], [9.0])  # missed the default KL limit of 0.05
+    assert budget._left() == [dense]  # 2 bits lies below it: inferred to miss, not measured
+    assert two_bits in budget._inferred()
+    budget._print_front()
+    assert "1 measured, 0 reused, 0 pruned, 0 failed, 1 inferred" in capsys.readouterr().err
+    exhaustive = search(trials=3)
+    exhaustive.seen[four_bits] = Seen(MEASURED, [1e4, 5.0, 0.5], [9.0])
+    assert exhaustive._left() == [dense, two_bits]  # a grid measures everything

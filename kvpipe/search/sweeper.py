@@ -11,8 +11,9 @@ KV cache) is pruned, with its predicted bytes, and never launched.
 Where the space is no larger than the trial budget every point is measured (an exhaustive pass).
 Otherwise the sampler chooses: by default the frontier walk (kvpipe.search.frontier), which uses the
 plan's exact bytes and the order of quality within a quantized family; or NSGA-II (sampler=nsga2,
-multi-objective, the user's limits as constraints) from a first generation of the space's extremes. The study lives in an SQLite file beside the tracking
-store (or hydra.sweeper.storage), so a killed search resumes where it stopped.
+multi-objective, the user's limits as constraints) from a first generation of the space's extremes.
+The study lives in an SQLite file beside the tracking store (or hydra.sweeper.storage), so a killed
+search resumes where it stopped.
 """
 
 from __future__ import annotations
