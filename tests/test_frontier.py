@@ -135,10 +135,10 @@ def test_the_sweeper_takes_either_sampler_and_refuses_others_in_one_line(sampler
 
 @pytest.mark.slow  # composes a config and loads tiny_random's tokenizer
 def test_the_search_skips_what_it_infers_unless_every_point_is_measured(tmp_path, capsys):
+    from test_search import JOB, SPACE  # dynamic, and hqq per-token at 2 and 4 bits
+
     from kvpipe.search.search import MEASURED, Search, Seen
     from kvpipe.search.sweeper import SearchSettings
-
-    from test_search import JOB, SPACE  # dynamic, and hqq per-token at 2 and 4 bits
 
     def search(trials):
         return Search.start(SearchSettings(trials=trials), [*JOB, *SPACE], tmp_path, tmp_path / "sweep")
