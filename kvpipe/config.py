@@ -90,6 +90,12 @@ class QualityConfig:
     windows: int = 3  # texts scored: each workload's own (kvpipe.workload: Workload.windows)
     scored_tokens: Optional[int] = None  # fed one by one and scored; default max(64, backend.residual_length + 32)
 
+    @staticmethod
+    def default_scored_tokens(residual_length: int) -> int:
+        """More than a quantized cache's residual (so it re-quantizes at least once while it is
+        scored), and at least 64."""
+        return max(64, residual_length + 32)
+
 
 @dataclass
 class TrackingConfig:

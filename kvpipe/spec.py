@@ -75,6 +75,9 @@ class Spec:
         data["workload"] = self.workload_kind.identity()
         # a judgement of the timings, not part of what is measured: keyed as every run before it was calibrated
         data["workload"]["noise_threshold"] = 0.10
+        # quality.scored_tokens set to what it defaults to measures what unset does (a search sets it)
+        if data["quality"]["scored_tokens"] == schema.QualityConfig.default_scored_tokens(self.backend.residual_length):
+            data["quality"]["scored_tokens"] = None
         read, late = self.read_fields(), cache_strategies.get(self.cache.strategy).late_defaults
         for group in STRATEGY_GROUPS:
             kept = {k: v for k, v in data[group].items() if f"{group}.{k}" in read or f"{group}.*" in read}

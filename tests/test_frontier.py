@@ -105,11 +105,25 @@ def test_a_pruned_or_failed_neighbour_does_not_block_the_walk():
     assert all(n in tops for n in safer_neighbours(the_space, nxt))
 
 
-def _trial(point, values, the_space):
+def test_a_neighbour_that_missed_only_a_tpot_limit_does_not_block_the_walk():
+    the_space = space()
+    sampler = FrontierSampler(the_space, lambda p: figures(p)[0], LIMIT)
+    dense = [p for p in the_space.points if p.get("backend") is None]
+    tops = [p for p in the_space.points if p.get("backend") and not safer_neighbours(the_space, p)]
+    too_slow = [0.0, 1.0]  # within the KL limit, twice over a TPOT limit
+    trials = [_trial(p, figures(p), the_space) for p in dense] + [
+        _trial(p, figures(p), the_space, constraints=too_slow) for p in tops
+    ]
+    nxt = sampler.next_point(trials)
+    assert nxt is not None and nxt not in tops and all(n in tops for n in safer_neighbours(the_space, nxt))
+
+
+def _trial(point, values, the_space, constraints=None, state=None, user_attrs=None):
     params = the_space.encode(point)
     distributions = {n: CategoricalDistribution(v) for n, v in the_space.choices().items()}
-    state = TrialState.COMPLETE if values else TrialState.PRUNED
-    attrs = {"constraints": [values[2] / LIMIT - 1]} if values else {}
+    state = state or (TrialState.COMPLETE if values else TrialState.PRUNED)
+    attrs = {"constraints": constraints or [values[2] / LIMIT - 1]} if values else {"outcome": "pruned"}
+    attrs = user_attrs if user_attrs is not None else attrs
     return optuna.trial.create_trial(state=state, params=params, distributions=distributions, values=values,
                                      user_attrs=attrs)  # fmt: skip
 
@@ -153,3 +167,15 @@ def test_the_search_skips_what_it_infers_unless_every_point_is_measured(tmp_path
     exhaustive = search(trials=3)
     exhaustive.seen[four_bits] = Seen(MEASURED, [1e4, 5.0, 0.5], [9.0])
     assert exhaustive._left() == [dense, two_bits]  # a grid measures everything
+
+
+def test_a_trial_killed_mid_job_is_asked_again_and_one_that_failed_is_not():
+    the_space = space()
+    sampler = FrontierSampler(the_space, lambda p: figures(p)[0], LIMIT)
+    dense = [p for p in the_space.points if p.get("backend") is None]
+    trials = [_trial(p, figures(p), the_space) for p in dense]
+    asked = sampler.next_point(trials)
+    killed = _trial(asked, None, the_space, state=TrialState.FAIL, user_attrs={})  # left RUNNING by a kill
+    assert sampler.next_point([*trials, killed]) == asked
+    failed = _trial(asked, None, the_space, state=TrialState.FAIL, user_attrs={"outcome": "failed"})
+    assert sampler.next_point([*trials, failed]) != asked

@@ -191,3 +191,21 @@ def test_a_killed_search_resumes_where_it_stopped(tmp_path, existing_store):
     assert resumed.stderr.count(" measured: ") == 3 - done_before
     parents = {r.data.tags.get("mlflow.parentRunId") for r in mlflow_children(tmp_path)}
     assert len(parents) == 1  # the resumed search's jobs join the first one's parent
+
+
+def test_every_trial_scores_as_many_tokens_so_kl_compares_and_the_default_spelled_out_is_the_same_measurement():
+    from kvpipe.search.search import _scored_alike
+
+    from conftest import spec_for
+
+    quantized = ["model=tiny_random", "cache=quantized", "backend=hqq"]
+    key = spec_for(*quantized, "backend.residual_length=128").measurement_key()
+    assert spec_for(*quantized, "backend.residual_length=128", "quality.scored_tokens=160").measurement_key() == key
+    assert spec_for(*quantized, "backend.residual_length=128", "quality.scored_tokens=64").measurement_key() != key
+    space = build(head_dim=64, device="cpu", restrict={"backend.residual_length": ["0", "256"]})
+    spec = spec_for(*quantized)
+    assert _scored_alike(["model=tiny_random"], spec, space) == ["model=tiny_random", "quality.scored_tokens=288"]
+    assert _scored_alike(["quality.scored_tokens=50"], spec_for("quality.scored_tokens=50"), space) == [
+        "quality.scored_tokens=50"
+    ]
+    assert _scored_alike(["quality=off"], spec_for("quality=off"), space) == ["quality=off"]

@@ -123,7 +123,8 @@ class FrontierSampler(BaseSampler):
         """The configuration to measure next, or None where the walk has none left."""
         measured, feasible, asked = {}, {}, set()
         for trial in trials:
-            if not trial.params:
+            # a trial failed without an outcome was killed, or asked twice in one batch: ask it again
+            if not trial.params or (trial.state == TrialState.FAIL and "outcome" not in trial.user_attrs):
                 continue
             point = self.space.decode(trial.params)
             asked.add(point)
@@ -138,7 +139,10 @@ class FrontierSampler(BaseSampler):
             return dense[0]
         if not left:
             return None
-        ok = set(feasible) | {p for p in asked if p not in measured}  # a pruned or failed neighbour does not block
+        # the walk goes on below a point that met the quality limit (its order is quality's), or one
+        # that was pruned or failed; a TPOT or memory limit it missed says nothing of what lies below
+        limit = math.inf if self.quality_limit is None else self.quality_limit
+        ok = {p for p, v in measured.items() if v[2] <= limit} | {p for p in asked if p not in measured}
         eligible = [p for p in left if all(n in ok for n in safer_neighbours(self.space, p))] or left
         guesses = {p: self._optimistic(p, measured) for p in eligible}
         if self.quality_limit is not None:

@@ -112,6 +112,7 @@ class Search:
         space = build(shape.head_dim, device, restrict, settings.group_sizes, settings.residual_lengths)
         if not space.points:
             raise KvpipeError(f"the search space is empty after {restrict}; loosen the restriction")
+        fixed = _scored_alike(fixed, spec, space)
         limits = limits_of(settings)
         uri, _ = resolve_uri(spec.tracking.uri, launch_dir, store_dir=spec.tracking.store_dir)
         storage = settings.storage or default_storage(uri, launch_dir, spec.tracking.store_dir)
@@ -396,6 +397,23 @@ class Search:
             file=sys.stderr,
             flush=True,
         )
+
+
+def _scored_alike(fixed: list[str], spec, space: Space) -> list[str]:
+    """The fixed overrides, with quality.scored_tokens set (unless the user set it) to the most any
+    configuration of the space scores by default: the default follows each one's residual, and KL over
+    different tokens would not compare across the front."""
+    from kvpipe.config import QualityConfig
+
+    if not spec.quality.enabled or spec.quality.scored_tokens is not None:
+        return fixed
+    residuals = [int(p.get("backend.residual_length")) for p in space.points if p.get("backend.residual_length")]
+    tokens = QualityConfig.default_scored_tokens(max([spec.backend.residual_length, *residuals]))
+    log.info(
+        "quality: every trial scores %d tokens (quality.scored_tokens), the most any of the space scores by default",
+        tokens,
+    )
+    return [*fixed, f"quality.scored_tokens={tokens}"]
 
 
 def _inferred_miss(missed: tuple[Point, float], limit: float, passkey: bool) -> Seen:
