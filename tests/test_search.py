@@ -45,6 +45,12 @@ def test_the_space_is_what_the_registries_offer_for_this_head_dim():
     assert len(build(head_dim=128, device="cpu").points) > len(space.points)
 
 
+def test_group_sizes_and_residual_lengths_the_user_names_are_searched_even_outside_the_defaults():
+    space = build(head_dim=64, device="cpu", restrict={"backend.residual_length": ["0", "16"], "backend": ["quanto"]})
+    assert {p.get("backend.residual_length") for p in space.points} == {"0", "16"}
+    assert {p.get("backend.q_group_size") for p in build(64, "cpu", {"backend.q_group_size": ["16"]}).points} == {"16"}
+
+
 def test_a_trials_parameters_decode_to_the_nearest_point_and_every_point_encodes_back():
     space = build(head_dim=64, device="cpu")
     assert all(space.decode(space.encode(point)) == point for point in space.points)

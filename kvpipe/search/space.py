@@ -98,6 +98,9 @@ def build(head_dim: int, device: str, restrict: dict[str, list[str]] | None = No
     """Every point the registries offer on this model and device, less those `restrict` rules out
     (dimension -> the values the user allows)."""
     restrict = restrict or {}
+    # values the user names are the values searched, whether or not the defaults hold them
+    group_sizes = [int(v) for v in restrict.get("backend.q_group_size", group_sizes)]
+    residual_lengths = [int(v) for v in restrict.get("backend.residual_length", residual_lengths)]
     left_out = []
     points = []
     for strategy in cache.registered():
