@@ -179,3 +179,26 @@ def test_a_trial_killed_mid_job_is_asked_again_and_one_that_failed_is_not():
     assert sampler.next_point([*trials, killed]) == asked
     failed = _trial(asked, None, the_space, state=TrialState.FAIL, user_attrs={"outcome": "failed"})
     assert sampler.next_point([*trials, failed]) != asked
+
+
+def test_progress_counts_jobs_against_the_budget_and_every_point_in_an_exhaustive_pass(tmp_path, capsys):
+    from kvpipe.decide.recommend import Limits
+    from kvpipe.search.search import MEASURED, REUSED, Search, Seen
+    from kvpipe.search.sweeper import SearchSettings
+
+    chat = SimpleNamespace(workload_kind=SimpleNamespace(metrics=[]))
+    the_space = space()
+    first, second = the_space.points[:2]
+
+    def lines(trials):
+        search = Search(SearchSettings(trials=trials), [], chat, the_space, Limits(), "cpu", None, tmp_path, tmp_path)
+        for point, outcome in ((first, MEASURED), (second, REUSED)):
+            search.seen[point] = Seen(outcome, [1e6, 5.0, 0.0], [-1.0])
+            search._progress(point, search.seen[point])
+        return capsys.readouterr().err.splitlines()
+
+    measured, reused = lines(trials=7)
+    assert measured.startswith("trial 1/7 measured: cache=dynamic") and "ETA" in measured
+    assert reused.startswith("not counted, reused: cache=static")
+    _, reused = lines(trials=len(the_space.points))
+    assert reused.startswith(f"trial 2/{len(the_space.points)} reused: ")

@@ -354,18 +354,25 @@ class Search:
     # ---- what the user sees ----------------------------------------------------------------------
 
     def _progress(self, point: Point, seen: Seen) -> None:
-        done = self.measured()
+        # an exhaustive pass counts every point it has covered; a budgeted one, the jobs it measured
+        done = len(self.seen) if self.exhaustive else self.measured()
         total = len(self.space.points) if self.exhaustive else self.settings.trials
+        counted = self.exhaustive or seen.outcome == MEASURED
         figures = ""
         if seen.values:
             memory, tpot, quality = seen.values
             figures = f" · {human_bytes(memory)}, TPOT {tpot:.1f} ms, {'1-acc' if self.passkey else 'KL'} {quality:.3g}"
         best = self._best()
         line = (
-            f"trial {done}/{total} {seen.outcome}: {point.label()}{figures}"
+            (f"trial {done}/{total} {seen.outcome}" if counted else f"not counted, {seen.outcome}")
+            + f": {point.label()}{figures}"
             + (f" ({seen.detail})" if seen.outcome in (PRUNED, INFERRED, FAILED) else "")
             + (f" · best so far: {best}" if best else "")
-            + (f" · ETA {_eta(time.monotonic() - self.started, done, total)}" if seen.outcome == MEASURED else "")
+            + (
+                f" · ETA {_eta(time.monotonic() - self.started, self.measured(), self.measured() + total - done)}"
+                if seen.outcome == MEASURED
+                else ""
+            )
         )
         print(line, file=sys.stderr, flush=True)
 
