@@ -44,6 +44,7 @@ from kvpipe.measure import references
 from kvpipe.model.embedded import embedded_folder
 from kvpipe.record.result import iter_results
 from kvpipe.search import objectives
+from kvpipe.search.frontier import hypervolume
 from kvpipe.search.space import build
 
 # The reduced space: dense caches, and quanto and hqq at 2 and 4 bits, two layouts, two residuals
@@ -104,13 +105,6 @@ POINT_KEYS = ("cache", "backend", "backend.nbits", "axis", "backend.q_group_size
 
 def front(points: dict[str, np.ndarray]) -> list[str]:
     return [k for k, kept in zip(points, non_dominated(list(points.values()))) if kept]
-
-
-def hypervolume(points: list[np.ndarray], low: np.ndarray, high: np.ndarray) -> float:
-    from optuna._hypervolume import compute_hypervolume  # Optuna's WFG implementation
-
-    scaled = np.array([(p - low) / np.where(high > low, high - low, 1.0) for p in points])
-    return float(compute_hypervolume(scaled, np.full(scaled.shape[1], 1.1)))
 
 
 def main() -> None:

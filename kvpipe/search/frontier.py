@@ -144,9 +144,8 @@ class FrontierSampler(BaseSampler):
         limit = math.inf if self.quality_limit is None else self.quality_limit
         ok = {p for p, v in measured.items() if v[2] <= limit} | {p for p in asked if p not in measured}
         eligible = [p for p in left if all(n in ok for n in safer_neighbours(self.space, p))] or left
+        # (none is known to miss the quality limit: its floor would make it an inferred miss, not left)
         guesses = {p: self._optimistic(p, measured) for p in eligible}
-        if self.quality_limit is not None:
-            guesses = {p: g for p, g in guesses.items() if g[2] <= self.quality_limit} or guesses
         # the quality axis runs to the limit: what the front may still gain lies below it
         ceiling = [math.nan, math.nan, math.nan if self.quality_limit is None else self.quality_limit]
         front = np.array(list(feasible.values())).reshape(-1, 3)
@@ -179,22 +178,24 @@ class FrontierSampler(BaseSampler):
         return max([v[2] for p, v in measured.items() if at_least_as_safe(p, point)], default=0.0)
 
 
-def hypervolume_gains(front: np.ndarray, candidates: np.ndarray, ceiling: np.ndarray | None = None) -> list[float]:
-    """What each candidate alone adds to the hypervolume of `front` (all objectives minimised), on
-    axes scaled to the range of front and candidates together (each raised to `ceiling` where that
-    is a number) and a reference point 1.1 beyond it."""
-    from optuna._hypervolume import compute_hypervolume  # Optuna's WFG implementation
+def hypervolume(points, low: np.ndarray, high: np.ndarray) -> float:
+    """The hypervolume `points` dominate (all objectives minimised), each axis scaled from `low` to
+    `high`, with the reference point 1.1 beyond it: Optuna's WFG implementation."""
+    from optuna._hypervolume import compute_hypervolume
 
+    points = np.asarray(points, dtype=float).reshape(len(points), -1)
+    if not len(points):
+        return 0.0
+    scaled = (points - low) / np.where(high > low, high - low, 1.0)
+    return float(compute_hypervolume(scaled, np.full(points.shape[1], 1.1)))
+
+
+def hypervolume_gains(front: np.ndarray, candidates: np.ndarray, ceiling: np.ndarray | None = None) -> list[float]:
+    """What each candidate alone adds to the hypervolume of `front`, on axes scaled to the range of
+    front and candidates together (each raised to `ceiling` where that is a number)."""
     every = np.vstack([front, candidates])
     low, high = every.min(axis=0), every.max(axis=0)
     if ceiling is not None:
         high = np.where(np.isnan(ceiling), high, np.maximum(high, ceiling))
-
-    def volume(points: np.ndarray) -> float:
-        if not len(points):
-            return 0.0
-        scaled = (points - low) / np.where(high > low, high - low, 1.0)
-        return float(compute_hypervolume(scaled, np.full(points.shape[1], 1.1)))
-
-    before = volume(front)
-    return [volume(np.vstack([front, c[None, :]])) - before for c in candidates]
+    before = hypervolume(front, low, high)
+    return [hypervolume(np.vstack([front, c[None, :]]), low, high) - before for c in candidates]

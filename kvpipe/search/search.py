@@ -223,9 +223,9 @@ class Search:
     def _enqueue_first_generation(self) -> None:
         """Every unseen point when the budget covers the space; else, for NSGA-II, the space's extremes
         first (the frontier walk chooses its own)."""
-        unseen = [p for p in self.space.points if p not in self.seen]
         if not self.exhaustive and self.settings.sampler != "nsga2":
             return
+        unseen = [p for p in self.space.points if p not in self.seen]
         first = unseen if self.exhaustive else _extremes(unseen)
         for point in first:
             self.study.enqueue_trial(self.space.encode(point), skip_if_exists=True)
