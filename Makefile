@@ -74,11 +74,14 @@ ui: venv
 # Use it with: python -m kvpipe tracking=server tracking.uri=http://$(MLFLOW_HOST):$(MLFLOW_PORT)
 # MLflow's job execution (GenAI jobs, run by eight extra worker processes) is off: kvpipe only tracks
 # runs, and the workers slow the server's start. MLFLOW_JOBS=true turns it back on.
+# MLFLOW_AUTH=1: MLflow's basic-auth app, users in $(MLFLOW_DIR)/basic_auth.db, the admin's password
+# from MLFLOW_AUTH_ADMIN_PASSWORD on the first start. An MLFLOW_HOST beyond loopback needs it.
+# kvpipe/record/server.py builds the command (README: "An authenticated server").
 MLFLOW_JOBS ?= false
+MLFLOW_AUTH ?=
 mlflow-server: venv
-	mkdir -p $(MLFLOW_DIR)
-	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=$(MLFLOW_JOBS) $(PY) -m mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --workers 1 \
-		--backend-store-uri sqlite:///$(MLFLOW_DIR)/mlflow.db --artifacts-destination $(MLFLOW_DIR)/mlartifacts
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=$(MLFLOW_JOBS) $(PY) -m kvpipe.record.server --host $(MLFLOW_HOST) \
+		--port $(MLFLOW_PORT) --dir $(MLFLOW_DIR) --auth "$(MLFLOW_AUTH)"
 
 clean-venv:
 	rm -rf $(VENV)

@@ -20,7 +20,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from kvpipe.config import from_hydra, register_schemas
-from kvpipe.errors import KvpipeError
+from kvpipe.errors import KvpipeError, fail
 from kvpipe.pipeline import run_pipeline
 from kvpipe.record.result import COMMAND_ENV
 from kvpipe.spec import make_spec
@@ -104,12 +104,7 @@ def _hydra_app(cfg: DictConfig) -> None:
         spec = make_spec(cfg, hydra_cfg.overrides.task)  # validated before torch, transformers or mlflow load
         run_pipeline(spec, Path(hydra_cfg.runtime.output_dir), launch_dir, print_table=cfg.print_table)
     except KvpipeError as exc:
-        _fail(str(exc))  # here, not in main(): Hydra would first print its own "Error executing job" line
-
-
-def _fail(message: str) -> None:
-    print(f"kvpipe: error: {message}", file=sys.stderr)
-    sys.exit(2)
+        fail(str(exc))  # here, not in main(): Hydra would first print its own "Error executing job" line
 
 
 def subcommand(argv: list[str]) -> int:
@@ -124,6 +119,7 @@ def subcommand(argv: list[str]) -> int:
 
 def main() -> None:
     """Entry point for `kvpipe` and `python -m kvpipe`."""
+    _refuse_credentials_in_uri(sys.argv[1:])
     # What produced every run, as typed; launcher processes (joblib, submitit) inherit it
     os.environ.setdefault(COMMAND_ENV, shlex.join(["kvpipe", *sys.argv[1:]]))
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
@@ -143,12 +139,24 @@ def main() -> None:
         print("kvpipe: interrupted; the current run is recorded as KILLED", file=sys.stderr)
         sys.exit(130)
     except KvpipeError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except Exception as exc:  # noqa: BLE001 - sorted into user errors vs our bugs below
         message = _user_error(exc)
         if message is None:
             raise
-        _fail(message)
+        fail(message)
+
+
+def _refuse_credentials_in_uri(argv: list[str]) -> None:
+    """Here, before Hydra writes the overrides into the run's folder and kvpipe.command records them."""
+    from kvpipe.record.auth import check_uri
+
+    for arg in argv:
+        if arg.lstrip("+~").startswith("tracking.uri="):
+            try:
+                check_uri(arg.split("=", 1)[1], "tracking.uri")
+            except KvpipeError as exc:
+                fail(str(exc))
 
 
 def _user_error(exc: BaseException) -> str | None:

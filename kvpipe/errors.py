@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+import sys
+from typing import Iterable, NoReturn
 
 
 class KvpipeError(Exception):
@@ -17,6 +18,12 @@ class ConfigError(KvpipeError):
     def __init__(self, field: str, value: object, expected: str):
         self.field, self.value, self.expected = field, value, expected
         super().__init__(f"{field}={value!r} is not valid: {expected}")
+
+
+def fail(message: str, exit_code: int = 2) -> NoReturn:
+    """A user mistake as one line on stderr, `kvpipe: error: ...`, and the exit status."""
+    print(f"kvpipe: error: {message}", file=sys.stderr)
+    sys.exit(exit_code)
 
 
 def first_line(exc: BaseException) -> str:

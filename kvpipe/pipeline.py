@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from kvpipe.job import runner
-from kvpipe.record import recorder, summary
+from kvpipe.record import auth, recorder, summary
 from kvpipe.record.result import Result
 from kvpipe.spec import Spec
 
@@ -14,11 +14,22 @@ log = logging.getLogger(__name__)
 
 
 def run_pipeline(
-    spec: Spec, run_dir: Path, launch_dir: Path, print_table: bool = True, parent_run_id: str | None = None
+    spec: Spec,
+    run_dir: Path,
+    launch_dir: Path,
+    print_table: bool = True,
+    parent_run_id: str | None = None,
+    check_store: bool = True,
 ) -> Result:
-    """Run one job and record it; returns its Result."""
+    """Run one job and record it; returns its Result. check_store: the store's credentials first
+    (a sweep checks them once, at its start; its jobs then measure whatever happens to the store,
+    their results kept on disk for `kvpipe sync` if it refuses or goes away)."""
     for warning in spec.warnings:
         log.warning(warning)
+    if check_store:  # a refusal stops the job here, before the model loads
+        outage = auth.check_credentials(spec.tracking, launch_dir)
+        if outage:
+            log.warning("%s; measuring anyway: the result will wait on disk for `kvpipe sync`", outage)
     try:
         job = runner.run_job(spec)
     except KeyboardInterrupt:

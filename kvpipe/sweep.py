@@ -20,9 +20,9 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from kvpipe.errors import ConfigError, KvpipeError
+from kvpipe.errors import ConfigError, KvpipeError, fail
 from kvpipe.pipeline import run_pipeline
-from kvpipe.record import recorder, tracking
+from kvpipe.record import auth, recorder, tracking
 from kvpipe.record.result import Result, iter_results
 from kvpipe.record.summary import print_sweep_summary
 from kvpipe.spec import make_spec
@@ -104,6 +104,8 @@ class SweepCallback(Callback):
         parent = None
         tags = {"kvpipe.sweep_dir": str(sweep_dir.resolve()), "kvpipe.total_jobs": str(total)}
         try:
+            if tracking_cfg.enabled:  # credentials checked before any job loads a model
+                auth.check_at_door(tracking_cfg, launch_dir)
             # a search asked again (or resumed after a kill) continues its study: its parent too
             if tracking_cfg.enabled and (config.get("resume") or is_search(config)):
                 # the same sweep again: its parent run takes the new jobs, rather than a second, empty parent
@@ -112,6 +114,8 @@ class SweepCallback(Callback):
                     log.info("resume: the new jobs join parent run %s of %r", parent, name)
             if tracking_cfg.enabled and not parent:
                 parent = tracking.start_parent(tracking_cfg, launch_dir, name, swept, tags)
+        except auth.TrackingRefused as exc:  # Hydra only warns of a callback's exceptions; an exit it lets through
+            fail(str(exc))
         except tracking.TrackingUnavailable as exc:  # Hydra would only warn and lose the sweep's state
             log.warning("%s; the sweep runs without a parent run, its results safe on disk", exc)
         SweepState(name=name, total_jobs=total, started_at=time.time(), parent_run_id=parent).save(sweep_dir)
@@ -141,9 +145,13 @@ class SweepCallback(Callback):
                     sweep_dir,
                     sweep_dir,
                 )
-        print_sweep_summary(counts, sweep_dir, state.parent_run_id if state else None)
-        if counts["failed"]:
-            sys.exit(1)  # a sweep with failed jobs fails, after every job has had its turn
+        # refused or unreachable while the sweep ran: measured, on disk, not in MLflow
+        kept = [result for _, result in iter_results(sweep_dir) if result.mlflow_error and not result.mlflow_run_id]
+        print_sweep_summary(counts, sweep_dir, state.parent_run_id if state else None, len(kept))
+        if kept:
+            log.error("%s; the results are safe on disk: kvpipe sync %s", kept[-1].mlflow_error, sweep_dir)
+        if counts["failed"] or kept:
+            sys.exit(1)  # a sweep with failed or unrecorded jobs fails, after every job has had its turn
 
 
 def outcome_counts(sweep_dir: Path) -> dict[str, int]:
@@ -181,7 +189,7 @@ def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str:
             reason = f"already FINISHED as MLflow run {done.info.run_id} (resume=true)"
             return skip(spec.as_dict(), reason, key, spec, log_to_mlflow=visible)
     try:
-        run_pipeline(spec, run_dir, launch_dir, print_table=False, parent_run_id=parent)
+        run_pipeline(spec, run_dir, launch_dir, print_table=False, parent_run_id=parent, check_store=False)
         return "FINISHED"
     except ConfigError as exc:  # found once the model's shape is known: an invalid combination
         return skip(spec.as_dict(), str(exc), key, spec)

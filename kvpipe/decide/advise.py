@@ -58,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvpipe.decide import plan
+    from kvpipe.record import auth
     from kvpipe.search.search import split_arguments
 
     started = time.monotonic()
@@ -67,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
             "tracking", "off", "advise reads its trials back from MLflow; expected tracking=sqlite or server"
         )
     fixed, _ = split_arguments(args.overrides)  # the plan shows every strategy: the model and workload matter
-    plan.report(plan._spec(fixed), limits.memory_bytes, None, None)
+    spec = plan._spec(fixed)
+    auth.check_credentials(spec.tracking, Path.cwd())  # a refusal: one line, before the plan and the search
+    plan.report(spec, limits.memory_bytes, None, None)
     sweep_dir = Path(ADVISE_DIR) / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     print(f"\nadvise: searching at most {args.trials} jobs" + (f" for at most {args.timeout}" if args.timeout else "")
           + f"; trials in {sweep_dir}", flush=True)  # fmt: skip

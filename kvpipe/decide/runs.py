@@ -11,6 +11,7 @@ import pandas as pd
 
 from kvpipe import cache, workload
 from kvpipe.errors import ConfigError, KvpipeError
+from kvpipe.record.auth import check_uri, refusals, status_of
 from kvpipe.record.result import iter_results
 from kvpipe.record.tracking import add_store_argument, point_mlflow_at, resolve_uri
 
@@ -45,9 +46,6 @@ def load_runs(
     spelled: str = "--tracking-uri",
 ):
     """(FINISHED runs with derived columns, parent Run or None): one sweep's, or the whole experiment's."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
     uri, said = resolve_uri(tracking_uri, Path.cwd(), spelled)
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         # MLflow would create an empty database and then find nothing in it
@@ -55,11 +53,23 @@ def load_runs(
             f"{said}: no MLflow store there; run from the folder the runs were launched in (its "
             "outputs/mlflow.db), or name the store with tracking.uri=URI or MLFLOW_TRACKING_URI"
         )
+    check_uri(uri, said)
     point_mlflow_at(uri)
+    what = f"the experiment of run {parent}" if parent else f"experiment {experiment!r}"
+    with refusals(said, what, "read"):  # a server's 401 or 403 as one line, before anything else is said
+        return _load_runs(experiment, parent, uri, whole_experiment)
+
+
+def _load_runs(experiment: str, parent: str | None, uri: str, whole_experiment: bool):
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
     if parent:
         try:
             parent_run = mlflow.get_run(parent)
-        except MlflowException:
+        except MlflowException as exc:
+            if status_of(exc):
+                raise
             raise ConfigError(
                 "--parent",
                 parent,

@@ -42,13 +42,14 @@ def prompt_lengths(metrics: dict) -> str:
     return f"{metrics['prompt_count']:.0f} prompts · {mean} tokens mean, {shown}"
 
 
-def print_sweep_summary(counts: dict[str, int], sweep_dir: Path, parent_run_id: str | None) -> None:
+def print_sweep_summary(counts: dict[str, int], sweep_dir: Path, parent_run_id: str | None, unsynced: int = 0) -> None:
+    """unsynced: results the store refused or missed while the sweep ran, kept on disk for `kvpipe sync`."""
     from rich.console import Console
 
     console = Console()
-    style = "red" if counts["failed"] else "green"
+    style = "red" if counts["failed"] or unsynced else "green"
     console.print(
         f"[{style}]sweep done:[/{style}] {counts['finished']} finished, {counts['skipped']} skipped, "
-        f"{counts['failed']} failed"
+        f"{counts['failed']} failed" + (f", {unsynced} not in MLflow" if unsynced else "")
     )
     console.print(f"results: {sweep_dir}" + (f" · MLflow parent run {parent_run_id}" if parent_run_id else ""))

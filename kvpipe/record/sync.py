@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from kvpipe.config import KvpipeConfig
 from kvpipe.errors import KvpipeError
+from kvpipe.record import auth
 from kvpipe.record.recorder import upload
 from kvpipe.record.result import RESULT_FILE, Result, iter_results
 from kvpipe.record.tracking import ARTIFACT_DIR, add_store_argument
@@ -37,12 +38,27 @@ def unsynced(paths: list[Path]) -> list[tuple[Path, Result]]:
     return found
 
 
-def sync_one(result_path: Path, result: Result, tracking_uri: str | None) -> str:
+def target(result: Result, tracking_uri: str | None):
+    """The result's spec, tracking pointed at where it goes: --tracking-uri, else the store it names."""
     spec = make_spec(OmegaConf.merge(OmegaConf.structured(KvpipeConfig), result.config))
     uri = tracking_uri or result.mlflow_uri or spec.tracking.uri
-    spec = replace(spec, tracking=replace(spec.tracking, enabled=True, uri=uri))
-    upload(spec, result, result_path.parent, Path.cwd())
+    return replace(spec, tracking=replace(spec.tracking, enabled=True, uri=uri))
+
+
+def sync_one(result_path: Path, result: Result, tracking_uri: str | None) -> str:
+    upload(target(result, tracking_uri), result, result_path.parent, Path.cwd())
     return result.mlflow_run_id or ""
+
+
+def check_stores(pending: list[tuple[Path, Result]], tracking_uri: str | None) -> None:
+    """Each store's credentials once, before any upload: a refusal is one line (exit 2); a store that
+    does not answer is said per result below."""
+    stores = {}
+    for _, result in pending:
+        store = target(result, tracking_uri).tracking
+        stores.setdefault((store.uri, store.experiment), store)
+    for store in stores.values():
+        auth.check_credentials(store, Path.cwd())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if not pending:
         print("nothing to sync: every result under these paths is in MLflow already")
         return 0
+    check_stores(pending, args.tracking_uri)
     failed = 0
     for path, result in pending:
         run_id = sync_one(path, result, args.tracking_uri)

@@ -136,14 +136,18 @@ def setup(tracking: TrackingConfig, launch_dir: Path) -> str:
 
 @contextmanager
 def recording(tracking: TrackingConfig, launch_dir: Path):
-    """Around every write: one writer at a time, and an unreachable store as one clear error."""
+    """Around every write: one writer at a time, an unreachable store as one clear error, and a
+    server's refusal (401, 403) as auth.TrackingRefused, one line naming the experiment."""
     from mlflow.exceptions import MlflowException
 
+    from kvpipe.record.auth import refusals  # auth builds on this module
+
+    uri, said = resolve_uri(tracking.uri, launch_dir, store_dir=tracking.store_dir)
     with writer_lock(tracking, launch_dir):
         try:
-            yield setup(tracking, launch_dir)
+            with refusals(said, f"experiment {tracking.experiment!r}"):
+                yield setup(tracking, launch_dir)
         except MlflowException as exc:
-            uri = store_paths(tracking, launch_dir)[0]
             raise TrackingUnavailable(f"MLflow at {uri} failed: {first_line(exc)}") from exc
 
 
