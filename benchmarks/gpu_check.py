@@ -7,7 +7,9 @@ Checks: offloaded caches cut peak GPU memory; the OOM fallback works under a rea
 quantized caches hold fewer KV bytes (and peak lower); static + compile decodes faster; on a model with
 sliding-window layers (tiny_sliding, a Gemma-3-style random config), plan's bytes equal the caches', and
 cache.offload_only_non_sliding=true keeps the sliding layers on the GPU. The reduced form runs the same
-jobs small and judges what it can. Exits 1 if an applicable check failed.
+jobs small and judges what it can. Exits 1 if an applicable check failed. On CUDA it also reports each
+job's TPOT against its floor on the GPU it ran on (the model bandwidth utilisation; not judged), so a
+lent GPU checks `kvpipe plan --hardware`'s floors too.
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ METRICS = (
     "new_tokens",
     "prompt_tokens",
     "batch_size",
+    "tpot_ms",
+    "decode_bytes_per_step",
+    "memory_bandwidth_bytes_per_s",
 )
 TAGS = ("cache.effective", "fallback_from", "fallback_to", "fallback_error", "device", "dtype")
 QUANTO_BUILD_LIMIT_S = 150  # quanto compiles its CUDA extension (nvcc) once per environment, on first use
@@ -137,6 +142,29 @@ def predicted_kv_bytes(spec, result) -> dict:
         "predicted_kv_bytes": spec.strategy.predict_kv_bytes(kv, prompt, new),
         "predicted_sliding_bytes": spec.strategy.predict_kv_bytes(sliding, prompt, new) if sliding.layers else 0,
     }
+
+
+def tpot_floors(jobs: dict, device_name: str) -> dict:
+    """Each job's TPOT against its floor on the GPU it ran on (kvpipe plan --hardware's): the bytes a
+    decode step moves (decode_bytes_per_step: weights + KV read) over the GPU's datasheet bandwidth
+    (conf/hardware.yaml, found by torch's name for it), or, for a GPU not in the table, over the copy
+    bandwidth the job measured. Model bandwidth utilisation (MBU) = floor / TPOT. Jobs whose traffic
+    is not counted (offloading on CUDA) have no floor."""
+    from kvpipe.decide import hardware
+
+    entry = hardware.for_device_name(device_name)
+    rows = []
+    for label, figures in jobs.items():
+        if not figures.get("decode_bytes_per_step") or not figures.get("tpot_ms"):
+            continue
+        bandwidth = entry.memory_bandwidth_bytes_per_s if entry else figures["memory_bandwidth_bytes_per_s"]
+        floor_ms = figures["decode_bytes_per_step"] / bandwidth * 1e3
+        rows.append({"job": label, "tpot_ms": figures["tpot_ms"], "tpot_floor_ms": floor_ms,
+                     "mbu": floor_ms / figures["tpot_ms"], "bandwidth_bytes_per_s": bandwidth})  # fmt: skip
+    source = (f"{entry.name}: {entry.memory_bandwidth_bytes_per_s / 1e12:.3g} TB/s, "
+              f"{entry.sources['memory_bandwidth_gb_per_s'].split(',')[0]}" if entry
+              else f"{device_name} is not in conf/hardware.yaml: each job's own measured copy bandwidth")  # fmt: skip
+    return {"gpu": device_name, "hardware": entry.name if entry else None, "bandwidth_source": source, "jobs": rows}
 
 
 def human(value) -> str:
@@ -322,6 +350,13 @@ def write_reports(out: Path, checks: list[Check], meta: dict, jobs: dict | None 
             job_rows, ["job", "cache.effective", "peak memory", "KV cache", "decode tok/s", "job s"], "llrrrr"
         ),
     ]
+    floors = meta.get("tpot_floors")
+    if floors:
+        floor_rows = [[r["job"], f"{r['tpot_ms']:.2f}", f"{r['tpot_floor_ms']:.3f}", f"{r['mbu']:.1%}"]
+                      for r in floors["jobs"]]  # fmt: skip
+        lines += ["", f"TPOT against its floor on {floors['gpu']} ({floors['bandwidth_source']}); "
+                  "MBU = floor / TPOT, the model bandwidth utilisation:", "",
+                  markdown_table(floor_rows, ["job", "TPOT ms", "floor ms", "MBU"], "lrrr")]  # fmt: skip
     lines += [
         "",
         "Job sizes as (prompt tokens, batch, new tokens, warm-up calls, measured calls): "
@@ -423,6 +458,12 @@ def main() -> int:
             lambda f: sliding_verdict(f, device),
         )
     )
+    if cuda:  # the floors are a GPU's: a CPU run has no datasheet to hold its TPOT against
+        meta["tpot_floors"] = tpot_floors(jobs, meta["device"])
+        write_reports(args.out, checks, meta, jobs)
+        for row in meta["tpot_floors"]["jobs"]:
+            print(f"TPOT {row['job']}: {row['tpot_ms']:.2f} ms vs floor {row['tpot_floor_ms']:.3f} ms "
+                  f"(MBU {row['mbu']:.1%}; {meta['tpot_floors']['bandwidth_source']})", flush=True)  # fmt: skip
     status = exit_status(checks)
     print(f"{'all applicable checks passed' if status == 0 else 'FAILED'} in {meta['wall_s']:.0f} s", flush=True)
     return status

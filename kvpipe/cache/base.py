@@ -222,6 +222,11 @@ class CacheStrategy:
             return None
         return kv_bytes
 
+    def dequantized_copy_bytes(self, kv: KvShape, prompt_tokens: int, new_tokens: int) -> int:
+        """The largest copy of cached keys and values a decode step makes beside the cache (a
+        quantized layer dequantized for attention); 0 where attention reads the cache as it is."""
+        return 0
+
     def traffic_unknown_reason(self, device: str) -> str:
         return (
             f"cache={self.name} moves layers between host and {device} every step; that traffic runs at "

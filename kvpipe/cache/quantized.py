@@ -123,12 +123,20 @@ class Quantized(CacheStrategy):
         """Each step reads the packed cache, the residual and the dense sliding layers (kv_bytes), writes
         each quantized layer dequantized to the model dtype, and attention reads that copy back:
         kv_bytes + 2 x the dequantized tokens of the quantized layers (a window's at most)."""
-        dequantized = sum(
+        dequantized = sum(self._dequantized_tokens(kv, prompt_tokens, new_tokens))
+        return kv_bytes + 2 * dequantized * kv.token_bytes()
+
+    def dequantized_copy_bytes(self, kv, prompt_tokens: int, new_tokens: int) -> int:
+        """Attention dequantizes one layer at a time: the largest layer's copy, in the model dtype."""
+        return max(self._dequantized_tokens(kv, prompt_tokens, new_tokens), default=0) * kv.token_bytes()
+
+    def _dequantized_tokens(self, kv, prompt_tokens: int, new_tokens: int) -> list[int]:
+        """Per quantized layer, the tokens a decode step dequantizes (a window's at most)."""
+        return [
             self.backend.dequantized_tokens(window, prompt_tokens, new_tokens)
             for window in kv.windows
             if self.quantizes(window)
-        )
-        return kv_bytes + 2 * dequantized * kv.token_bytes()
+        ]
 
     def predict_kv_bytes(self, kv, prompt_tokens: int, new_tokens: int) -> int:
         return sum(
@@ -205,5 +213,5 @@ class Quantized(CacheStrategy):
         return notes + [
             f"quantized sizes include the full-precision residual (< backend.residual_length="
             f"{spec.backend.residual_length} tokens) and token padding; KV B/token is the long-run cost. "
-            "Decoding also dequantizes one layer's keys and values at a time (transient, not counted)"
+            "Decoding also dequantizes one layer's keys and values at a time (transient: counted by --hardware's fits)"
         ]

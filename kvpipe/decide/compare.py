@@ -11,6 +11,7 @@ import pandas as pd
 
 from kvpipe import catalogue
 from kvpipe.decide import plots
+from kvpipe.decide.calibration import PREDICTED
 from kvpipe.decide.runs import (
     CACHE_PARAMS,
     add_source_arguments,
@@ -24,6 +25,7 @@ from kvpipe.decide.runs import (
     varying_params,
 )
 from kvpipe.errors import KvpipeError
+from kvpipe.record.auth import TrackingRefused, refusals
 from kvpipe.record.tracking import store_paths
 from kvpipe.units import human_bytes
 
@@ -53,6 +55,9 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
         if metric.compare and values.notna().any():
             spreads = column(runs, f"metrics.{metric.name}_std")
             table[metric.header()] = [metric.cell(v, s if pd.notna(s) else None) for v, s in zip(values, spreads)]
+    for name, header in PREDICTED.items():  # compare --predicted (kvpipe.decide.calibration)
+        if name in runs:
+            table[header] = [f"{value:.1f}" if pd.notna(value) else "–" for value in runs[name]]
     return pd.DataFrame(table)
 
 
@@ -147,25 +152,41 @@ def print_table(runs: pd.DataFrame, title: str) -> None:
 
 
 def _publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> list[Path]:
-    """Write the files, log them on the parent run, print the table; returns the files."""
+    """Write the files, print the table, log the files on the parent run (if this user may); returns the files."""
+    import mlflow
     from mlflow.tracking import MlflowClient
 
     title = f"kvpipe compare · {model_names(runs)} · sweep {parent_run.info.run_id[:8]} · {len(runs)} runs"
     written = write_outputs(runs, out_dir, title)
-    for path in written:
-        MlflowClient().log_artifact(parent_run.info.run_id, str(path), "compare")
     print_table(runs, title)
+    run_id = parent_run.info.run_id
+    try:
+        with refusals(f"tracking.uri={mlflow.get_tracking_uri()}", f"the experiment of run {run_id}"):
+            for path in written:
+                MlflowClient().log_artifact(run_id, str(path), "compare")
+    except TrackingRefused as exc:  # a user who may read the runs has what they asked for
+        log.warning("%s; the files are in %s, not on the run", exc, out_dir)
     return written
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_source_arguments(parser)
     parser.add_argument("--out", type=Path, metavar="DIR", help="where to write (default: the sweep's dir)")
+    parser.add_argument(
+        "--predicted",
+        action="store_true",
+        help="beside each run, the TPOT and TTFT a calibration on its strategy's runs predicts (as kvpipe plan "
+        "--hardware local does): its runs at two or more prompt lengths on one machine",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the latest (or a named) sweep's table; write and log its files."""
     runs, parent_run = load_runs(args.experiment, args.parent, args.tracking_uri, spelled=args.uri_spelling)
+    if getattr(args, "predicted", False):
+        from kvpipe.decide.calibration import with_predictions
+
+        runs = with_predictions(runs)
     sweep_dir = Path(parent_run.data.tags.get("kvpipe.sweep_dir", "/nonexistent"))
     out_dir = args.out or (sweep_dir if sweep_dir.is_dir() else Path("compare") / parent_run.info.run_id[:8])
     written = _publish(runs, parent_run, out_dir)

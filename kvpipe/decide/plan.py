@@ -8,16 +8,23 @@ exactly (tests/test_capacity.py runs both).
 
 A context is prompt + new tokens, as the workload check counts it against the model's positions. The
 cache then holds context - 1 tokens: the last generated token is never fed back.
+
+`--hardware NAME` adds the floors of TPOT and TTFT on an accelerator of conf/hardware.yaml (kvpipe.decide.speed,
+.floors), and fits then counts the transients too; `--hardware local` measures this machine and
+calibrates predictions on its runs (kvpipe.decide.calibration). `--json` prints it all as one document.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 
 from kvpipe import cache, model
 from kvpipe.cache.accounting import UnpredictableLayers, kv_shape
 from kvpipe.config import compose, from_hydra
-from kvpipe.errors import ConfigError, KvpipeError, first_line
+from kvpipe.decide import calibration, hardware, speed
+from kvpipe.decide.floors import model_costs, split
+from kvpipe.errors import ConfigError, KvpipeError, first_line, require_choice
 from kvpipe.model.weights import weights
 from kvpipe.spec import make_spec
 from kvpipe.units import human_bytes, parse_bytes
@@ -31,12 +38,6 @@ def predict_kv_bytes(spec, kv, prompt_tokens: int, new_tokens: int) -> int:
 def variants(spec, shape) -> list[tuple[str, object]]:
     """(label, spec) for every row: each registered strategy's variants, in table order."""
     return [row for strategy in cache.registered() for row in strategy.plan_variants(spec, shape)]
-
-
-def split(context: int, max_new_tokens: int) -> tuple[int, int]:
-    """(prompt, new tokens) for a context, generating max_new_tokens where the context allows."""
-    new_tokens = max(1, min(max_new_tokens, context - 1))
-    return context - new_tokens, new_tokens
 
 
 def largest_context(kv_bytes_at, available_bytes: int, cap: int) -> int:
@@ -59,9 +60,20 @@ def parse_contexts(text: str) -> list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=hf model.name_or_path=/path")
-    parser.add_argument("--memory-budget", metavar="SIZE", help="memory for weights + KV cache: 24GiB, 8GB, 1e9")
+    parser.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="memory for weights + KV cache (+ transients, with --hardware, whose memory is the default): 24GiB, 8GB, 1e9",
+    )
     parser.add_argument("--context", metavar="N,N", help="contexts to show (default: 1024, 4096, the model's maximum)")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="where it will run; sets model.dtype=auto's dtype")
+    parser.add_argument(
+        "--hardware",
+        metavar="NAME",
+        help="floor TPOT and TTFT on an accelerator (" + ", ".join(hardware.names()) + "); local: this machine, "
+        "measured, with predictions calibrated on its runs",
+    )
+    parser.add_argument("--json", action="store_true", help="print the plan as one JSON document, and nothing else")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,7 +82,10 @@ def run(args: argparse.Namespace) -> int:
         if "=" not in override:
             raise KvpipeError(f"kvpipe plan: {override!r} is neither a key=value override nor a --flag")
     budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
-    report(_spec(args.overrides), budget, parse_contexts(args.context) if args.context else None, args.device)
+    contexts = parse_contexts(args.context) if args.context else None
+    if args.hardware is not None:
+        require_choice("--hardware", args.hardware, hardware.names())  # before the config is even composed
+    report(_spec(args.overrides), budget, contexts, args.device, args.hardware, args.json)
     return 0
 
 
@@ -84,8 +99,10 @@ def _spec(overrides: list[str]):
         raise KvpipeError(from_hydra(exc) or str(exc)) from exc
 
 
-def report(spec, budget: int | None, contexts: list[int] | None, device: str | None) -> None:
-    """Print the plan: model, dtype, weights, then one row per strategy variant."""
+def report(spec, budget: int | None, contexts: list[int] | None, device: str | None,
+           hardware_name: str | None = None, as_json: bool = False) -> None:  # fmt: skip
+    """Print the plan: model, dtype, weights, then one row per strategy variant; with a hardware, the
+    floors (and, on local hardware, the calibration) per strategy and context. As JSON: all of it."""
     from rich.console import Console
     from rich.table import Table
 
@@ -101,6 +118,13 @@ def report(spec, budget: int | None, contexts: list[int] | None, device: str | N
             variant.strategy.check()  # the backend settings of the quantized rows, whatever cache= says
     if shape.has_sliding_layers:
         rows = [(label, variant) for label, variant in rows if variant.strategy.supports_sliding_window]
+    accelerator = None if hardware_name in (None, hardware.LOCAL) else hardware.get(hardware_name)
+    if accelerator is not None:
+        if device not in (None, accelerator.device):
+            raise ConfigError(
+                "--device", device, f"--hardware {hardware_name} runs on {accelerator.device}; omit --device"
+            )
+        device = accelerator.device
     device = device or (model.resolve_device("auto") if spec.model.device == "auto" else spec.model.device)
     dtype = model.dtype_name(spec.model.dtype, device)
     try:
@@ -111,26 +135,54 @@ def report(spec, budget: int | None, contexts: list[int] | None, device: str | N
     cap = shape.max_positions or 2**24
     contexts = contexts or sorted({c for c in (1024, 4096) if c < cap} | {cap})
     weight = weights(spec.model, dtype)
-    available = None if budget is None else budget - weight.bytes
+    costs = model_costs(spec.model, shape, weight.bytes, dtype, kv.batch_size, device)
+    local_runs = None
+    if hardware_name == hardware.LOCAL:
+        from kvpipe.job.runner import use_threads
 
-    say = Console(width=max(Console().width, 120)).print
+        try:
+            device = model.resolve_device(device)
+        except KvpipeError as exc:  # --device cuda on a machine without one
+            raise KvpipeError(
+                "--hardware local measures this machine, which has no CUDA GPU; omit --device cuda"
+            ) from exc
+        threads = use_threads(spec.model, device)  # measured with the threads a run would use
+        accelerator = hardware.local(device, dtype)
+        local_runs = calibration.read_local_runs(spec, dtype, device, threads)
+    if accelerator is not None:
+        accelerator.peak_flops(dtype)  # an entry without this dtype: one line, before any table
+    memory = budget if budget is not None or accelerator is None else accelerator.memory_bytes
+    available = None if memory is None else memory - weight.bytes
+    speed_rows = [speed.build_row(label, variant, spec, costs, contexts, cap, accelerator, dtype, memory, local_runs)
+                  for label, variant in rows]  # fmt: skip
+
+    # the floors table has ten columns, twelve with predictions
+    width = max(Console().width, 120 if accelerator is None else 150 if local_runs is None else 170)
+    say = (lambda *_, **__: None) if as_json else Console(width=width).print
     say(f"[bold]kvpipe plan[/bold] · {spec.model.name} · {device} · batch {kv.batch_size}")
     positions = f"{shape.max_positions:,} positions" if shape.max_positions else "no max_position_embeddings"
     say(f"model: {shape.num_layers} layers × {shape.num_kv_heads} KV heads × head_dim {shape.head_dim}, {positions}")
     if shape.has_sliding_layers:
         say(f"layers: {shape.layer_summary()}")
-    other = "cpu" if device == "cuda" else "cuda"
-    auto_note = f"(model.dtype=auto on {device}; --device {other} would assume {model.dtype_name('auto', other)})"
-    say(f"dtype: {dtype} " + (auto_note if spec.model.dtype == "auto" else "(model.dtype)"))
+    if spec.model.dtype == "auto":  # only then: what the other device would assume may import torch to say
+        other = "cpu" if device == "cuda" else "cuda"
+        say(
+            f"dtype: {dtype} (model.dtype=auto on {device}; --device {other} would assume {model.dtype_name('auto', other)})"
+        )
+    else:
+        say(f"dtype: {dtype} (model.dtype)")
     say(
         f"weights: {human_bytes(weight.bytes)} ({weight.bytes:,} bytes), {weight.source}",
         style=None if weight.exact else "yellow",
     )
+    what = "the KV cache" if accelerator is None else "the KV cache and the transients"
+    named = (f"budget: {human_bytes(memory)}" if budget is not None
+             else f"memory: {human_bytes(memory)} ({memory / 1e9:.1f} GB, {hardware_name})")  # fmt: skip
     if available is not None and available > 0:
-        say(f"budget: {human_bytes(budget)} - weights = {human_bytes(available)} for the KV cache")
+        say(f"{named} - weights = {human_bytes(available)} for {what}")
     elif available is not None:
         say(
-            f"budget: {human_bytes(budget)} is less than the weights alone: no context fits; raise "
+            f"{named} is less than the weights alone: no context fits; raise "
             "--memory-budget or choose a smaller model.dtype",
             style="bold red",
         )
@@ -142,24 +194,60 @@ def report(spec, budget: int | None, contexts: list[int] | None, device: str | N
         table.add_column(column, justify="left" if column == "strategy" else "right")
     if available is not None:
         table.add_column("fits up to", justify="right")
-    for label, variant in rows:
+    per_token: dict[str, float] = {}
+    fits_up_to: dict[str, int | None] = {}
+    for (label, variant), row in zip(rows, speed_rows):
         strategy = variant.strategy
         on_device = strategy.device_kv_shape(kv, device)
 
-        def kv_at(context: int, strategy=strategy, on_device=on_device) -> int:
-            return strategy.predict_kv_bytes(on_device, *split(context, new_tokens))
+        def needs_at(context: int, strategy=strategy, on_device=on_device) -> int:
+            """Beside the weights: the cache, and with a hardware the larger transient too."""
+            if accelerator is None:
+                return strategy.predict_kv_bytes(on_device, *split(context, new_tokens))
+            cost = costs.at(strategy, *split(context, new_tokens))
+            return cost.memory_bytes - cost.weights_bytes
 
-        cells = [label, f"{strategy.bytes_per_token(on_device):,.0f}"]
+        per_token[label] = strategy.bytes_per_token(on_device)
+        cells = [label, f"{per_token[label]:,.0f}"]
         if shape.has_sliding_layers:
             cells.append(human_bytes(strategy.window_bytes(on_device)))
-        cells += [human_bytes(kv_at(c)) for c in contexts]
+        cells += [human_bytes(at.cost.kv_cache_bytes) for at in row.contexts]
+        fits_up_to[label] = None
         if available is not None:
-            fit = largest_context(kv_at, available, cap)
+            fit = fits_up_to[label] = largest_context(needs_at, available, cap)
             cells.append("none" if fit == 0 else f"{fit:,}" + (" (model max)" if fit == cap else ""))
         table.add_row(*cells)
     say(table)
-    for note in _notes(spec, shape, device, cap, contexts):
+    notes = _notes(spec, shape, device, cap, contexts)
+    if accelerator is not None:
+        notes.append(
+            "with --hardware, fits counts weights + KV cache + the larger of the prefill's largest activation and "
+            "(quantized) one layer's dequantized copy; without it, weights + KV cache"
+        )
+    for note in notes:
         say(f"[yellow]note:[/yellow] {note}")
+    if accelerator is not None:
+        speed.print_floors(say, speed_rows, accelerator, dtype, costs.weights_read(kv.batch_size), memory)
+    if local_runs is not None:
+        speed.print_calibration(say, speed_rows, local_runs.said)
+    if as_json:
+        document = {
+            "model": spec.model.name, "device": device, "dtype": dtype, "batch_size": kv.batch_size,
+            "new_tokens": new_tokens, "max_positions": shape.max_positions or None,
+            "weights": {"bytes": weight.bytes, "exact": weight.exact, "source": weight.source},
+            "weights_read_bytes_per_step": costs.weights_read(kv.batch_size),
+            "memory_bytes": memory,
+            "fits_counts": "weights + KV cache" + (" + the larger transient" if accelerator is not None else ""),
+            "hardware": accelerator.as_dict() if accelerator is not None else None,
+            "calibration": speed.calibration_document(local_runs, speed_rows),
+            "rows": [
+                {"strategy": row.label, "kv_bytes_per_token": per_token[row.label], "fits_up_to": fits_up_to[row.label],
+                 "contexts": [at.as_dict() for at in row.contexts]}
+                for row in speed_rows
+            ],
+            "notes": notes,
+        }  # fmt: skip
+        print(json.dumps(document, indent=2))
 
 
 def _notes(spec, shape, device: str, cap: int, contexts: list[int]) -> list[str]:

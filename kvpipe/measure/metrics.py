@@ -7,7 +7,7 @@ import statistics
 
 from kvpipe.cache.accounting import UnpredictableLayers, dense_fp16_bytes, kv_shape
 from kvpipe.measure.clock import mean_std, percentile
-from kvpipe.measure.roofline import memory_bandwidth_bytes_per_s, roofline_fraction
+from kvpipe.measure.roofline import memory_bandwidth_bytes_per_s, roofline_fraction, weights_read_bytes
 
 TIMINGS = ("ttft_ms", "tpot_ms", "e2e_ms", "decode_tokens_per_s", "prefill_tokens_per_s")
 NOISE_JUDGED = ("ttft_ms", "tpot_ms")  # the figures a run is marked noisy by
@@ -97,9 +97,10 @@ def _kv_figures(metrics: dict, largest, kv, loaded, strategy) -> list[str]:
 def weights_read_per_step(loaded, batch_size: int) -> int:
     """Weight bytes one decode step reads: every weight once, except untied input embeddings, of
     which each sequence reads its one row (tied ones are read whole by the output head)."""
-    if loaded.embeddings_tied or not loaded.input_embedding_bytes:
-        return loaded.weights_bytes
-    return loaded.weights_bytes - loaded.input_embedding_bytes + batch_size * loaded.embedding_row_bytes
+    return weights_read_bytes(
+        loaded.weights_bytes, loaded.input_embedding_bytes, loaded.embedding_row_bytes, loaded.embeddings_tied,
+        batch_size,
+    )  # fmt: skip
 
 
 def robust_cv(values: list[float]) -> float:

@@ -1,10 +1,12 @@
-"""The memory roofline: bytes a decode step reads, over the bandwidth this device can copy at."""
+"""The memory roofline: bytes a decode step reads, over the bandwidth this device can copy at; and
+the matmul throughput this device reaches, for the compute side of `kvpipe plan --hardware local`."""
 
 from __future__ import annotations
 
 import time
 
 _BANDWIDTH: dict[str, float] = {}
+_MATMUL: dict[tuple[str, str], float] = {}
 
 
 def memory_bandwidth_bytes_per_s(device: str, size_bytes: int = 256 * 2**20, trials: int = 5) -> float:
@@ -33,3 +35,38 @@ def memory_bandwidth_bytes_per_s(device: str, size_bytes: int = 256 * 2**20, tri
 def roofline_fraction(bytes_per_step: float, steps_per_s: float, bandwidth_bytes_per_s: float) -> float:
     """Each decode step reads `bytes_per_step`; at `steps_per_s` that is this fraction of the bandwidth."""
     return bytes_per_step * steps_per_s / bandwidth_bytes_per_s
+
+
+def weights_read_bytes(weights_bytes: int, input_embedding_bytes: int, embedding_row_bytes: int, tied: bool,
+                       rows: int) -> int:  # fmt: skip
+    """Weight bytes one forward pass over `rows` tokens reads: every weight once, except untied input
+    embeddings, of which each token reads its one row (tied ones are read whole by the output head)."""
+    if tied or not input_embedding_bytes:
+        return weights_bytes
+    return weights_bytes - input_embedding_bytes + min(rows * embedding_row_bytes, input_embedding_bytes)
+
+
+def matmul_flops_per_s(device: str, dtype: str = "float32", trials: int = 5) -> float:
+    """Best-of-N square matmul in `dtype` on this device, with torch's threads as they are set (a
+    run sets them first: kvpipe.job.runner.use_threads). Measured once per process, device and dtype:
+    the local peak a TTFT floor divides FLOPs by, in place of a datasheet's."""
+    key = (device, dtype)
+    if key not in _MATMUL:
+        import torch
+
+        size = 4096 if device == "cuda" else 1024  # a GPU needs a large product to reach its peak
+        a = torch.randn(size, size, device=device).to(getattr(torch, dtype))
+        b = torch.randn(size, size, device=device).to(getattr(torch, dtype))
+        torch.matmul(a, b)  # warm-up: kernels chosen, pages touched
+        best = float("inf")
+        for _ in range(trials):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            torch.matmul(a, b)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - started)
+        _MATMUL[key] = 2 * size**3 / best
+        del a, b
+    return _MATMUL[key]

@@ -92,5 +92,10 @@ def llama_parameters(config: dict) -> int:
     attention = 2 * hidden * q_width + 2 * hidden * kv_width
     attention += (q_width + 2 * kv_width + hidden) if config.get("attention_bias") else 0
     mlp = 3 * hidden * intermediate + ((2 * intermediate + hidden) if config.get("mlp_bias") else 0)
-    embeddings = config["vocab_size"] * hidden * (1 if config.get("tie_word_embeddings", False) else 2)
+    embeddings = config["vocab_size"] * hidden * (1 if embeddings_tied(config) else 2)
     return config["num_hidden_layers"] * (attention + mlp + 2 * hidden) + hidden + embeddings
+
+
+def embeddings_tied(config: dict) -> bool:
+    """Whether the output head shares the input embeddings, as a config says (Llama's default: not)."""
+    return bool(text_config(config).get("tie_word_embeddings", config.get("tie_word_embeddings", False)))

@@ -1,0 +1,318 @@
+"""Calibrated TPOT and TTFT, from this machine's own runs: for `kvpipe plan --hardware local` and
+`kvpipe compare --predicted`.
+
+Per strategy (its cache settings exactly), a straight line through its runs, in what each run's
+context costs (kvpipe.decide.floors, the bytes and FLOPs the floors are made of):
+
+    TPOT = a + b x decode_bytes_per_step     (weights + KV read per step)
+    TTFT = c + d x prefill_flops
+
+a and c are what a step or a prefill costs whatever its size (Python, kernel launches, sampling);
+1/b and 1/d are the bandwidth and the throughput the strategy reaches at the margin. Two parameters
+each, by least squares: runs at two prompt lengths fix them exactly, more leave residuals, shown
+(a line that noise tilts down, a time falling as the work grows, is taken flat instead).
+A line in FLOPs is a simplification where a prefill is memory-bound at short prompts (a GPU's,
+below a few hundred tokens): c then stands in for reading the weights. Strategies measured at fewer
+than two prompt lengths are not calibrated; plan shows their floors and the command that would
+calibrate them.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import socket
+from dataclasses import dataclass
+
+from kvpipe.errors import KvpipeError
+from kvpipe.spec import override_group
+
+MIN_PROMPT_LENGTHS = 2
+# compare --predicted's columns (compare shows TPOT, not TTFT, of its own: the measured TTFT comes too)
+PREDICTED = {
+    "predicted_tpot_ms": "TPOT predicted ms",
+    "measured_ttft_ms": "TTFT ms",
+    "predicted_ttft_ms": "TTFT predicted ms",
+}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured run, and what its context costs."""
+
+    run_id: str
+    prompt_tokens: int
+    new_tokens: int
+    decode_bytes: int | None  # None: an offloading cache's host traffic, not counted
+    prefill_flops: int
+    tpot_ms: float
+    ttft_ms: float
+
+
+@dataclass(frozen=True)
+class Line:
+    """y = intercept_ms + slope_ms x x."""
+
+    intercept_ms: float
+    slope_ms: float
+
+    def at(self, x: float) -> float:
+        return self.intercept_ms + self.slope_ms * x
+
+
+def fit_line(xs: list[float], ys: list[float]) -> Line:
+    """Least squares; through both points exactly when there are two. xs must not all be equal. A
+    time cannot fall as the work grows: where noise tilts the line down, it is flat at the mean."""
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    if spread == 0:
+        raise ValueError("a line needs at least two distinct x values")
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread
+    return Line(mean_y - slope * mean_x, slope) if slope >= 0 else Line(mean_y, 0.0)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One strategy's lines, and the runs they were fitted to."""
+
+    label: str
+    points: tuple[Point, ...]
+    tpot: Line | None  # None: its decode traffic cannot be counted (offloading on CUDA)
+    ttft: Line
+
+    def tpot_ms(self, cost) -> float | None:
+        decode = cost.decode_bytes_per_step
+        return None if self.tpot is None or decode is None else self.tpot.at(decode)
+
+    def ttft_ms(self, cost) -> float:
+        return self.ttft.at(cost.prefill_flops)
+
+    @property
+    def prompt_lengths(self) -> list[int]:
+        return sorted({p.prompt_tokens for p in self.points})
+
+    def extrapolated(self, prompt_tokens: int) -> bool:
+        """Outside the prompt lengths it was fitted on."""
+        lengths = self.prompt_lengths
+        return not lengths[0] <= prompt_tokens <= lengths[-1]
+
+    def residuals(self) -> list[dict]:
+        """Per run: measured, fitted, and the residual as a share of the measured figure."""
+        rows = []
+        for p in self.points:
+            row = {"run_id": p.run_id, "prompt_tokens": p.prompt_tokens, "new_tokens": p.new_tokens}
+            for name, line, x, y in (("tpot", self.tpot, p.decode_bytes, p.tpot_ms),
+                                     ("ttft", self.ttft, p.prefill_flops, p.ttft_ms)):  # fmt: skip
+                fitted = None if line is None or x is None else line.at(x)
+                row |= {f"{name}_ms": y, f"{name}_fitted_ms": fitted,
+                        f"{name}_residual_pct": None if fitted is None else (fitted - y) / y * 100}  # fmt: skip
+            rows.append(row)
+        return rows
+
+    def describe(self) -> tuple[str, str]:
+        """('TPOT = 12.3 ms + bytes / 31.6 GB/s', 'TTFT = 4.1 ms + FLOPs / 85.2 GFLOP/s')."""
+        tpot = "– (decode traffic not counted)" if self.tpot is None else _line_text(self.tpot, "bytes", "GB/s")
+        return tpot, _line_text(self.ttft, "FLOPs", "GFLOP/s")
+
+    def as_dict(self) -> dict:
+        tpot = (
+            None if self.tpot is None else {"intercept_ms": self.tpot.intercept_ms, "ms_per_byte": self.tpot.slope_ms}
+        )
+        return {
+            "strategy": self.label,
+            "prompt_lengths": self.prompt_lengths,
+            "tpot": tpot,
+            "ttft": {"intercept_ms": self.ttft.intercept_ms, "ms_per_flop": self.ttft.slope_ms},
+            "runs": self.residuals(),
+        }
+
+
+def _line_text(line: Line, x: str, rate: str) -> str:
+    if line.slope_ms <= 0:
+        return f"{line.intercept_ms:.3g} ms, flat (the runs fall as {x} grow: noise)"
+    return f"{line.intercept_ms:.3g} ms + {x} / {1 / line.slope_ms / 1e6:.3g} {rate}"
+
+
+def calibrate(label: str, points: list[Point]) -> Calibration | None:
+    """The lines through a strategy's runs, or None where they span fewer than two prompt lengths."""
+    if len({p.prompt_tokens for p in points}) < MIN_PROMPT_LENGTHS:
+        return None
+    counted = [p for p in points if p.decode_bytes is not None]
+    tpot = None
+    if len({p.decode_bytes for p in counted}) >= MIN_PROMPT_LENGTHS:
+        tpot = fit_line([p.decode_bytes for p in counted], [p.tpot_ms for p in counted])
+    ttft = fit_line([p.prefill_flops for p in points], [p.ttft_ms for p in points])
+    return Calibration(label, tuple(points), tpot, ttft)
+
+
+# ---- reading this machine's runs --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LocalRuns:
+    """The runs a calibration may use, and a line saying which they are (or why there are none)."""
+
+    runs: object  # a DataFrame (kvpipe.decide.runs), or None
+    said: str
+    store: str | None = None
+
+
+def read_local_runs(spec, dtype: str, device: str, threads: int) -> LocalRuns:
+    """The experiment's FINISHED runs of this model and dtype, on this host and device (on CPU, with
+    these torch threads: another thread count is another machine to the roofline), at the plan's
+    batch size, neither contended nor fallen back to another strategy."""
+    from pathlib import Path
+
+    from kvpipe.decide.runs import column, load_runs
+    from kvpipe.record.tracking import resolve_uri
+
+    experiment, host, batch = spec.tracking.experiment, socket.gethostname(), spec.workload.batch_size
+    store = resolve_uri(spec.tracking.uri, Path.cwd())[1]
+    try:
+        runs, _ = load_runs(experiment, None, spec.tracking.uri, whole_experiment=True, spelled="tracking.uri")
+    except KvpipeError as exc:
+        return LocalRuns(None, f"no runs to calibrate with: {exc}", store)
+    wanted = {"params.model.name": spec.model.name, "params.model.dtype": dtype, "tags.kvpipe.host": host,
+              "tags.kvpipe.device": device}  # fmt: skip
+    if device == "cpu":
+        wanted["tags.kvpipe.torch_threads"] = str(threads)
+    keep = column(runs, "metrics.batch_size") == batch
+    for name, value in wanted.items():
+        keep &= column(runs, name, None) == value
+    keep &= ~runs["contended"] & column(runs, "tags.kvpipe.fallback_to", None).isna()
+    keep &= column(runs, "metrics.tpot_ms").notna() & column(runs, "metrics.ttft_ms").notna()
+    what = " · ".join([spec.model.name, dtype, device, f"host {host}"] + ([f"{threads} torch threads"] if device == "cpu"
+                      else []) + [f"batch {batch}"])  # fmt: skip
+    said = f"{int(keep.sum())} of the {len(runs)} FINISHED runs in experiment {experiment!r} ({store}) are {what}"
+    return LocalRuns(runs[keep], said, store)
+
+
+def matching(runs, variant):
+    """The runs whose cache settings are exactly the variant's (every cache, backend and axis field
+    its strategy reads, as runs log them)."""
+    import pandas as pd
+
+    from kvpipe.decide.runs import column
+
+    wanted = variant.params()
+    keep = pd.Series(True, index=runs.index)
+    for name in variant.read_fields():
+        if not name.endswith(".*"):
+            logged = column(runs, f"params.{name}", None)
+            same = [(value if isinstance(value, str) else None) == wanted.get(name) for value in logged]
+            keep &= pd.Series(same, index=runs.index, dtype=bool)
+    return runs[keep]
+
+
+def points(runs, variant, costs) -> list[Point]:
+    """The variant's runs among `runs`, each with what its context costs (floors.ModelCosts)."""
+    found = []
+    for _, run in matching(runs, variant).iterrows():
+        prompt, new = round(run["metrics.prompt_tokens"]), max(1, round(run["metrics.new_tokens"]))
+        cost = costs.at(variant.strategy, prompt, new)
+        found.append(Point(run["run_id"], prompt, new, cost.decode_bytes_per_step, cost.prefill_flops,
+                           float(run["metrics.tpot_ms"]), float(run["metrics.ttft_ms"])))  # fmt: skip
+    return found
+
+
+def calibrating_command(spec, variant, measured: list[int], new_tokens: int, cap: int) -> str:
+    """The sweep that would calibrate the variant: its cache settings at two prompt lengths (one it
+    was measured at, where it was), with the plan's other overrides."""
+    room = cap - new_tokens
+    lengths = [length for length in (512, 2048) if length <= room] or [max(1, room // 8), max(2, room // 2)]
+    if measured:
+        other = measured[0] * 4 if measured[0] * 4 <= room else max(1, measured[0] // 4)
+        lengths = [measured[0], other]
+    kept = [o for o in spec.overrides if override_group(o) not in ("cache", "backend", "axis")
+            and not o.startswith(("workload=", "workload.prompt_tokens=", "quality="))]  # fmt: skip
+    words = [*kept, *type(variant.strategy).command_overrides(variant.params()), "workload=long_context",
+             f"workload.prompt_tokens={','.join(str(n) for n in sorted(set(lengths)))}", "quality=off"]  # fmt: skip
+    if f"workload.max_new_tokens={new_tokens}" not in words:
+        words.append(f"workload.max_new_tokens={new_tokens}")
+    return "kvpipe -m " + shlex.join(words)
+
+
+# ---- compare --predicted -------------------------------------------------------------------------
+
+
+def with_predictions(runs):
+    """compare --predicted: beside each run, the TPOT and TTFT that a calibration on its group's runs
+    (same model, dtype, host, device, threads, batch and cache settings, at two or more prompt
+    lengths) predicts for it. Each run's job is composed again from its logged overrides to count
+    its costs; a run that no longer composes, or whose group has one prompt length, gets none."""
+    from kvpipe.decide.runs import column
+
+    runs = runs.copy()
+    for name in PREDICTED:
+        runs[name] = math.nan
+    runs["measured_ttft_ms"] = column(runs, "metrics.ttft_ms")
+    groups: dict[tuple, list[tuple[int, Point]]] = {}
+    for index, run in runs.iterrows():
+        found = _point_of(run)
+        if found is not None:
+            describe, point = found
+            key = tuple(str(column(runs, name, None)[index]) for name in _GROUP_COLUMNS) + (describe,)
+            groups.setdefault(key, []).append((index, point))
+    for members in groups.values():
+        calibration = calibrate("", [point for _, point in members])
+        if calibration is None:
+            continue
+        for index, point in members:
+            if calibration.tpot is not None and point.decode_bytes is not None:
+                runs.loc[index, "predicted_tpot_ms"] = calibration.tpot.at(point.decode_bytes)
+            runs.loc[index, "predicted_ttft_ms"] = calibration.ttft.at(point.prefill_flops)
+    return runs
+
+
+_GROUP_COLUMNS = ("params.model.name", "params.model.dtype", "tags.kvpipe.host", "tags.kvpipe.device",
+                  "tags.kvpipe.torch_threads", "metrics.batch_size")  # fmt: skip
+
+
+def _point_of(run) -> tuple[str, Point] | None:
+    """(the run's cache settings, its Point), from its job composed again; None where it cannot be."""
+    spec = _job_spec(str(run.get("tags.kvpipe.overrides")))
+    needed = ("metrics.prompt_tokens", "metrics.new_tokens", "metrics.batch_size", "metrics.tpot_ms", "metrics.ttft_ms")
+    if spec is None or any(not isinstance(run.get(n), float) or math.isnan(run.get(n)) for n in needed):
+        return None
+    dtype, device, batch = run.get("params.model.dtype"), run.get("tags.kvpipe.device"), int(run["metrics.batch_size"])
+    costs = _costs(spec.model, str(dtype), batch, str(device))
+    if costs is None:
+        return None
+    prompt, new = round(run["metrics.prompt_tokens"]), max(1, round(run["metrics.new_tokens"]))
+    cost = costs.at(spec.strategy, prompt, new)
+    point = Point(run["run_id"], prompt, new, cost.decode_bytes_per_step, cost.prefill_flops,
+                  float(run["metrics.tpot_ms"]), float(run["metrics.ttft_ms"]))  # fmt: skip
+    return spec.strategy.describe(), point
+
+
+_SPECS: dict[str, object] = {}
+_COSTS: dict[tuple, object] = {}
+
+
+def _job_spec(overrides: str):
+    if overrides not in _SPECS:
+        from kvpipe.config import compose
+        from kvpipe.spec import make_spec
+
+        words = [] if overrides in ("(defaults)", "None", "nan") else shlex.split(overrides)
+        try:
+            _SPECS[overrides] = make_spec(compose(words), words)
+        except Exception:  # noqa: BLE001 - a config that no longer composes (a renamed option, a moved file)
+            _SPECS[overrides] = None
+    return _SPECS[overrides]
+
+
+def _costs(model_cfg, dtype: str, batch: int, device: str):
+    from kvpipe import model
+    from kvpipe.decide.floors import model_costs
+    from kvpipe.model.loading import config_key
+    from kvpipe.model.weights import weights
+
+    key = (config_key(model_cfg), dtype, batch, device)
+    if key not in _COSTS:
+        try:
+            shape = model.describe(model_cfg)
+            _COSTS[key] = model_costs(model_cfg, shape, weights(model_cfg, dtype).bytes, dtype, batch, device)
+        except (KvpipeError, OSError, KeyError):  # a model folder gone, a hub id offline, an unknown dtype
+            _COSTS[key] = None
+    return _COSTS[key]
