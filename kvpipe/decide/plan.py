@@ -176,8 +176,12 @@ def report(spec, budget: int | None, contexts: list[int] | None, device: str | N
         style=None if weight.exact else "yellow",
     )
     what = "the KV cache" if accelerator is None else "the KV cache and the transients"
-    named = (f"budget: {human_bytes(memory)}" if budget is not None
-             else f"memory: {human_bytes(memory)} ({memory / 1e9:.1f} GB, {hardware_name})")  # fmt: skip
+    if memory is None:  # neither --memory-budget nor --hardware: no fits column
+        named = ""
+    elif budget is not None:
+        named = f"budget: {human_bytes(memory)}"
+    else:
+        named = f"memory: {human_bytes(memory)} ({memory / 1e9:.1f} GB, {hardware_name})"
     if available is not None and available > 0:
         say(f"{named} - weights = {human_bytes(available)} for {what}")
     elif available is not None:
