@@ -9,7 +9,8 @@ context costs (kvpipe.decide.floors, the bytes and FLOPs the floors are made of)
 
 a and c are what a step or a prefill costs whatever its size (Python, kernel launches, sampling);
 1/b and 1/d are the bandwidth and the throughput the strategy reaches at the margin. Two parameters
-each, by least squares: runs at two prompt lengths fix them exactly, more leave residuals, shown
+each, by least squares on relative residuals: runs at two prompt lengths fix them exactly, more
+leave residuals, shown
 (a line that noise tilts down, a time falling as the work grows, is taken flat instead).
 A line in FLOPs is a simplification where a prefill is memory-bound at short prompts (a GPU's,
 below a few hundred tokens): c then stands in for reading the weights. Strategies measured at fewer
@@ -61,13 +62,19 @@ class Line:
 
 
 def fit_line(xs: list[float], ys: list[float]) -> Line:
-    """Least squares; through both points exactly when there are two. xs must not all be equal. A
-    time cannot fall as the work grows: where noise tilts the line down, it is flat at the mean."""
-    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-    spread = sum((x - mean_x) ** 2 for x in xs)
+    """Least squares on the relative residuals, (fit - y) / y: what a prediction's error is counted
+    in, so a 600 ms prefill weighs as much as a 30 s one (plain least squares would fit the long
+    ones and leave the short ones tens of per cent off). Through both points exactly when there
+    are two. xs must not all be equal. A time cannot fall as the work grows: where noise tilts the
+    line down, it is flat, at the level that minimises the same residuals."""
+    weights = [1 / y**2 for y in ys]
+    total = sum(weights)
+    mean_x = sum(w * x for w, x in zip(weights, xs)) / total
+    mean_y = sum(w * y for w, y in zip(weights, ys)) / total
+    spread = sum(w * (x - mean_x) ** 2 for w, x in zip(weights, xs))
     if spread == 0:
         raise ValueError("a line needs at least two distinct x values")
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread
+    slope = sum(w * (x - mean_x) * (y - mean_y) for w, x, y in zip(weights, xs, ys)) / spread
     return Line(mean_y - slope * mean_x, slope) if slope >= 0 else Line(mean_y, 0.0)
 
 
