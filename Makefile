@@ -66,9 +66,10 @@ format: venv
 	$(VENV)/bin/ruff format kvpipe hydra_plugins tests benchmarks setup.py
 
 # Browse the runs: the MLflow UI on http://$(MLFLOW_HOST):$(MLFLOW_PORT), reading the default store.
+# Loopback only: it has no login (beyond loopback, share runs with `make mlflow-server MLFLOW_AUTH=1`).
 ui: venv
-	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(PY) -m mlflow ui --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) --workers 1 \
-		--backend-store-uri sqlite:///$(MLFLOW_DIR)/mlflow.db
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(PY) -m kvpipe.record.server --ui --host $(MLFLOW_HOST) \
+		--port $(MLFLOW_PORT) --dir $(MLFLOW_DIR)
 
 # A shared tracking server over the same store (artifacts served from $(MLFLOW_DIR)/mlartifacts).
 # Use it with: python -m kvpipe tracking=server tracking.uri=http://$(MLFLOW_HOST):$(MLFLOW_PORT)

@@ -62,6 +62,15 @@ def test_a_host_beyond_loopback_without_auth_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "store").exists()  # refused before anything is made
 
 
+def test_the_ui_beyond_loopback_is_refused_in_one_line_naming_the_authenticated_server(tmp_path):
+    with pytest.raises(
+        KvpipeError, match=r"^MLFLOW_HOST=0\.0\.0\.0: `make ui` has no login.*make mlflow-server MLFLOW_AUTH=1"
+    ):
+        server.ui_command("0.0.0.0", 5000, tmp_path)
+    argv = server.ui_command("127.0.0.1", 5000, tmp_path)
+    assert argv[2:4] == ["mlflow", "ui"] and argv[-1] == f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}"
+
+
 def test_loopback_needs_no_auth(tmp_path):
     argv, env = server.server_command("127.0.0.1", 5000, tmp_path, auth=False)
     assert "--app-name" not in argv and "MLFLOW_AUTH_CONFIG_PATH" not in env

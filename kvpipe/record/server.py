@@ -2,6 +2,7 @@
 app when MLFLOW_AUTH=1.
 
     python -m kvpipe.record.server --host 127.0.0.1 --port 5000 --dir outputs [--auth 1]
+    python -m kvpipe.record.server --ui ...     # `make ui`: the MLflow UI over the store, loopback only
 
 A server beyond loopback without authentication is refused: anyone on that network could read,
 write and delete every run. With --auth 1, users and permissions live in DIR/basic_auth.db (its
@@ -104,15 +105,31 @@ def server_command(host: str, port: int, store_dir: Path, auth: bool) -> tuple[l
     return argv, env
 
 
+def ui_command(host: str, port: int, store_dir: Path) -> list[str]:
+    """`make ui`: MLflow's UI over the store, which has no login of its own here: loopback only (a team
+    that shares runs beyond it runs `make mlflow-server MLFLOW_AUTH=1`)."""
+    if host not in LOOPBACK:
+        raise KvpipeError(
+            f"MLFLOW_HOST={host}: `make ui` has no login, so it listens on loopback only; to share the runs "
+            f"beyond it, run MLFLOW_AUTH_ADMIN_PASSWORD=... make mlflow-server MLFLOW_AUTH=1 MLFLOW_HOST={host}"
+        )
+    argv = [sys.executable, "-m", "mlflow", "ui", "--host", host, "--port", str(port), "--workers", "1"]
+    return argv + ["--backend-store-uri", f"sqlite:///{(store_dir / DB_FILE).resolve()}"]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m kvpipe.record.server", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=5000)
     parser.add_argument("--dir", type=Path, default=Path("outputs"), help="the store: mlflow.db, mlartifacts/")
     parser.add_argument("--auth", default="", help="1: MLflow's basic-auth app (MLFLOW_AUTH)")
+    parser.add_argument("--ui", action="store_true", help="the MLflow UI (make ui) rather than the server")
     args = parser.parse_args(argv)
     try:
-        command, env = server_command(args.host, args.port, args.dir, auth_flag(args.auth))
+        if args.ui:
+            command, env = ui_command(args.host, args.port, args.dir), dict(os.environ)
+        else:
+            command, env = server_command(args.host, args.port, args.dir, auth_flag(args.auth))
     except KvpipeError as exc:
         fail(str(exc))
     os.execve(command[0], command, env)  # the server is this process: make's Ctrl-C and kill reach it
