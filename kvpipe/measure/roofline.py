@@ -9,6 +9,22 @@ _BANDWIDTH: dict[str, float] = {}
 _MATMUL: dict[tuple[str, str], float] = {}
 
 
+def best_seconds(operation, device: str, trials: int) -> float:
+    """The fastest of `trials` runs of operation(), each timed to its end (CUDA: synchronized)."""
+    import torch
+
+    best = float("inf")
+    for _ in range(trials):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        operation()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
 def memory_bandwidth_bytes_per_s(device: str, size_bytes: int = 256 * 2**20, trials: int = 5) -> float:
     """Best-of-N large tensor copy on this device, counting bytes read plus bytes written.
     Measured once per process and device."""
@@ -18,16 +34,7 @@ def memory_bandwidth_bytes_per_s(device: str, size_bytes: int = 256 * 2**20, tri
         src = torch.empty(size_bytes // 4, dtype=torch.float32, device=device).uniform_()  # never zeros
         dst = torch.empty_like(src)
         dst.copy_(src)  # warm-up: page in both buffers
-        best = float("inf")
-        for _ in range(trials):
-            if device == "cuda":
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            dst.copy_(src)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - started)
-        _BANDWIDTH[device] = 2 * size_bytes / best
+        _BANDWIDTH[device] = 2 * size_bytes / best_seconds(lambda: dst.copy_(src), device, trials)
         del src, dst
     return _BANDWIDTH[device]
 
@@ -58,15 +65,6 @@ def matmul_flops_per_s(device: str, dtype: str = "float32", trials: int = 5) -> 
         a = torch.randn(size, size, device=device).to(getattr(torch, dtype))
         b = torch.randn(size, size, device=device).to(getattr(torch, dtype))
         torch.matmul(a, b)  # warm-up: kernels chosen, pages touched
-        best = float("inf")
-        for _ in range(trials):
-            if device == "cuda":
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            torch.matmul(a, b)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - started)
-        _MATMUL[key] = 2 * size**3 / best
+        _MATMUL[key] = 2 * size**3 / best_seconds(lambda: torch.matmul(a, b), device, trials)
         del a, b
     return _MATMUL[key]
