@@ -14,9 +14,14 @@ import gc
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -178,6 +183,51 @@ def existing_store(_migrated_store):
         return Path(shutil.copyfile(_migrated_store, launch_dir / db))
 
     return give
+
+
+# --- `make mlflow-server`, started and stopped ----------------------------------------------------------
+
+
+@contextmanager
+def mlflow_server(store: Path, *make_args: str, env: dict | None = None):
+    """`make mlflow-server MAKE_ARGS` on loopback at a free port, its store in `store` and its output
+    in store/server.log; yields its URL once /health answers, and stops make and the server below it
+    afterwards (test_launchers: a plain server; test_auth: basic-auth)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    store.mkdir(parents=True, exist_ok=True)
+    command = ["make", "-s", "-C", str(REPO), "mlflow-server", *make_args, f"MLFLOW_PORT={port}", f"MLFLOW_DIR={store}"]
+    with open(store / "server.log", "w") as log:
+        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, (store / "server.log").read_text()[-3000:]
+                time.sleep(0.5)
+        yield url
+    finally:
+        _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to make and the server below it, then wait until every process of the group is gone
+    (the server outlives make by a few seconds), SIGKILL after 30 s."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
 
 
 # --- one real sweep for the session -------------------------------------------------------------------

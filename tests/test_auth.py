@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,7 +20,7 @@ from kvpipe import cli
 from kvpipe.errors import KvpipeError
 from kvpipe.record import auth, server
 
-from conftest import REPO
+from conftest import REPO, mlflow_server
 
 ADMIN = ("admin", "Admin-Passw0rd-for-tests")
 ALICE = ("alice", "Alice-Passw0rd-secret-4711")  # EDIT on experiment kvpipe
@@ -149,12 +146,6 @@ def test_credentials_in_the_uri_are_refused_before_hydra_writes_anything(tmp_pat
 # --- a real basic-auth server ------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Admin:
     """The server's REST API as its admin (MLflow's own admin client imports the whole server app)."""
 
@@ -184,49 +175,13 @@ class Admin:
 def auth_server(tmp_path_factory):
     """`make mlflow-server MLFLOW_AUTH=1` on loopback, its store in a temp dir; alice may write to
     experiment kvpipe, bob only reads. Stopped after the module."""
-    store = tmp_path_factory.mktemp("auth_server")
-    port = free_port()
     env = {**os.environ, "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN[1]}
-    with open(store / "server.log", "w") as log:
-        proc = subprocess.Popen(
-            [*MAKE_SERVER, "MLFLOW_AUTH=1", f"MLFLOW_PORT={port}", f"MLFLOW_DIR={store}"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, (store / "server.log").read_text()[-3000:]
-                time.sleep(0.5)
+    with mlflow_server(tmp_path_factory.mktemp("auth_server"), "MLFLOW_AUTH=1", env=env) as url:
         admin = Admin(url)
         for user, password in (ALICE, BOB):
             admin.call("POST", "/api/2.0/mlflow/users/create", username=user, password=password)
         admin.grant(ALICE[0], admin.experiment("kvpipe"), "EDIT")
         yield SimpleNamespace(url=url, admin=admin)
-    finally:
-        stop_group(proc)
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to make and the server below it, then wait until every process of the group is gone
-    (the server outlives make by a few seconds), SIGKILL after 30 s."""
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=30)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
 
 
 def as_user(credentials: tuple[str, str] | None) -> dict[str, str]:

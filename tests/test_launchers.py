@@ -7,14 +7,9 @@ job goes through the door of a plain `make mlflow-server`, which has no login to
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import time
-import urllib.request
-
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import mlflow_server, run_cli
 
 pytestmark = pytest.mark.slow  # each starts several Python processes
 
@@ -54,40 +49,14 @@ def test_multirun_with_a_process_launcher_lands_every_child_under_one_parent(tmp
     assert_every_child_under_one_parent(f"sqlite:///{tmp_path}/outputs/mlflow.db")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
-def mlflow_server(tmp_path):
+def plain_server(tmp_path):
     """`make mlflow-server` on loopback, with its store in tmp_path; stopped after the test."""
-    port = free_port()
-    server = subprocess.Popen(
-        ["make", "-s", "-C", str(REPO), "mlflow-server", f"MLFLOW_PORT={port}", f"MLFLOW_DIR={tmp_path}/server"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline and server.poll() is None, "mlflow server did not start"
-            time.sleep(0.5)
-    yield url
-    import os
-    import signal
-
-    os.killpg(server.pid, signal.SIGTERM)
-    server.wait(timeout=30)
+    with mlflow_server(tmp_path / "server") as url:
+        yield url
 
 
-def test_a_job_against_a_plain_tracking_server_passes_the_door_and_lands(mlflow_server, tmp_path):
+def test_a_job_against_a_plain_tracking_server_passes_the_door_and_lands(plain_server, tmp_path):
     import mlflow
 
     from kvpipe.pipeline import run_pipeline
@@ -97,9 +66,9 @@ def test_a_job_against_a_plain_tracking_server_passes_the_door_and_lands(mlflow_
 
     # In this process: the server is what this checks. Its basic-auth endpoints answer 404, so the
     # door check is the experiment's look-up alone.
-    spec = spec_for(*TINY_JOB, "tracking=server", f"tracking.uri={mlflow_server}")
+    spec = spec_for(*TINY_JOB, "tracking=server", f"tracking.uri={plain_server}")
     result = run_pipeline(spec, tmp_path / "outputs" / "runs" / "day" / "job", tmp_path, print_table=False)
-    mlflow.set_tracking_uri(mlflow_server)
+    mlflow.set_tracking_uri(plain_server)
     run = mlflow.get_run(result.mlflow_run_id)
     assert run.info.status == "FINISHED" and run.data.tags["kvpipe.status"] == "FINISHED"
     assert not (tmp_path / "outputs" / "mlflow.db").exists()  # nothing went to the local store
