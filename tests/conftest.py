@@ -82,14 +82,68 @@ def tiny_spec():
     return lambda *extra: spec_for(*TINY, *extra)
 
 
-def run_cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run `python -m kvpipe ARGS` in cwd, as a user would."""
+def run_cli(args: list[str], cwd: Path, timeout: float = 300, process: bool = False) -> subprocess.CompletedProcess:
+    """Run `kvpipe ARGS` in cwd, as a user would: by default in this process (kvpipe_here), with
+    process=True as `python -m kvpipe ARGS` in a process of its own (within `timeout`)."""
+    if not process:
+        return kvpipe_here(args, cwd)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
     env.pop("MLFLOW_TRACKING_URI", None)  # a test's own mlflow.set_tracking_uri exports it
     return subprocess.run(
         [sys.executable, "-m", "kvpipe", *args], cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout
     )
+
+
+def kvpipe_here(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`kvpipe ARGS` through kvpipe.cli.main in this process, with the argv, cwd, environment, output
+    streams and exit status a process would have, and the process state a job changes (logging,
+    torch's threads, Hydra's global state, the environment) put back afterwards. A kvpipe process
+    spends ~6 s of CPU importing torch, transformers, MLflow and Hydra before it does anything, and
+    the suite starts dozens: here they are imported once per worker. What needs a process of its
+    own (signals, kills, concurrent writers, launchers' processes) uses run_cli(process=True)."""
+    import contextlib
+    import io
+    import logging
+    import traceback
+
+    import torch
+    from hydra.core.global_hydra import GlobalHydra
+
+    from kvpipe import cli
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    saved_env, saved_argv, saved_cwd, saved_threads = dict(os.environ), sys.argv[:], os.getcwd(), torch.get_num_threads()
+    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in ("kvpipe", "hydra"))]
+    saved_logging = [(lg, lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    os.environ.pop("HYDRA_FULL_ERROR", None)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    sys.argv = ["kvpipe", *args]
+    returncode = 0
+    try:
+        os.chdir(cwd)
+        GlobalHydra.instance().clear()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                cli.main()
+            except SystemExit as exc:
+                returncode = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except Exception:  # noqa: BLE001 - a bug: the traceback and status 1, as a process would give
+                traceback.print_exc()
+                returncode = 1
+    finally:
+        GlobalHydra.instance().clear()
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+        torch.set_num_threads(saved_threads)
+        for logger, handlers, level, propagate in saved_logging:
+            for handler in logger.handlers:
+                if handler not in handlers:
+                    handler.close()  # Hydra's per-job file handlers
+            logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
+    return subprocess.CompletedProcess(["kvpipe", *args], returncode, stdout.getvalue(), stderr.getvalue())
 
 
 # --- one garbage collection per measured call, made cheap ---------------------------------------------

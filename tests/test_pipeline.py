@@ -118,6 +118,7 @@ def test_cli_default_run_on_the_embedded_model_prints_table_and_records_run(tmp_
             "quality.scored_tokens=8",
         ],
         cwd=tmp_path,
+        process=True,  # the one default job in a process of its own, as `python -m kvpipe`
     )
     assert proc.returncode == 0, proc.stderr
     assert "TPOT" in proc.stdout and "KV cache" in proc.stdout
