@@ -113,7 +113,12 @@ def kvpipe_here(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     from kvpipe import cli
 
     stdout, stderr = io.StringIO(), io.StringIO()
-    saved_env, saved_argv, saved_cwd, saved_threads = dict(os.environ), sys.argv[:], os.getcwd(), torch.get_num_threads()
+    saved_env, saved_argv, saved_cwd, saved_threads = (
+        dict(os.environ),
+        sys.argv[:],
+        os.getcwd(),
+        torch.get_num_threads(),
+    )
     loggers = [logging.getLogger(), *(logging.getLogger(n) for n in ("kvpipe", "hydra"))]
     saved_logging = [(lg, lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
     os.environ.pop("HYDRA_FULL_ERROR", None)

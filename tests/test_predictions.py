@@ -135,27 +135,48 @@ def test_offloading_on_cuda_has_no_tpot_floor_and_says_why():
 # ---- calibration --------------------------------------------------------------------------------
 
 
-def synthetic_points(strategy, prompts, tpot=(2.0, 5e-6), ttft=(1.0, 2e-7)) -> list[calibration.Point]:
-    """Runs whose TPOT and TTFT are exact lines in their costs."""
+def synthetic_points(strategy, prompts, tpot=(2.0, 5e-6), ttft=(4e-7, 9e-7)) -> list[calibration.Point]:
+    """Runs whose TPOT is an exact line in its decode bytes, and whose TTFT is a decode step without
+    KV plus each kind of FLOPs at its own rate (ms per weight FLOP, ms per attention FLOP)."""
     found = []
     for prompt in prompts:
         cost = costs().at(strategy, prompt, 28)
-        found.append(calibration.Point(f"run{prompt}", prompt, 28, cost.decode_bytes_per_step, cost.prefill_flops,
-                                       tpot[0] + tpot[1] * cost.decode_bytes_per_step,
-                                       ttft[0] + ttft[1] * cost.prefill_flops))  # fmt: skip
+        base = tpot[0] + tpot[1] * cost.weights_read_bytes_per_step
+        attention = cost.prefill_attention_flops
+        found.append(calibration.Point.of(f"run{prompt}", cost, tpot[0] + tpot[1] * cost.decode_bytes_per_step,
+                                          base + ttft[0] * (cost.prefill_flops - attention) + ttft[1] * attention))  # fmt: skip
     return found
 
 
-def test_calibration_on_exact_lines_recovers_them_and_predicts_a_third_context(specs):
+def test_calibration_on_exact_costs_recovers_them_and_predicts_a_third_context(specs):
     strategy = specs["dynamic"].strategy
     fitted = calibration.calibrate("dynamic", synthetic_points(strategy, [100, 400]))
     assert fitted.tpot.intercept_ms == pytest.approx(2.0) and fitted.tpot.slope_ms == pytest.approx(5e-6)
-    assert fitted.ttft.intercept_ms == pytest.approx(1.0) and fitted.ttft.slope_ms == pytest.approx(2e-7)
     third = costs().at(strategy, 1600, 28)
+    assert fitted.ttft.base_ms == pytest.approx(2.0 + 5e-6 * third.weights_read_bytes_per_step)
+    assert fitted.ttft.linear_ms == pytest.approx(4e-7) and fitted.ttft.attention_ms == pytest.approx(9e-7)
     assert fitted.tpot_ms(third) == pytest.approx(2.0 + 5e-6 * third.decode_bytes_per_step)
-    assert fitted.ttft_ms(third) == pytest.approx(1.0 + 2e-7 * third.prefill_flops)
+    (expected,) = [p.ttft_ms for p in synthetic_points(strategy, [1600])]
+    assert fitted.ttft_ms(third) == pytest.approx(expected)
     assert fitted.extrapolated(1600) and not fitted.extrapolated(200)
-    assert all(abs(r["tpot_residual_pct"]) < 1e-9 for r in fitted.residuals())
+    assert all(abs(r["tpot_residual_pct"]) < 1e-9 and abs(r["ttft_residual_pct"]) < 1e-6 for r in fitted.residuals())
+    assert "attention FLOPs /" in fitted.describe()[1]
+
+
+def test_one_slow_run_among_repeats_does_not_tilt_the_fit(specs):
+    strategy = specs["dynamic"].strategy
+    clean = synthetic_points(strategy, [100, 100, 100, 400, 400, 400])
+    slow = replace(clean[0], tpot_ms=clean[0].tpot_ms * 1.5, ttft_ms=clean[0].ttft_ms * 1.5)
+    fitted = calibration.calibrate("dynamic", [slow, *clean[1:]])  # each length at the median of its three runs
+    assert fitted.tpot.slope_ms == pytest.approx(5e-6) and fitted.ttft.attention_ms == pytest.approx(9e-7)
+    assert fitted.residuals()[0]["ttft_residual_pct"] == pytest.approx(-100 / 3)  # the slow run is shown as it was
+
+
+def test_a_negative_throughput_falls_back_to_one_rate_for_all_flops():
+    # the longer prompt pays less per attention FLOP than the shorter one: noise, fitted with one rate
+    fitted = calibration.fit_prefill(1.0, [10.0, 20.0], [1.0, 8.0], [12.0, 21.0])
+    assert fitted.linear_ms == fitted.attention_ms > 0
+    assert calibration.fit_prefill(1.0, [10.0, 20.0], [1.0, 2.0], [0.5, 0.6]).linear_ms == 0.0  # below base: none
 
 
 def test_a_time_that_falls_as_the_work_grows_is_fitted_flat():

@@ -1,21 +1,25 @@
 """Calibrated TPOT and TTFT, from this machine's own runs: for `kvpipe plan --hardware local` and
 `kvpipe compare --predicted`.
 
-Per strategy (its cache settings exactly), a straight line through its runs, in what each run's
-context costs (kvpipe.decide.floors, the bytes and FLOPs the floors are made of):
+Per strategy (its cache settings exactly), in what each run's context costs (kvpipe.decide.floors,
+the bytes and FLOPs the floors are made of):
 
-    TPOT = a + b x decode_bytes_per_step     (weights + KV read per step)
-    TTFT = c + d x prefill_flops
+    TPOT = a + b x decode_bytes_per_step                  (weights + KV read per step)
+    TTFT = base + c x weight FLOPs + d x attention FLOPs   (base: the TPOT line with no KV)
 
-a and c are what a step or a prefill costs whatever its size (Python, kernel launches, sampling);
-1/b and 1/d are the bandwidth and the throughput the strategy reaches at the margin. Two parameters
-each, by least squares on relative residuals: runs at two prompt lengths fix them exactly, more
-leave residuals, shown
-(a line that noise tilts down, a time falling as the work grows, is taken flat instead).
-A line in FLOPs is a simplification where a prefill is memory-bound at short prompts (a GPU's,
-below a few hundred tokens): c then stands in for reading the weights. Strategies measured at fewer
-than two prompt lengths are not calibrated; plan shows their floors and the command that would
-calibrate them.
+a is what a step costs whatever its size (Python, kernel launches, sampling) and 1/b the bandwidth
+the strategy reaches at the margin. A prefill also reads every weight once and pays a forward pass's
+fixed costs: base is a decode step without KV, the TPOT line at the weights alone. 1/c and 1/d are
+the throughputs of the weights' matrix products and of attention's: apart, because attention's
+products (quadratic in the prompt) run other kernels, at another speed; one rate for both leaves
+short prompts tens of per cent off (README: "Do the predictions hold?"). Two free parameters each, by least squares on relative residuals, so that runs at
+two prompt lengths fix them exactly and more leave residuals, shown. Each prompt length counts as
+the median of its runs, so that one slow run among several repeats does not tilt the line.
+A time cannot fall as the work grows: a TPOT line that noise tilts down is taken flat, and a TTFT
+fit with a negative throughput falls back to one rate for both kinds of FLOPs. Where TPOT is not
+calibrated (an offloading cache's traffic is not counted), TTFT is a line in all FLOPs, with its
+own intercept. Strategies measured at fewer than two prompt lengths are not calibrated; plan shows
+their floors and the command that would calibrate them.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import math
 import shlex
 import socket
+import statistics
 from dataclasses import dataclass
 
 from kvpipe.errors import KvpipeError
@@ -46,8 +51,15 @@ class Point:
     new_tokens: int
     decode_bytes: int | None  # None: an offloading cache's host traffic, not counted
     prefill_flops: int
+    attention_flops: int  # of prefill_flops
+    weights_bytes: int  # weight bytes a decode step reads: the TPOT line there is a step without KV
     tpot_ms: float
     ttft_ms: float
+
+    @classmethod
+    def of(cls, run_id: str, cost, tpot_ms: float, ttft_ms: float) -> "Point":
+        return cls(run_id, cost.prompt_tokens, cost.new_tokens, cost.decode_bytes_per_step, cost.prefill_flops,
+                   cost.prefill_attention_flops, cost.weights_read_bytes_per_step, tpot_ms, ttft_ms)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,48 @@ class Line:
 
     def at(self, x: float) -> float:
         return self.intercept_ms + self.slope_ms * x
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """TTFT = base_ms + linear_ms x weight FLOPs + attention_ms x attention FLOPs."""
+
+    base_ms: float
+    linear_ms: float  # per FLOP of the weights' matrix products
+    attention_ms: float  # per FLOP of attention's
+    base_from_tpot: bool  # base is the TPOT line without KV (else a fitted intercept, one rate for all FLOPs)
+
+    def at(self, flops: float, attention_flops: float) -> float:
+        return self.base_ms + self.linear_ms * (flops - attention_flops) + self.attention_ms * attention_flops
+
+
+def fit_prefill(base_ms: float, linear: list[float], attention: list[float], ys: list[float]) -> Prefill:
+    """The two throughputs through TTFT - base, by least squares on relative residuals (exact for two
+    prompt lengths). A negative one is noise, not a law: then one throughput for all FLOPs, and no
+    less than zero."""
+    weights = [1 / y**2 for y in ys]
+    rest = [y - base_ms for y in ys]
+    sll = sum(w * x * x for w, x in zip(weights, linear))
+    saa = sum(w * x * x for w, x in zip(weights, attention))
+    sla = sum(w * x * z for w, x, z in zip(weights, linear, attention))
+    sly = sum(w * x * r for w, x, r in zip(weights, linear, rest))
+    say = sum(w * z * r for w, z, r in zip(weights, attention, rest))
+    determinant = sll * saa - sla * sla
+    if determinant > 1e-12 * sll * saa:
+        c, d = (sly * saa - say * sla) / determinant, (say * sll - sly * sla) / determinant
+        if c >= 0 and d >= 0:
+            return Prefill(base_ms, c, d, True)
+    total = [x + z for x, z in zip(linear, attention)]
+    rate = sum(w * t * r for w, t, r in zip(weights, total, rest)) / sum(w * t * t for w, t in zip(weights, total))
+    return Prefill(base_ms, max(rate, 0.0), max(rate, 0.0), True)
+
+
+def by_length(points: list[Point], x, y) -> tuple[list[float], list[float]]:
+    """(x, the median y) per distinct x: each prompt length once, at the median of its runs."""
+    groups: dict[float, list[float]] = {}
+    for p in points:
+        groups.setdefault(x(p), []).append(y(p))
+    return list(groups), [statistics.median(found) for found in groups.values()]
 
 
 def fit_line(xs: list[float], ys: list[float]) -> Line:
@@ -85,14 +139,14 @@ class Calibration:
     label: str
     points: tuple[Point, ...]
     tpot: Line | None  # None: its decode traffic cannot be counted (offloading on CUDA)
-    ttft: Line
+    ttft: Prefill
 
     def tpot_ms(self, cost) -> float | None:
         decode = cost.decode_bytes_per_step
         return None if self.tpot is None or decode is None else self.tpot.at(decode)
 
     def ttft_ms(self, cost) -> float:
-        return self.ttft.at(cost.prefill_flops)
+        return self.ttft.at(cost.prefill_flops, cost.prefill_attention_flops)
 
     @property
     def prompt_lengths(self) -> list[int]:
@@ -108,30 +162,41 @@ class Calibration:
         rows = []
         for p in self.points:
             row = {"run_id": p.run_id, "prompt_tokens": p.prompt_tokens, "new_tokens": p.new_tokens}
-            for name, line, x, y in (("tpot", self.tpot, p.decode_bytes, p.tpot_ms),
-                                     ("ttft", self.ttft, p.prefill_flops, p.ttft_ms)):  # fmt: skip
-                fitted = None if line is None or x is None else line.at(x)
+            tpot = None if self.tpot is None or p.decode_bytes is None else self.tpot.at(p.decode_bytes)
+            for name, fitted, y in (("tpot", tpot, p.tpot_ms),
+                                    ("ttft", self.ttft.at(p.prefill_flops, p.attention_flops), p.ttft_ms)):  # fmt: skip
                 row |= {f"{name}_ms": y, f"{name}_fitted_ms": fitted,
                         f"{name}_residual_pct": None if fitted is None else (fitted - y) / y * 100}  # fmt: skip
             rows.append(row)
         return rows
 
     def describe(self) -> tuple[str, str]:
-        """('TPOT = 12.3 ms + bytes / 31.6 GB/s', 'TTFT = 4.1 ms + FLOPs / 85.2 GFLOP/s')."""
+        """('12.3 ms + bytes / 31.6 GB/s', '14.0 ms + weight FLOPs / 85.2 GFLOP/s + attention FLOPs / 50.1 GFLOP/s')."""
         tpot = "– (decode traffic not counted)" if self.tpot is None else _line_text(self.tpot, "bytes", "GB/s")
-        return tpot, _line_text(self.ttft, "FLOPs", "GFLOP/s")
+        ttft = self.ttft
+        if ttft.linear_ms == ttft.attention_ms:
+            return tpot, _line_text(Line(ttft.base_ms, ttft.linear_ms), "FLOPs", "GFLOP/s")
+        return tpot, f"{ttft.base_ms:.3g} ms + weight FLOPs / {_rate(ttft.linear_ms)} + attention FLOPs / " + _rate(
+            ttft.attention_ms
+        )
 
     def as_dict(self) -> dict:
         tpot = (
             None if self.tpot is None else {"intercept_ms": self.tpot.intercept_ms, "ms_per_byte": self.tpot.slope_ms}
         )
+        ttft = {"base_ms": self.ttft.base_ms, "base": "tpot without kv" if self.ttft.base_from_tpot else "fitted",
+                "ms_per_weight_flop": self.ttft.linear_ms, "ms_per_attention_flop": self.ttft.attention_ms}  # fmt: skip
         return {
             "strategy": self.label,
             "prompt_lengths": self.prompt_lengths,
             "tpot": tpot,
-            "ttft": {"intercept_ms": self.ttft.intercept_ms, "ms_per_flop": self.ttft.slope_ms},
+            "ttft": ttft,
             "runs": self.residuals(),
         }
+
+
+def _rate(ms_per_flop: float) -> str:
+    return "∞ GFLOP/s" if ms_per_flop <= 0 else f"{1 / ms_per_flop / 1e6:.3g} GFLOP/s"
 
 
 def _line_text(line: Line, x: str, rate: str) -> str:
@@ -147,8 +212,17 @@ def calibrate(label: str, points: list[Point]) -> Calibration | None:
     counted = [p for p in points if p.decode_bytes is not None]
     tpot = None
     if len({p.decode_bytes for p in counted}) >= MIN_PROMPT_LENGTHS:
-        tpot = fit_line([p.decode_bytes for p in counted], [p.tpot_ms for p in counted])
-    ttft = fit_line([p.prefill_flops for p in points], [p.ttft_ms for p in points])
+        tpot = fit_line(*by_length(counted, lambda p: p.decode_bytes, lambda p: p.tpot_ms))
+    lengths = {p.prompt_tokens: p for p in points}
+    _, ys = by_length(points, lambda p: p.prompt_tokens, lambda p: p.ttft_ms)
+    flops = [p.prefill_flops for p in lengths.values()]
+    if tpot is None:
+        line = fit_line(flops, ys)
+        ttft = Prefill(line.intercept_ms, line.slope_ms, line.slope_ms, False)
+    else:
+        attention = [p.attention_flops for p in lengths.values()]
+        base = tpot.at(points[0].weights_bytes)
+        ttft = fit_prefill(base, [f - a for f, a in zip(flops, attention)], attention, ys)
     return Calibration(label, tuple(points), tpot, ttft)
 
 
@@ -217,8 +291,7 @@ def points(runs, variant, costs) -> list[Point]:
     for _, run in matching(runs, variant).iterrows():
         prompt, new = round(run["metrics.prompt_tokens"]), max(1, round(run["metrics.new_tokens"]))
         cost = costs.at(variant.strategy, prompt, new)
-        found.append(Point(run["run_id"], prompt, new, cost.decode_bytes_per_step, cost.prefill_flops,
-                           float(run["metrics.tpot_ms"]), float(run["metrics.ttft_ms"])))  # fmt: skip
+        found.append(Point.of(run["run_id"], cost, float(run["metrics.tpot_ms"]), float(run["metrics.ttft_ms"])))
     return found
 
 
@@ -267,7 +340,7 @@ def with_predictions(runs):
         for index, point in members:
             if calibration.tpot is not None and point.decode_bytes is not None:
                 runs.loc[index, "predicted_tpot_ms"] = calibration.tpot.at(point.decode_bytes)
-            runs.loc[index, "predicted_ttft_ms"] = calibration.ttft.at(point.prefill_flops)
+            runs.loc[index, "predicted_ttft_ms"] = calibration.ttft.at(point.prefill_flops, point.attention_flops)
     return runs
 
 
@@ -287,8 +360,7 @@ def _point_of(run) -> tuple[str, Point] | None:
         return None
     prompt, new = round(run["metrics.prompt_tokens"]), max(1, round(run["metrics.new_tokens"]))
     cost = costs.at(spec.strategy, prompt, new)
-    point = Point(run["run_id"], prompt, new, cost.decode_bytes_per_step, cost.prefill_flops,
-                  float(run["metrics.tpot_ms"]), float(run["metrics.ttft_ms"]))  # fmt: skip
+    point = Point.of(run["run_id"], cost, float(run["metrics.tpot_ms"]), float(run["metrics.ttft_ms"]))
     return spec.strategy.describe(), point
 
 

@@ -40,6 +40,7 @@ class Cost:
     weights_read_bytes_per_step: int
     kv_read_bytes_per_step: int | None  # None: host <-> device traffic, not memory bandwidth
     prefill_flops: int
+    prefill_attention_flops: int  # of prefill_flops: attention's products (the rest: the weights')
     prefill_bytes: int
     activation_bytes: int  # the prefill's largest activation
     dequantized_copy_bytes: int  # the largest layer a decode step dequantizes (quantized caches)
@@ -100,6 +101,7 @@ class ModelCosts:
             weights_read_bytes_per_step=self.weights_read(batch),
             kv_read_bytes_per_step=strategy.decode_kv_traffic_bytes(kv, whole, prompt_tokens, new_tokens, self.device),
             prefill_flops=compute.prefill_flops(self.dims, prompt_tokens, batch),
+            prefill_attention_flops=compute.prefill_attention_flops(self.dims, prompt_tokens, batch),
             # every weight read once, and the prompt's keys and values written (a one-token output's cache)
             prefill_bytes=self.weights_read(batch * prompt_tokens) + strategy.predict_kv_bytes(kv, prompt_tokens, 1),
             activation_bytes=compute.largest_activation_bytes(self.dims, prompt_tokens, batch, self.dtype_bytes),

@@ -70,9 +70,14 @@ def prefill_flops(dims: Dimensions, prompt_tokens: int, batch_size: int) -> int:
     """FLOPs of one prefill (see the module's docstring for what is counted)."""
     linear = 2 * dims.matmul_parameters * prompt_tokens
     head = 2 * dims.embedding_parameters  # the last token's logits only
+    return batch_size * (linear + head) + prefill_attention_flops(dims, prompt_tokens, batch_size)
+
+
+def prefill_attention_flops(dims: Dimensions, prompt_tokens: int, batch_size: int) -> int:
+    """The part of prefill_flops that attention's two products compute: quadratic in the prompt
+    (up to each sliding layer's window), and run by other kernels than the weights' matrix products."""
     pairs = sum(attended_pairs(window, prompt_tokens) for window in dims.windows)
-    attention = 2 * 2 * dims.num_heads * dims.head_dim * pairs
-    return batch_size * (linear + head + attention)
+    return batch_size * 2 * 2 * dims.num_heads * dims.head_dim * pairs
 
 
 def largest_activation_bytes(dims: Dimensions, prompt_tokens: int, batch_size: int, dtype_bytes: int) -> int:
