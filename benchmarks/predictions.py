@@ -183,6 +183,9 @@ def main() -> None:
         "--rounds", type=int, help="times each job is measured (calibrated on all, compared to the median)"
     )
     parser.add_argument("--out", type=Path, default=Path("outputs/benchmarks/predictions"))
+    parser.add_argument("--reuse", action="store_true",
+                        help="measure nothing: predict again from the runs already in --out/launch (after a change "
+                             "to the calibration; the same measurements, so the errors compare)")  # fmt: skip
     args = parser.parse_args()
     calibrate, lengths, new_tokens, repeats, rounds = SIZES["quick" if args.quick else "full"]
     calibrate = sorted(int(n) for n in args.calibrate.split(",")) if args.calibrate else calibrate
@@ -190,13 +193,16 @@ def main() -> None:
     new_tokens, repeats, rounds = args.new_tokens or new_tokens, args.repeats or repeats, args.rounds or rounds
     embedded_folder()  # converted once, before anything is timed
     launch = (args.out / "launch").resolve()
-    shutil.rmtree(launch, ignore_errors=True)
-    launch.mkdir(parents=True)
+    if not args.reuse:
+        shutil.rmtree(launch, ignore_errors=True)
+        launch.mkdir(parents=True)
+    elif not (launch / "outputs" / "multiruns" / f"evaluate-{rounds}").is_dir():
+        sys.exit(f"--reuse: {launch} holds no {rounds} rounds of runs; run without --reuse first")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     common = [f"model={args.model}", "workload=long_context", f"workload.max_new_tokens={new_tokens}",
               f"workload.repeats={repeats}", "workload.warmup=1", "quality=off"]  # fmt: skip
     started = time.perf_counter()
-    for index in range(1, rounds + 1):
+    for index in range(1, 0 if args.reuse else rounds + 1):
         print(f"round {index} of {rounds}", flush=True)
         sweep(launch, env, f"calibrate-{index}", common, calibrate, EXPERIMENT)
         sweep(launch, env, f"evaluate-{index}", common, lengths, EVALUATED)
@@ -210,7 +216,7 @@ def main() -> None:
     document = {
         "model": args.model, "calibrate": calibrate, "lengths": lengths, "new_tokens": new_tokens,
         "repeats": repeats, "rounds": rounds, "omp_num_threads": env["OMP_NUM_THREADS"],
-        "wall_s": time.perf_counter() - started,
+        "wall_s": time.perf_counter() - started, "reused": args.reuse,
         "plan_command": "kvpipe " + " ".join(plan_args), "calibration": plan["calibration"],
         "hardware": plan["hardware"], "rows": rows, "summary": totals,
         "calibration_runs": [{"strategy": k[0], "prompt_tokens": k[1], **v}

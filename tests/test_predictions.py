@@ -317,3 +317,23 @@ def test_plan_on_local_hardware_measures_this_machine_from_the_command_line(tmp_
     assert "no MLflow store there" in document["calibration"]["runs"]  # a fresh folder: nothing to calibrate on
     assert document["calibration"]["uncalibrated"][0]["command"].startswith("kvpipe -m")
     assert document["rows"][0]["contexts"][0]["basis"] == "floor"
+
+
+@pytest.mark.slow  # an MLflow store (a migrated one, copied)
+def test_a_calibration_reads_every_repeat_of_a_measurement_where_compare_shows_the_latest(tmp_path, existing_store):
+    # compare shows a job run twice once; a calibration takes both, as two samples of its length
+    from mlflow.tracking import MlflowClient
+
+    from kvpipe.decide.runs import load_runs
+
+    uri = f"sqlite:///{existing_store(tmp_path)}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("repeats")
+    for tpot in (5.0, 6.0):
+        run = client.create_run(experiment, tags={"kvpipe.measurement_key": "same-job", "kvpipe.status": "FINISHED"})
+        client.log_metric(run.info.run_id, "tpot_ms", tpot)
+        client.set_terminated(run.info.run_id)
+    latest, _ = load_runs("repeats", None, uri, whole_experiment=True)
+    every, _ = load_runs("repeats", None, uri, whole_experiment=True, every_repeat=True)
+    assert list(latest["metrics.tpot_ms"]) == [6.0]
+    assert sorted(every["metrics.tpot_ms"]) == [5.0, 6.0]

@@ -241,7 +241,9 @@ class LocalRuns:
 def read_local_runs(spec, dtype: str, device: str, threads: int) -> LocalRuns:
     """The experiment's FINISHED runs of this model and dtype, on this host and device (on CPU, with
     these torch threads: another thread count is another machine to the roofline), at the plan's
-    batch size, neither contended nor fallen back to another strategy."""
+    batch size, neither contended nor fallen back to another strategy. Every run counts, a
+    measurement's repeats included: each length is fitted at the median of its runs, which a run
+    slower than the others (noisy or not) does not move."""
     from pathlib import Path
 
     from kvpipe.decide.runs import column, load_runs
@@ -250,7 +252,8 @@ def read_local_runs(spec, dtype: str, device: str, threads: int) -> LocalRuns:
     experiment, host, batch = spec.tracking.experiment, socket.gethostname(), spec.workload.batch_size
     store = resolve_uri(spec.tracking.uri, Path.cwd())[1]
     try:
-        runs, _ = load_runs(experiment, None, spec.tracking.uri, whole_experiment=True, spelled="tracking.uri")
+        runs, _ = load_runs(experiment, None, spec.tracking.uri, whole_experiment=True, spelled="tracking.uri",
+                            every_repeat=True)  # fmt: skip
     except KvpipeError as exc:
         return LocalRuns(None, f"no runs to calibrate with: {exc}", store)
     wanted = {"params.model.name": spec.model.name, "params.model.dtype": dtype, "tags.kvpipe.host": host,

@@ -44,8 +44,11 @@ def load_runs(
     tracking_uri: str | None,
     whole_experiment: bool = False,
     spelled: str = "--tracking-uri",
+    every_repeat: bool = False,
 ):
-    """(FINISHED runs with derived columns, parent Run or None): one sweep's, or the whole experiment's."""
+    """(FINISHED runs with derived columns, parent Run or None): one sweep's, or the whole experiment's.
+    A measurement run again counts once, its latest run, unless every_repeat (a calibration: each run
+    of a length is a sample of it)."""
     uri, said = resolve_uri(tracking_uri, Path.cwd(), spelled)
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         # MLflow would create an empty database and then find nothing in it
@@ -57,10 +60,10 @@ def load_runs(
     point_mlflow_at(uri)
     what = f"the experiment of run {parent}" if parent else f"experiment {experiment!r}"
     with refusals(said, what, "read"):  # a server's 401 or 403 as one line, before anything else is said
-        return _load_runs(experiment, parent, uri, whole_experiment)
+        return _load_runs(experiment, parent, uri, whole_experiment, every_repeat)
 
 
-def _load_runs(experiment: str, parent: str | None, uri: str, whole_experiment: bool):
+def _load_runs(experiment: str, parent: str | None, uri: str, whole_experiment: bool, every_repeat: bool = False):
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -103,7 +106,7 @@ def _load_runs(experiment: str, parent: str | None, uri: str, whole_experiment: 
     if runs.empty:
         where = f"sweep {parent_run.info.run_id}" if parent_run else f"experiment {experiment!r}"
         raise KvpipeError(f"{where} has no FINISHED runs; its jobs failed or were skipped (see their result.json)")
-    return with_derived(_latest_per_key(runs)), parent_run
+    return with_derived(runs.reset_index(drop=True) if every_repeat else _latest_per_key(runs)), parent_run
 
 
 def _search(experiment_id: str, filter_string: str) -> pd.DataFrame:
@@ -220,7 +223,7 @@ def is_lossless(strategy: str) -> bool:
     return strategy in cache.REGISTRY and cache.REGISTRY[strategy].lossless
 
 
-def _reads(run: pd.Series, param: str) -> bool:
+def _reads(run, param: str) -> bool:
     """Whether this run's strategy (or workload) reads the param, as the measurement key decides."""
     if param.startswith("workload."):
         return workload.reads(run.get("params.workload.kind"), param)
@@ -233,8 +236,13 @@ def _reads(run: pd.Series, param: str) -> bool:
     return param in read or f"{param.split('.')[0]}.*" in read
 
 
+_READ_BY = ("params.workload.kind", "params.cache.strategy", "params.backend.name")  # what _reads looks at
+
+
 def _applies(param: str, runs: pd.DataFrame) -> pd.Series:
-    return pd.Series([_reads(run, param) for _, run in runs.iterrows()], index=runs.index, dtype=bool)
+    # the three columns as plain dicts: iterrows would build a Series of every column for every run
+    records = runs[[c for c in _READ_BY if c in runs.columns]].to_dict("records")
+    return pd.Series([_reads(run, param) for run in records], index=runs.index, dtype=bool)
 
 
 def param_values(runs: pd.DataFrame, param: str) -> list[str]:
