@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -35,3 +36,13 @@ def test_importing_transformers_caches_under_kvpipe_leaves_the_compiler_unimport
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True", "forward_pytorch_compile"]
+
+
+def test_mlflow_telemetry_is_off_unless_the_user_chose():
+    probe = "import kvpipe, os; print(os.environ['MLFLOW_DISABLE_TELEMETRY'])"
+    said = [
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env).stdout.strip()
+        for env in ({k: v for k, v in os.environ.items() if k != "MLFLOW_DISABLE_TELEMETRY"},
+                    {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "false"})
+    ]  # fmt: skip
+    assert said == ["true", "false"]
