@@ -95,13 +95,14 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 300, process: bool = Fa
     )
 
 
-def kvpipe_here(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def kvpipe_here(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     """`kvpipe ARGS` through kvpipe.cli.main in this process, with the argv, cwd, environment, output
     streams and exit status a process would have, and the process state a job changes (logging,
     torch's threads, Hydra's global state, the environment) put back afterwards. A kvpipe process
     spends ~6 s of CPU importing torch, transformers, MLflow and Hydra before it does anything, and
     the suite starts dozens: here they are imported once per worker. What needs a process of its
-    own (signals, kills, concurrent writers, launchers' processes) uses run_cli(process=True)."""
+    own (signals, kills, concurrent writers, launchers' processes) uses run_cli(process=True).
+    `env`: the environment it runs with (else this process's), as a process's would be."""
     import contextlib
     import io
     import logging
@@ -121,6 +122,9 @@ def kvpipe_here(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     )
     loggers = [logging.getLogger(), *(logging.getLogger(n) for n in ("kvpipe", "hydra"))]
     saved_logging = [(lg, lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
     os.environ.pop("HYDRA_FULL_ERROR", None)
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     sys.argv = ["kvpipe", *args]

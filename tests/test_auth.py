@@ -20,7 +20,7 @@ from kvpipe import cli
 from kvpipe.errors import KvpipeError
 from kvpipe.record import auth, server
 
-from conftest import REPO, mlflow_server
+from conftest import REPO, kvpipe_here, mlflow_server
 
 ADMIN = ("admin", "Admin-Passw0rd-for-tests")
 ALICE = ("alice", "Alice-Passw0rd-secret-4711")  # EDIT on experiment kvpipe
@@ -191,8 +191,11 @@ def as_user(credentials: tuple[str, str] | None) -> dict[str, str]:
     return {**env, "PYTHONUNBUFFERED": "1"}
 
 
-def kvpipe(args: list[str], cwd: Path, credentials: tuple[str, str] | None, wait: bool = True):
-    """`python -m kvpipe ARGS` with these credentials in the environment, and no others."""
+def kvpipe(args: list[str], cwd: Path, credentials: tuple[str, str] | None, wait: bool = True, here: bool = False):
+    """`python -m kvpipe ARGS` with these credentials in the environment, and no others; here=True: in
+    this process (conftest.kvpipe_here), for a job the door refuses before it starts any worker."""
+    if here:
+        return kvpipe_here(args, cwd, env=as_user(credentials))
     command = [sys.executable, "-m", "kvpipe", *args]
     if not wait:
         return subprocess.Popen(command, cwd=cwd, env=as_user(credentials), stdout=subprocess.PIPE,
@@ -261,17 +264,17 @@ def assert_refused_before_the_model_loads(proc: subprocess.CompletedProcess, lau
     assert "loaded tiny_random" not in logs + proc.stdout
 
 
-@pytest.mark.slow  # a real basic-auth server and a kvpipe process
+@pytest.mark.slow  # a real basic-auth server and a kvpipe job
 @pytest.mark.parametrize("sweep", [[], ["-m", "cache=dynamic,static"]], ids=["job", "sweep"])
 def test_a_wrong_password_is_one_line_before_the_model_loads(sweep, auth_server, tmp_path):
     args = [*sweep, *JOB, "tracking=server", f"tracking.uri={auth_server.url}"]
-    proc = kvpipe(args, tmp_path, (ALICE[0], "wrong-password"))
+    proc = kvpipe(args, tmp_path, (ALICE[0], "wrong-password"), here=True)
     assert_refused_before_the_model_loads(proc, tmp_path, refused_401(auth_server.url))
 
 
-@pytest.mark.slow  # a real basic-auth server and a kvpipe process
+@pytest.mark.slow  # a real basic-auth server and a kvpipe job
 def test_a_user_without_write_permission_is_one_line_naming_the_experiment(auth_server, tmp_path):
-    proc = kvpipe([*JOB, "tracking=server", f"tracking.uri={auth_server.url}"], tmp_path, BOB)
+    proc = kvpipe([*JOB, "tracking=server", f"tracking.uri={auth_server.url}"], tmp_path, BOB, here=True)
     assert_refused_before_the_model_loads(proc, tmp_path, refused_403(auth_server.url, "bob"))
 
 
