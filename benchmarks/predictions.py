@@ -96,10 +96,10 @@ def measured(launch: Path, name: str, rounds: int) -> dict[tuple[str, int], dict
     summary = {}
     for key, runs in found.items():
         figures = {"runs": runs, "contended": any(r["contended"] for r in runs), "noisy": any(r["noisy"] for r in runs)}
-        for name_ in ("tpot_ms", "ttft_ms"):
-            values = [r[name_] for r in runs]
+        for figure in ("tpot_ms", "ttft_ms"):
+            values = [r[figure] for r in runs]
             middle = statistics.median(values)
-            figures[name_], figures[f"{name_}_spread"] = middle, (max(values) - min(values)) / middle
+            figures[figure], figures[f"{figure}_spread"] = middle, (max(values) - min(values)) / middle
         summary[key] = figures
     return summary
 

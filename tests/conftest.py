@@ -136,7 +136,9 @@ def kvpipe_here(args: list[str], cwd: Path, env: dict | None = None) -> subproce
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             try:
                 cli.main()
-            except SystemExit as exc:
+            except SystemExit as exc:  # as Python ends a process: a non-integer code is printed, status 1
+                if exc.code is not None and not isinstance(exc.code, int):
+                    print(exc.code, file=sys.stderr)
                 returncode = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             except Exception:  # noqa: BLE001 - a bug: the traceback and status 1, as a process would give
                 traceback.print_exc()

@@ -12,9 +12,10 @@ the strategy reaches at the margin. A prefill also reads every weight once and p
 fixed costs: base is a decode step without KV, the TPOT line at the weights alone. 1/c and 1/d are
 the throughputs of the weights' matrix products and of attention's: apart, because attention's
 products (quadratic in the prompt) run other kernels, at another speed; one rate for both leaves
-short prompts tens of per cent off (README: "Do the predictions hold?"). Two free parameters each, by least squares on relative residuals, so that runs at
-two prompt lengths fix them exactly and more leave residuals, shown. Each prompt length counts as
-the median of its runs, so that one slow run among several repeats does not tilt the line.
+short prompts tens of per cent off (README: "Do the predictions hold?"). Two free parameters each,
+by least squares on relative residuals, so that runs at two prompt lengths fix them exactly and more
+leave residuals, shown. Each prompt length counts as the median of its runs, so that one slow run
+among several repeats does not tilt the line.
 A time cannot fall as the work grows: a TPOT line that noise tilts down is taken flat, and a TTFT
 fit with a negative throughput falls back to one rate for both kinds of FLOPs. Where TPOT is not
 calibrated (an offloading cache's traffic is not counted), TTFT is a line in all FLOPs, with its
@@ -213,14 +214,14 @@ def calibrate(label: str, points: list[Point]) -> Calibration | None:
     tpot = None
     if len({p.decode_bytes for p in counted}) >= MIN_PROMPT_LENGTHS:
         tpot = fit_line(*by_length(counted, lambda p: p.decode_bytes, lambda p: p.tpot_ms))
-    lengths = {p.prompt_tokens: p for p in points}
-    _, ys = by_length(points, lambda p: p.prompt_tokens, lambda p: p.ttft_ms)
-    flops = [p.prefill_flops for p in lengths.values()]
+    prompts, ys = by_length(points, lambda p: p.prompt_tokens, lambda p: p.ttft_ms)
+    one_of = {p.prompt_tokens: p for p in points}  # a length's runs share its FLOPs
+    flops = [one_of[n].prefill_flops for n in prompts]
     if tpot is None:
         line = fit_line(flops, ys)
         ttft = Prefill(line.intercept_ms, line.slope_ms, line.slope_ms, False)
     else:
-        attention = [p.attention_flops for p in lengths.values()]
+        attention = [one_of[n].attention_flops for n in prompts]
         base = tpot.at(points[0].weights_bytes)
         ttft = fit_prefill(base, [f - a for f, a in zip(flops, attention)], attention, ys)
     return Calibration(label, tuple(points), tpot, ttft)
