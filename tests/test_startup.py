@@ -46,3 +46,29 @@ def test_mlflow_telemetry_is_off_unless_the_user_chose():
                     {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "false"})
     ]  # fmt: skip
     assert said == ["true", "false"]
+
+
+def test_quanto_builds_with_the_ninja_of_kvpipes_own_environment(tmp_path, monkeypatch):
+    from kvpipe.cache.backends import quanto
+
+    (tmp_path / "ninja").touch()
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", str(tmp_path), "/bin"]))
+    quanto.prefer_this_environments_tools()
+    assert os.environ["PATH"].split(os.pathsep) == [str(tmp_path), "/usr/bin", "/bin"]
+
+
+def test_a_build_lock_left_by_a_killed_process_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch, caplog):
+    from kvpipe.cache.backends import quanto
+
+    stale, fresh = tmp_path / "cpp" / "build" / "lock", tmp_path / "cuda" / "build" / "lock"
+    for lock in (stale, fresh):
+        lock.parent.mkdir(parents=True)
+        lock.touch()
+    old = stale.stat().st_mtime - quanto.STALE_BUILD_LOCK_S - 60
+    os.utime(stale, (old, old))
+    found = type("Spec", (), {"submodule_search_locations": [str(tmp_path)]})
+    monkeypatch.setattr(quanto, "find_spec", lambda name: found)
+    quanto.clear_stale_build_locks()
+    assert not stale.exists() and fresh.exists()
+    assert "left by a process killed while it built" in caplog.text

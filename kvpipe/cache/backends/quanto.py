@@ -16,7 +16,18 @@ length. tests/test_axis_semantics.py proves each line on the real layers.
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+import time
+from importlib.util import find_spec
+from pathlib import Path
+
 from kvpipe.cache.backends.base import GroupedBackend
+
+log = logging.getLogger(__name__)
+# quanto's C++ build takes ~30 s on 2 cores; a build lock older than this was left by a killed process
+STALE_BUILD_LOCK_S = 600
 
 
 class Quanto(GroupedBackend):
@@ -26,6 +37,12 @@ class Quanto(GroupedBackend):
     plan_nbits = (4, 2)
     axes = {"per_token": (0, 0), "per_channel": (-1, -1), "kivi": (-1, 0)}
     axes_grouping = {0: "token", -1: "channel"}
+
+    @classmethod
+    def warm(cls, device: str, dtype) -> None:
+        prefer_this_environments_tools()
+        clear_stale_build_locks()
+        super().warm(device, dtype)
 
     @classmethod
     def layer_class(cls):
@@ -43,3 +60,31 @@ class Quanto(GroupedBackend):
         if grouping == "channel":  # quanto packs the rows of its (group, groups) view
             return -(-self.settings.q_group_size // (8 // self.settings.nbits)) * groups
         return super().data_bytes(groups, grouping)
+
+
+def prefer_this_environments_tools() -> None:
+    """The interpreter's own bin folder first on PATH, as an activated venv has it. quanto builds its
+    extension with the first `ninja` on PATH, and a build by another ninja (the system's, when kvpipe
+    runs as .venv/bin/python without the venv activated) makes the next build start over: ~30 s of
+    every quantized process's start, each time the two alternate."""
+    here = os.path.dirname(sys.executable)
+    if not os.path.isfile(os.path.join(here, "ninja")):
+        return
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    if path[0] != here:
+        os.environ["PATH"] = os.pathsep.join([here, *(p for p in path if p != here)])
+
+
+def clear_stale_build_locks() -> None:
+    """torch's extension builder waits, without end or word, while its build folder's lock exists; a
+    process killed mid-build leaves one behind, and every later quantized job would hang on it."""
+    spec = find_spec("optimum.quanto.library.extensions")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    for lock in Path(spec.submodule_search_locations[0]).glob("*/build/lock"):
+        age_s = time.time() - lock.stat().st_mtime
+        if age_s > STALE_BUILD_LOCK_S:
+            log.warning(
+                "removing %s: a build lock %.0f min old, left by a process killed while it built", lock, age_s / 60
+            )
+            lock.unlink(missing_ok=True)
