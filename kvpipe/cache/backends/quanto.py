@@ -82,7 +82,10 @@ def clear_stale_build_locks() -> None:
     if spec is None or not spec.submodule_search_locations:
         return
     for lock in Path(spec.submodule_search_locations[0]).glob("*/build/lock"):
-        age_s = time.time() - lock.stat().st_mtime
+        try:
+            age_s = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:  # a build that was running has just finished
+            continue
         if age_s > STALE_BUILD_LOCK_S:
             log.warning(
                 "removing %s: a build lock %.0f min old, left by a process killed while it built", lock, age_s / 60
