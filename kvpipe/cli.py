@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvpipe.config import from_hydra, register_schemas
 from kvpipe.errors import KvpipeError, fail
 from kvpipe.pipeline import run_pipeline
+from kvpipe.record import worker
 from kvpipe.record.result import COMMAND_ENV
 from kvpipe.spec import make_spec
 from kvpipe.sweep import run_sweep_job
@@ -145,6 +146,8 @@ def main() -> None:
         if message is None:
             raise
         fail(message)
+    finally:
+        worker.stop()  # a sweep's tracking worker, whichever way the sweep ended
 
 
 def _refuse_credentials_in_uri(argv: list[str]) -> None:

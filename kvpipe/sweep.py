@@ -20,9 +20,10 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from kvpipe.decide import closing
 from kvpipe.errors import ConfigError, KvpipeError, fail
 from kvpipe.pipeline import run_pipeline
-from kvpipe.record import auth, recorder, tracking
+from kvpipe.record import auth, recorder, tracking, worker
 from kvpipe.record.result import Result, iter_results
 from kvpipe.record.summary import print_sweep_summary
 from kvpipe.spec import make_spec
@@ -105,18 +106,14 @@ class SweepCallback(Callback):
         tags = {"kvpipe.sweep_dir": str(sweep_dir.resolve()), "kvpipe.total_jobs": str(total)}
         try:
             if tracking_cfg.enabled:  # credentials checked before any job loads a model
-                auth.check_at_door(tracking_cfg, launch_dir)
-            # a search asked again (or resumed after a kill) continues its study: its parent too
-            if tracking_cfg.enabled and (config.get("resume") or is_search(config)):
-                # the same sweep again: its parent run takes the new jobs, rather than a second, empty parent
-                parent = tracking.reopen_parent(tracking_cfg, launch_dir, name, swept, tags)
-                if parent:
-                    log.info("resume: the new jobs join parent run %s of %r", parent, name)
-            if tracking_cfg.enabled and not parent:
-                parent = tracking.start_parent(tracking_cfg, launch_dir, name, swept, tags)
+                # a search asked again (or resumed after a kill) continues its study: its parent too
+                reopen = bool(config.get("resume") or is_search(config))
+                parent = _open_parent(config, tracking_cfg, launch_dir, name, swept, tags, reopen)
         except auth.TrackingRefused as exc:  # Hydra only warns of a callback's exceptions; an exit it lets through
+            worker.stop()
             fail(str(exc))
         except tracking.TrackingUnavailable as exc:  # Hydra would only warn and lose the sweep's state
+            worker.stop()
             log.warning("%s; the sweep runs without a parent run, its results safe on disk", exc)
         SweepState(name=name, total_jobs=total, started_at=time.time(), parent_run_id=parent).save(sweep_dir)
         log.info("sweep %r: %d jobs%s", name, total, f", MLflow parent run {parent}" if parent else "")
@@ -135,9 +132,7 @@ class SweepCallback(Callback):
                     "FAILED" if counts["failed"] else "FINISHED",
                     counts,
                 )
-                from kvpipe.decide import compare  # pandas and matplotlib: only when a sweep ends
-
-                compare.summarise_sweep(config, state.parent_run_id, sweep_dir)
+                closing.summarise_sweep(config, state.parent_run_id, sweep_dir)
             except tracking.TrackingUnavailable as exc:
                 log.warning(
                     "%s; the sweep's results are safe in %s; upload them with: kvpipe sync %s",
@@ -150,8 +145,32 @@ class SweepCallback(Callback):
         print_sweep_summary(counts, sweep_dir, state.parent_run_id if state else None, len(kept))
         if kept:
             log.error("%s; the results are safe on disk: kvpipe sync %s", kept[-1].mlflow_error, sweep_dir)
+        worker.stop()
         if counts["failed"] or kept:
             sys.exit(1)  # a sweep with failed or unrecorded jobs fails, after every job has had its turn
+
+
+def _open_parent(config, tracking_cfg, launch_dir: Path, name: str, swept: dict, tags: dict, reopen: bool) -> str:
+    """The sweep's parent run, once its credentials pass. Where the jobs run in this process and
+    MLflow is not imported yet, a tracking worker (kvpipe.record.worker) imports it and opens the
+    parent on the other core, while this process imports torch and transformers for the first job."""
+    args = (tracking_cfg, launch_dir, name, swept, tags, reopen)
+    if not _jobs_run_here(config) or "mlflow" in sys.modules:
+        return tracking.open_parent(*args)
+    worker.start()
+    worker.submit("kvpipe.record.tracking", "open_parent", *args)
+    worker.submit("kvpipe.record.worker", "import_modules", worker.WARM_MODULES)
+    from kvpipe.model.loading import import_libraries
+
+    import_libraries()
+    parent = worker.result()
+    worker.result()  # the worker idle before the first job measures
+    return parent
+
+
+def _jobs_run_here(config: DictConfig) -> bool:
+    """Hydra's basic launcher runs the jobs in the sweep's own process; joblib and submitit do not."""
+    return config.hydra.launcher.get("_target_", "").endswith(".BasicLauncher")
 
 
 def outcome_counts(sweep_dir: Path) -> dict[str, int]:

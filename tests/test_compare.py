@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from kvpipe import cli
-from kvpipe.decide import compare
+from kvpipe.decide import closing, compare
 from kvpipe.decide import runs as recorded
 from kvpipe.errors import KvpipeError
 
@@ -242,8 +242,8 @@ def test_summarise_sweep_of_an_empty_sweep_logs_and_returns(sweep_dir, tmp_path,
     empty = TrackingConfig(experiment="empty sweeps")  # beside, not in, the experiment other tests read
     parent = tracking.start_parent(empty, sweep_dir, "nothing ran", {}, {})
     config = OmegaConf.create({"tracking": OmegaConf.structured(empty), "hydra": {"runtime": {"cwd": str(sweep_dir)}}})
-    with caplog.at_level("INFO", logger="kvpipe.decide.compare"):
-        compare.summarise_sweep(config, parent, tmp_path / "sweep")
+    with caplog.at_level("INFO", logger="kvpipe.decide.closing"):
+        closing.summarise_sweep(config, parent, tmp_path / "sweep")
     assert not (tmp_path / "sweep").exists()
     assert f"sweep {parent} has no FINISHED runs" in caplog.text
 

@@ -12,6 +12,7 @@ import pandas as pd
 from kvpipe import catalogue
 from kvpipe.decide import plots
 from kvpipe.decide.calibration import PREDICTED
+from kvpipe.decide.closing import Shown, print_shown
 from kvpipe.decide.runs import (
     CACHE_PARAMS,
     add_source_arguments,
@@ -24,9 +25,7 @@ from kvpipe.decide.runs import (
     retrieval_by_length,
     varying_params,
 )
-from kvpipe.errors import KvpipeError
 from kvpipe.record.auth import TrackingRefused, refusals
-from kvpipe.record.tracking import store_paths
 from kvpipe.units import human_bytes
 
 log = logging.getLogger(__name__)
@@ -126,39 +125,32 @@ def write_outputs(runs: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
     return [out_dir / name for name in (*OUTPUT_FILES, *RETRIEVAL_FILES)]
 
 
-def print_table(runs: pd.DataFrame, title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+def shown(runs: pd.DataFrame, title: str) -> Shown:
+    """The tables to print, as plain rows (kvpipe.decide.closing prints them)."""
     frame = display_table(runs)
-    table = Table(title=title, header_style="bold", caption=FOOTNOTE, caption_justify="left")
-    for name in frame.columns:
-        table.add_column(name, justify="left" if name in ("★", "cache") else "right")
-    for row in frame.itertuples(index=False):
-        table.add_row(*row, style="bold" if row[0].startswith("★") else None)
-    console = Console(width=None if sys.stdout.isatty() else 240)  # a pipe gets whole rows, not 80 columns
-    console.print(table)
-    warning = mixed_environments(runs)
-    if warning:
-        console.print(warning, style="bold yellow")
-    if has_retrieval(runs):
-        by_length = Table(title="passkey retrieval by context length", header_style="bold")
-        frame = retrieval_table(runs)
-        for name in frame.columns:
-            by_length.add_column(name, justify="left" if name == "cache" else "right")
-        for row in frame.itertuples(index=False):
-            by_length.add_row(*row)
-        console.print(by_length)
+    by_length = retrieval_table(runs) if has_retrieval(runs) else pd.DataFrame()
+    return Shown(
+        title=title,
+        columns=list(frame.columns),
+        rows=[list(row) for row in frame.itertuples(index=False)],
+        caption=FOOTNOTE,
+        warning=mixed_environments(runs),
+        retrieval_columns=list(by_length.columns),
+        retrieval_rows=[list(row) for row in by_length.itertuples(index=False)],
+    )
 
 
-def _publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> list[Path]:
-    """Write the files, print the table, log the files on the parent run (if this user may); returns the files."""
+def print_table(runs: pd.DataFrame, title: str) -> None:
+    print_shown(shown(runs, title))
+
+
+def _publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> tuple[list[Path], Shown]:
+    """Write the files, log them on the parent run (if this user may); returns the files and the table."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
     title = f"kvpipe compare · {model_names(runs)} · sweep {parent_run.info.run_id[:8]} · {len(runs)} runs"
     written = write_outputs(runs, out_dir, title)
-    print_table(runs, title)
     run_id = parent_run.info.run_id
     try:
         with refusals(f"tracking.uri={mlflow.get_tracking_uri()}", f"the experiment of run {run_id}"):
@@ -166,7 +158,7 @@ def _publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> list[Path]:
                 MlflowClient().log_artifact(run_id, str(path), "compare")
     except TrackingRefused as exc:  # a user who may read the runs has what they asked for
         log.warning("%s; the files are in %s, not on the run", exc, out_dir)
-    return written
+    return written, shown(runs, title)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -189,24 +181,16 @@ def run(args: argparse.Namespace) -> int:
         runs = with_predictions(runs)
     sweep_dir = Path(parent_run.data.tags.get("kvpipe.sweep_dir", "/nonexistent"))
     out_dir = args.out or (sweep_dir if sweep_dir.is_dir() else Path("compare") / parent_run.info.run_id[:8])
-    written = _publish(runs, parent_run, out_dir)
+    written, table = _publish(runs, parent_run, out_dir)
+    print_shown(table)
     if sys.stderr.isatty():
         names = ", ".join(path.name for path in written)
         print(f"wrote {names} to {out_dir}; logged on MLflow run {parent_run.info.run_id}", file=sys.stderr)
     return 0
 
 
-def summarise_sweep(config, parent_run_id: str, sweep_dir: Path) -> None:
-    """End of a multirun: table, files in sweep_dir, artifacts on the parent. Never fails the sweep."""
-    from omegaconf import OmegaConf
-
-    try:
-        uri = store_paths(OmegaConf.to_object(config.tracking), Path(config.hydra.runtime.cwd))[0]
-        runs, parent_run = load_runs(config.tracking.experiment, parent_run_id, uri)
-        _publish(runs, parent_run, sweep_dir)
-    except KvpipeError as exc:  # an empty or all-failed sweep has nothing to compare
-        log.info("compare: %s", exc)
-    except Exception:  # noqa: BLE001 - our bug, but every job is recorded already: keep the sweep's own status
-        log.exception(
-            "compare failed; the sweep's runs are recorded, `kvpipe compare --parent %s` retries", parent_run_id
-        )
+def publish_sweep(experiment: str, parent_run_id: str, uri: str, sweep_dir: Path) -> Shown:
+    """A sweep's end (kvpipe.decide.closing, in its tracking worker if it has one): its runs read from
+    MLflow, the files written in sweep_dir and logged on the parent; returns the table to print."""
+    runs, parent_run = load_runs(experiment, parent_run_id, uri)
+    return _publish(runs, parent_run, sweep_dir)[1]

@@ -31,7 +31,7 @@ def environment(device: str) -> dict[str, str]:
         "cpu_model": _cpu_model(),
         "physical_cores": str(physical_cores()),
         "torch_threads": str(torch.get_num_threads()),
-        "torch_version": torch.__version__,
+        "torch_version": str(torch.__version__),  # a plain str: TorchVersion would make its readers import torch
         "transformers_version": transformers.__version__,
         "kvpipe_version": __version__,
         "python_version": platform.python_version(),  # its pydoc pages are the long_context and passkey text

@@ -69,6 +69,15 @@ def config_key(model_cfg: ModelConfig) -> str:
     return repr(astuple(model_cfg))
 
 
+def import_libraries() -> None:
+    """torch and transformers' loading, modeling and tokenizer code: ~5 s of imports on 2 cores that
+    the first load pays, for a caller with something to overlap them with (kvpipe.sweep)."""
+    import torch  # noqa: F401
+    import transformers.generation.utils  # noqa: F401
+    import transformers.modeling_utils  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+
 def load(model_cfg: ModelConfig) -> LoadedModel:
     """Load (or reuse) the model and tokenizer described by model_cfg."""
     key = config_key(model_cfg)

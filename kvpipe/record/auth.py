@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from kvpipe.config import TrackingConfig
 from kvpipe.errors import KvpipeError
 from kvpipe.record.tracking import TrackingUnavailable, recording, resolve_uri
+from kvpipe.record.worker import forwarded
 
 REFUSED = (401, 403)
 MAY_WRITE = ("EDIT", "MANAGE")  # the permissions that may create runs in an experiment
@@ -90,6 +91,7 @@ def refusals(said: str, what: str, action: str = "write to"):
         raise refusal(status, said, what, action, user()) from None
 
 
+@forwarded  # in a sweep's tracking worker, if it has one (kvpipe.record.worker)
 def check_at_door(tracking: TrackingConfig, launch_dir: Path) -> None:
     """Before the model loads: against a tracking server, one authenticated look-up of the experiment
     (made if missing, as every job makes it) and, on a server with MLflow's basic-auth app, whether

@@ -14,6 +14,7 @@ from pathlib import Path
 from kvpipe.config import TrackingConfig
 from kvpipe.errors import KvpipeError, first_line
 from kvpipe.record.result import RESULT_FILE, Result
+from kvpipe.record.worker import forwarded
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,7 @@ PARENT_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag: the UI shows chil
 KEY_TAG = "kvpipe.measurement_key"
 
 
+@forwarded  # in a sweep's tracking worker, if it has one (kvpipe.record.worker)
 def log_job(
     tracking: TrackingConfig,
     launch_dir: Path,
@@ -244,6 +246,22 @@ def log_prompts(result: Result) -> None:
         mlflow.log_input(dataset, context="workload")
 
 
+def open_parent(
+    tracking: TrackingConfig, launch_dir: Path, name: str, swept: dict[str, str], tags: dict[str, str], reopen: bool
+) -> str:
+    """A sweep's parent run, once its credentials pass the door (auth.TrackingRefused if not): with
+    `reopen`, the same sweep's latest parent, RUNNING again, if it ran here before; else a new one."""
+    from kvpipe.record import auth  # auth builds on this module
+
+    auth.check_at_door(tracking, launch_dir)
+    parent = reopen_parent(tracking, launch_dir, name, swept, tags) if reopen else None
+    if parent:
+        log.info("resume: the new jobs join parent run %s of %r", parent, name)
+        return parent
+    return start_parent(tracking, launch_dir, name, swept, tags)
+
+
+@forwarded  # in a sweep's tracking worker, if it has one (kvpipe.record.worker)
 def start_parent(
     tracking: TrackingConfig, launch_dir: Path, name: str, swept: dict[str, str], tags: dict[str, str]
 ) -> str:
@@ -267,6 +285,7 @@ def sweep_signature(name: str, swept: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps([name, swept], sort_keys=True).encode()).hexdigest()[:16]
 
 
+@forwarded  # in a sweep's tracking worker, if it has one (kvpipe.record.worker)
 def reopen_parent(
     tracking: TrackingConfig, launch_dir: Path, name: str, swept: dict[str, str], tags: dict[str, str]
 ) -> str | None:
@@ -303,6 +322,7 @@ def reopen_parent(
         return run_id
 
 
+@forwarded  # in a sweep's tracking worker, if it has one (kvpipe.record.worker)
 def log_skipped(tracking: TrackingConfig, launch_dir: Path, result: Result, parent_run_id: str) -> str:
     """A skipped job as a child run of its sweep: named `skipped · <its overrides>`, tagged
     kvpipe.skipped with the reason, its params (when it had a valid config) and no metrics. FINISHED,
@@ -326,6 +346,7 @@ def _log_params(client, run_id: str, params: dict[str, str]) -> None:
     client.log_batch(run_id, params=[Param(key, value[:6000]) for key, value in params.items()])
 
 
+@forwarded  # in a sweep's tracking worker, if it has one (kvpipe.record.worker)
 def end_parent(tracking: TrackingConfig, launch_dir: Path, run_id: str, status: str, summary: dict) -> None:
     from mlflow.tracking import MlflowClient
 
