@@ -155,7 +155,7 @@ def _open_parent(config, tracking_cfg, launch_dir: Path, name: str, swept: dict,
     MLflow is not imported yet, a tracking worker (kvpipe.record.worker) imports it and opens the
     parent on the other core, while this process imports torch and transformers for the first job."""
     args = (tracking_cfg, launch_dir, name, swept, tags, reopen)
-    if not _jobs_run_here(config) or "mlflow" in sys.modules:
+    if not _worker_helps(config):
         return tracking.open_parent(*args)
     worker.start()
     worker.submit("kvpipe.record.tracking", "open_parent", *args)
@@ -168,9 +168,10 @@ def _open_parent(config, tracking_cfg, launch_dir: Path, name: str, swept: dict,
     return parent
 
 
-def _jobs_run_here(config: DictConfig) -> bool:
-    """Hydra's basic launcher runs the jobs in the sweep's own process; joblib and submitit do not."""
-    return config.hydra.launcher.get("_target_", "").endswith(".BasicLauncher")
+def _worker_helps(config: DictConfig) -> bool:
+    """Where the jobs run in this process (Hydra's basic launcher; joblib and submitit start their
+    own) and MLflow is not imported yet: a process that has it already saves nothing."""
+    return config.hydra.launcher.get("_target_", "").endswith(".BasicLauncher") and "mlflow" not in sys.modules
 
 
 def outcome_counts(sweep_dir: Path) -> dict[str, int]:

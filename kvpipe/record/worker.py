@@ -133,8 +133,9 @@ def run(module: str, name: str, *args, **kwargs):
     if _worker is None:
         return getattr(importlib.import_module(module), name)(*args, **kwargs)
     submit(module, name, *args, **kwargs)
-    while _worker.waiting > 1:  # an earlier call's answer, not read by its caller: read (and drop) it first
-        result()
+    while _worker.waiting > 1:  # an earlier call's answer its caller never read (Ctrl-C came first): drop it
+        with contextlib.suppress(Exception):
+            result()
     return result()
 
 
