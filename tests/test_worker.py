@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from test_resilience import mlflow_runs, wait_for
 
 from kvpipe import sweep
 from kvpipe.errors import ConfigError, KvpipeError
@@ -18,7 +19,6 @@ from kvpipe.record import worker
 from kvpipe.record.tracking import TrackingUnavailable
 
 from conftest import run_cli
-from test_resilience import mlflow_runs, wait_for
 
 
 @pytest.fixture
