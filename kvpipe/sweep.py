@@ -158,11 +158,14 @@ def _open_parent(config, tracking_cfg, launch_dir: Path, name: str, swept: dict,
     if not _worker_helps(config):
         return tracking.open_parent(*args)
     worker.start()
+    client = tracking.client_modules(tracking.store_paths(tracking_cfg, launch_dir)[0])
+    worker.submit("kvpipe.record.worker", "import_modules", client)
     worker.submit("kvpipe.record.tracking", "open_parent", *args)
     worker.submit("kvpipe.record.worker", "import_modules", worker.WARM_MODULES)
     from kvpipe.model.loading import import_libraries
 
     import_libraries()
+    worker.result()
     parent = worker.result()
     worker.result()  # the worker idle before the first job measures
     return parent

@@ -39,6 +39,7 @@ class JobResult:
 def run_job(spec: Spec) -> JobResult:
     """Load (or reuse) the model, build the cache, generate with warm-up and repeats, measure."""
     job_started = time.perf_counter()
+    model.import_libraries()  # once per process, with the collector off
     shape = model.describe(spec.model)
     tokenizer = model.load_tokenizer(spec.model)
     device = model.resolve_device(spec.model.device)

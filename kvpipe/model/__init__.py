@@ -1,10 +1,18 @@
 """The model stage: the embedded model, loading (once per process), shapes and weight bytes."""
 
 from kvpipe.model.embedded import cache_dir, embedded_folder, embedded_gguf
-from kvpipe.model.loading import LoadedModel, dtype_name, load, load_tokenizer, resolve_device, resolve_dtype
+from kvpipe.model.loading import (
+    LoadedModel,
+    dtype_name,
+    import_libraries,
+    load,
+    load_tokenizer,
+    resolve_device,
+    resolve_dtype,
+)
 from kvpipe.model.shape import ModelShape, architecture_params, describe, local_folder, random_config_dict
 
 __all__ = [
     "LoadedModel", "ModelShape", "architecture_params", "cache_dir", "describe", "dtype_name", "embedded_folder",
-    "embedded_gguf", "load", "load_tokenizer", "local_folder", "random_config_dict", "resolve_device", "resolve_dtype",
+    "embedded_gguf", "import_libraries", "load", "load_tokenizer", "local_folder", "random_config_dict", "resolve_device", "resolve_dtype",
 ]  # fmt: skip

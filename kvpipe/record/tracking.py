@@ -84,6 +84,13 @@ def store_paths(tracking: TrackingConfig, launch_dir: Path) -> tuple[str, str | 
     return uri, (store / ARTIFACT_DIR).as_uri()
 
 
+def client_modules(uri: str) -> tuple[str, ...]:
+    """What MLflow's client imports to write to `uri`: its SQLAlchemy store for a database, its REST
+    store for a server (a sweep's tracking worker imports them first: kvpipe.record.worker)."""
+    store = "rest_store" if uri.startswith(("http://", "https://", "databricks")) else "sqlalchemy_store"
+    return ("mlflow.tracking", f"mlflow.store.tracking.{store}")
+
+
 class TrackingUnavailable(KvpipeError):
     """The tracking store could not be reached; results stay on disk for `kvpipe sync`."""
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import importlib
 import io
 import logging
@@ -153,9 +154,16 @@ def forwarded(fn):
 
 
 def import_modules(names: tuple[str, ...]) -> None:
-    """Run in the worker, so that a later call there finds them imported."""
-    for name in names:
-        importlib.import_module(name)
+    """Run in the worker, so that a later call there finds them imported; with the collector off,
+    as kvpipe.model.import_libraries imports (the modules' objects live as long as the worker)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for name in names:
+            importlib.import_module(name)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _lost(exc: BaseException):
