@@ -1,7 +1,10 @@
 """The cache_shootout preset as one sweep against the same jobs as separate processes.
 
-A sweep loads the model, the quality references and compiled graphs once; separate processes
-pay for them every time. Both write to their own throwaway MLflow store. Target: >= 1.5x.
+A sweep imports torch, transformers and MLflow, loads the model and compiles graphs once; separate
+processes pay for them every time. The quality references are kept on disk (kvpipe.measure.references),
+so the first separate process makes them and the rest read them, as the sweep's first job makes them
+and its later jobs reuse them: each side starts with a reference folder of its own, empty, so that
+neither finds the other's. Both write to their own throwaway MLflow store. Target: >= 1.5x.
 
     python benchmarks/sweep_vs_processes.py                      # embedded model, default workload
     python benchmarks/sweep_vs_processes.py model=tiny_random    # extra overrides go to every job
@@ -10,6 +13,7 @@ pay for them every time. Both write to their own throwaway MLflow store. Target:
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -17,13 +21,15 @@ import time
 from pathlib import Path
 
 from kvpipe.config import compose
+from kvpipe.measure import references
 
 PRESET = "cache_shootout"
 
 
 def timed(args: list[str], cwd: Path) -> float:
+    env = {**os.environ, references.FOLDER_ENV: str(cwd / "references")}  # this side's own, made empty
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "kvpipe", *args], cwd=cwd, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "kvpipe", *args], cwd=cwd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"kvpipe {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
     return time.perf_counter() - started
