@@ -1,7 +1,7 @@
 """Shared fixtures: Hydra composition, a scratch launch dir, specs for tiny models, and what the
 expensive end-to-end tests share: one real sweep, one migrated MLflow store, the embedded model.
 
-Speed (2 cores, no GPU, `make test`: two pytest-xdist workers): the whole suite in three and a half
+Speed (2 cores, no GPU, `make test`: two pytest-xdist workers): the whole suite in two and a half
 to five and a half minutes on a fresh clone (README: "Tests and benchmarks"), `make test-fast` (`-m "not slow"`) in under a minute. Tests marked
 slow run real jobs, load the embedded model or start kvpipe, Hydra or MLflow processes; the fast ones check logic on
 configs, records and synthetic figures. An expensive fixture is made once per session, on the one
