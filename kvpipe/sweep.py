@@ -8,6 +8,7 @@ FINISHED, SKIPPED (invalid combination, duplicate, or already done with resume=t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -164,7 +165,13 @@ def _open_parent(config, tracking_cfg, launch_dir: Path, name: str, swept: dict,
     worker.submit("kvpipe.record.worker", "import_modules", worker.WARM_MODULES)
     from kvpipe.model.loading import import_libraries
 
-    import_libraries()
+    try:
+        import_libraries()
+    except KeyboardInterrupt:  # the worker, deaf to Ctrl-C, goes on: close the parent it opens as KILLED
+        with contextlib.suppress(Exception):
+            worker.result()
+            tracking.end_parent(tracking_cfg, launch_dir, worker.result(), "KILLED", {})
+        raise
     worker.result()
     parent = worker.result()
     worker.result()  # the worker idle before the first job measures

@@ -101,6 +101,24 @@ def test_a_sweep_through_the_worker_records_what_one_without_it_does(tmp_path, e
     assert "compare/compare.md" in artifacts
 
 
+@pytest.mark.slow  # a tracked sweep's start, interrupted
+def test_ctrl_c_while_the_worker_opens_the_parent_leaves_it_killed(tmp_path, existing_store, monkeypatch):
+    from kvpipe.model import loading
+
+    existing_store(tmp_path)
+    monkeypatch.setattr(sweep, "_worker_helps", lambda config: True)
+
+    def interrupted():
+        raise KeyboardInterrupt  # as Ctrl-C during the imports: the worker is still opening the parent
+
+    monkeypatch.setattr(loading, "import_libraries", interrupted)
+    proc = run_cli(TRACKED_SWEEP, cwd=tmp_path)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert not worker.active()
+    (parent,) = mlflow_runs(tmp_path / "outputs" / "mlflow.db")
+    assert parent.data.tags["kvpipe.sweep"] == "true" and parent.info.status == "KILLED"
+
+
 def mlflow_client(launch_dir):
     from mlflow.tracking import MlflowClient
 

@@ -229,7 +229,11 @@ def _serve(receive: Connection, send: Connection) -> None:
             module, name, args, kwargs = receive.recv()
         except EOFError:  # the sweep is done with it
             break
-        send.send(_call(module, name, args, kwargs))
+        reply = _call(module, name, args, kwargs)
+        try:
+            send.send(reply)
+        except OSError:  # the sweep stopped waiting (it ended, or was interrupted): its answers go nowhere
+            break
     # Every write is committed; MLflow's exit handlers would only cost the machine a second
     sys.stdout.flush()
     sys.stderr.flush()
