@@ -158,7 +158,11 @@ def _open_parent(config, tracking_cfg, launch_dir: Path, name: str, swept: dict,
     args = (tracking_cfg, launch_dir, name, swept, tags, reopen)
     if not _worker_helps(config):
         return tracking.open_parent(*args)
-    worker.start()
+    try:
+        worker.start()
+    except OSError as exc:  # no second process to be had: the sweep's own does it all, as it used to
+        log.debug("no tracking worker (%s)", exc)
+        return tracking.open_parent(*args)
     client = tracking.client_modules(tracking.store_paths(tracking_cfg, launch_dir)[0])
     worker.submit("kvpipe.record.worker", "import_modules", client)
     worker.submit("kvpipe.record.tracking", "open_parent", *args)

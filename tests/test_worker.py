@@ -59,6 +59,11 @@ def test_a_worker_that_dies_is_an_outage_and_later_calls_run_here(started):
     assert worker.run("os", "getpid") == os.getpid()
 
 
+def test_a_warm_up_import_that_fails_is_skipped(started):
+    worker.run("kvpipe.record.worker", "import_modules", ("no_such_module_here", "json"))
+    assert worker.run("sys", "modules.__contains__", "json")
+
+
 def test_a_call_runs_here_when_no_worker_is_started():
     assert not worker.active()
     assert worker.run("os", "getpid") == os.getpid()

@@ -160,7 +160,8 @@ def import_modules(names: tuple[str, ...]) -> None:
     gc.disable()
     try:
         for name in names:
-            importlib.import_module(name)
+            with contextlib.suppress(ImportError):  # a warm-up only: what needs it fails there, with its error
+                importlib.import_module(name)
     finally:
         if collecting:
             gc.enable()
