@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvpipe.decide import closing
 from kvpipe.errors import ConfigError, KvpipeError, fail
+from kvpipe.model import loading
 from kvpipe.pipeline import run_pipeline
 from kvpipe.record import auth, recorder, tracking, worker
 from kvpipe.record.result import Result, iter_results
@@ -167,10 +168,8 @@ def _open_parent(config, tracking_cfg, launch_dir: Path, name: str, swept: dict,
     worker.submit("kvpipe.record.worker", "import_modules", client)
     worker.submit("kvpipe.record.tracking", "open_parent", *args)
     worker.submit("kvpipe.record.worker", "import_modules", worker.WARM_MODULES)
-    from kvpipe.model.loading import import_libraries
-
     try:
-        import_libraries()
+        loading.import_libraries()
     except KeyboardInterrupt:  # the worker, deaf to Ctrl-C, goes on: close the parent it opens as KILLED
         with contextlib.suppress(Exception):
             worker.result()

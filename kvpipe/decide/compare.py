@@ -140,10 +140,6 @@ def shown(runs: pd.DataFrame, title: str) -> Shown:
     )
 
 
-def print_table(runs: pd.DataFrame, title: str) -> None:
-    print_shown(shown(runs, title))
-
-
 def _publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> tuple[list[Path], Shown]:
     """Write the files, log them on the parent run (if this user may); returns the files and the table."""
     import mlflow

@@ -12,6 +12,7 @@ import time
 from dataclasses import astuple, dataclass
 from typing import Any
 
+from kvpipe._startup import collector_paused
 from kvpipe.config import ModelConfig
 from kvpipe.errors import KvpipeError, first_line
 from kvpipe.model.embedded import embedded_folder
@@ -79,16 +80,11 @@ def import_libraries() -> None:
     one pass afterwards, on 2 cores)."""
     if "transformers.modeling_utils" in sys.modules:
         return
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         import torch  # noqa: F401
         import transformers.generation.utils  # noqa: F401
         import transformers.modeling_utils  # noqa: F401
         from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
-    finally:
-        if collecting:
-            gc.enable()
     # One pass for the imports' garbage, then their objects out of every later pass's way
     gc.collect()
     gc.freeze()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import importlib
 import io
 import logging
@@ -32,9 +31,8 @@ import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
+from kvpipe._startup import collector_paused
 from kvpipe.errors import KvpipeError
-
-log = logging.getLogger(__name__)
 
 # What the worker imports before its calls need them, while the sweep's process imports torch:
 # MLflow's logging of a job (its datasets pull in pandas) and the compare at the sweep's end
@@ -132,7 +130,7 @@ def run(module: str, name: str, *args, **kwargs):
     """`module.name(*args, **kwargs)`: in the worker if one is started (its module imported only
     there), else here."""
     if _worker is None:
-        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+        return _target(module, name)(*args, **kwargs)
     submit(module, name, *args, **kwargs)
     while _worker.waiting > 1:  # an earlier call's answer its caller never read (Ctrl-C came first): drop it
         with contextlib.suppress(Exception):
@@ -156,15 +154,10 @@ def forwarded(fn):
 def import_modules(names: tuple[str, ...]) -> None:
     """Run in the worker, so that a later call there finds them imported; with the collector off,
     as kvpipe.model.import_libraries imports (the modules' objects live as long as the worker)."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         for name in names:
             with contextlib.suppress(ImportError):  # a warm-up only: what needs it fails there, with its error
                 importlib.import_module(name)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _lost(exc: BaseException):
@@ -189,11 +182,16 @@ class _Collect(logging.Handler):
         self.records.append(record)
 
 
-def _call(module: str, qualname: str, args: tuple, kwargs: dict) -> Reply:
+def _target(module: str, qualname: str):
+    """module.qualname: a function, or a method of a module's object (`root.warning` of logging)."""
     target = importlib.import_module(module)
     for part in qualname.split("."):
         target = getattr(target, part)
-    target = getattr(target, "__wrapped__", target)
+    return target
+
+
+def _call(module: str, qualname: str, args: tuple, kwargs: dict) -> Reply:
+    target = _target(module, qualname)  # a @forwarded one runs itself here: the worker has no worker
     out, err, collect = io.StringIO(), io.StringIO(), _Collect()
     root = logging.getLogger()
     root.addHandler(collect)
