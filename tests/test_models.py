@@ -74,3 +74,37 @@ def test_device_map_is_only_for_hf_models():
 
     with pytest.raises(ConfigError, match="model.device_map"):
         spec_for("model=tiny_random", "model.device_map=auto")
+
+
+def mapped_resident_bytes(path) -> tuple[int, int]:
+    """(size, resident bytes) of this process's mappings of `path`, from /proc/self/smaps."""
+    size = resident = 0
+    mapping = False
+    for line in open("/proc/self/smaps"):
+        if "-" in line.split()[0]:  # a mapping's header: its address range, ..., its path
+            mapping = line.rstrip().endswith(str(path))
+        elif mapping and line.startswith("Size:"):
+            size += int(line.split()[1]) * 1024
+        elif mapping and line.startswith("Rss:"):
+            resident += int(line.split()[1]) * 1024
+    return size, resident
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="reads /proc/self/smaps")
+def test_memory_mapped_weights_are_resident_once_loaded(tmp_path):
+    """A float32 safetensors file stays mapped (no dtype conversion copies it); every page of it is in
+    the process's resident set before any call, so a first call's peak counts no weight page-in."""
+    from dataclasses import replace
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path / "m"
+    shape = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4)
+    LlamaForCausalLM(LlamaConfig(vocab_size=32000, **shape)).save_pretrained(folder)  # ~50 MB of weights
+    models.load(TINY).tokenizer.save_pretrained(folder)
+    loaded = loading._load_uncached(replace(TINY, name="hf", source="hf", name_or_path=str(folder)))
+    size, resident = mapped_resident_bytes(folder / "model.safetensors")
+    weights = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    assert loaded.model.dtype == torch.float32 and size > weights  # still the file's pages
+    assert resident > 0.95 * weights
