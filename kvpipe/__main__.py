@@ -1,4 +1,4 @@
-from kvpipe.cli import main
+from kvpipe.cli import run
 
 if __name__ == "__main__":
-    main()
+    run()

@@ -127,3 +127,25 @@ def test_noise_is_a_robust_typical_spread_between_and_within_calls():
     assert repeat_noise(steady, shapes, even) == pytest.approx(1.4826 * 1 / 45)
     assert repeat_noise(steady, shapes, jumpy) > 0.10
     assert robust_cv([10, 10, 10, 1000]) == 0  # one outlier does not carry it
+
+
+def test_the_bandwidth_probe_outgrows_every_last_level_cache(tmp_path, monkeypatch):
+    """Two L3s of 32 MiB, each shared by two cores (each with its own L2), count 64 MiB once each;
+    the probe's buffers are twice that. Without sysfs, 256 MiB as before."""
+    from kvpipe.measure import roofline
+
+    for cpu in range(4):
+        for index, (level, size, shared) in enumerate([(2, "1024K", str(cpu)), (3, "32768K", "0-1" if cpu < 2 else "2-3")]):
+            folder = tmp_path / f"cpu{cpu}" / "cache" / f"index{index}"
+            folder.mkdir(parents=True)
+            for name, value in (("level", level), ("size", size), ("shared_cpu_list", shared)):
+                (folder / name).write_text(f"{value}\n")
+    assert roofline.last_level_cache_bytes(tmp_path) == 64 * 2**20
+    assert roofline.last_level_cache_bytes(tmp_path / "nothing") == 0
+    monkeypatch.setattr(roofline, "last_level_cache_bytes", lambda: 64 * 2**20)
+    assert roofline.probe_bytes("cpu") == 128 * 2**20
+    assert roofline.probe_bytes("cuda") == 256 * 2**20
+    monkeypatch.setattr(roofline, "last_level_cache_bytes", lambda: 0)
+    assert roofline.probe_bytes("cpu") == 256 * 2**20
+    monkeypatch.setattr(roofline, "last_level_cache_bytes", lambda: 4 * 2**20)
+    assert roofline.probe_bytes("cpu") == 64 * 2**20

@@ -72,3 +72,25 @@ def test_a_build_lock_left_by_a_killed_process_is_removed_and_a_fresh_one_kept(t
     quanto.clear_stale_build_locks()
     assert not stale.exists() and fresh.exists()
     assert "left by a process killed while it built" in caplog.text
+
+
+def test_the_prompt_exit_keeps_what_a_normal_exit_does(tmp_path):
+    """kvpipe.cli.run ends the process without the interpreter's teardown, after what a normal exit
+    does first: other threads finish, exit handlers run, buffered output is written; and the status
+    is main()'s."""
+    script = f"""
+import atexit, sys, threading, time
+from pathlib import Path
+from kvpipe import cli
+threading.Thread(target=lambda: (time.sleep(0.3), Path({str(tmp_path / "thread")!r}).write_text("done"))).start()
+atexit.register(lambda: print("exit handler ran"))
+print("buffered", end="")
+sys.argv = ["kvpipe", *sys.argv[1:]]
+cli.run()
+print("never reached")
+"""
+    good = subprocess.run([sys.executable, "-c", script, "plan", "model=tiny_random"], capture_output=True, text=True)
+    assert good.returncode == 0 and good.stdout.startswith("buffered") and good.stdout.endswith("exit handler ran\n")
+    assert "never reached" not in good.stdout and (tmp_path / "thread").read_text() == "done"
+    bad = subprocess.run([sys.executable, "-c", script, "plan", "--hardware", "abacus"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "hardware" in bad.stderr and bad.stdout.endswith("exit handler ran\n")

@@ -239,27 +239,30 @@ def _reads(run, param: str) -> bool:
 _READ_BY = ("params.workload.kind", "params.cache.strategy", "params.backend.name")  # what _reads looks at
 
 
-def _applies(param: str, runs: pd.DataFrame) -> pd.Series:
+def _read_by(runs: pd.DataFrame) -> list[dict]:
     # the three columns as plain dicts: iterrows would build a Series of every column for every run
-    records = runs[[c for c in _READ_BY if c in runs.columns]].to_dict("records")
-    return pd.Series([_reads(run, param) for run in records], index=runs.index, dtype=bool)
+    return runs[[c for c in _READ_BY if c in runs.columns]].to_dict("records")
 
 
-def param_values(runs: pd.DataFrame, param: str) -> list[str]:
+def param_values(runs: pd.DataFrame, param: str, read_by: list[dict] | None = None) -> list[str]:
     """The param as shown: blank where the run's strategy ignores it."""
-    return runs[f"params.{param}"].astype(str).where(_applies(param, runs), "").tolist()
+    read_by = _read_by(runs) if read_by is None else read_by
+    values = runs[f"params.{param}"].astype(str).tolist()
+    return [value if _reads(run, param) else "" for value, run in zip(values, read_by)]
 
 
 def varying_params(runs: pd.DataFrame) -> list[str]:
     """Params with more than one value among the runs that read them: llama-bench's columns."""
     names = [c.removeprefix("params.") for c in runs.columns if c.startswith("params.")]
     names = [n for n in names if n not in in_label() and not n.startswith(NOT_MEASURED)]
-    return sorted(n for n in names if len(set(param_values(runs, n)) - {""}) > 1)
+    read_by = _read_by(runs)  # once, not once a param
+    return sorted(n for n in names if len(set(param_values(runs, n, read_by)) - {""}) > 1)
 
 
 def describe(runs: pd.DataFrame, params: list[str], full: bool = False) -> list[str]:
     """'name=value ...' per run for these params, skipping those its strategy ignores."""
-    values = {p if full else p.split(".")[-1]: param_values(runs, p) for p in params}
+    read_by = _read_by(runs)
+    values = {p if full else p.split(".")[-1]: param_values(runs, p, read_by) for p in params}
     return [" ".join(f"{name}={shown[i]}" for name, shown in values.items() if shown[i]) for i in range(len(runs))]
 
 
