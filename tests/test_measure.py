@@ -135,7 +135,9 @@ def test_the_bandwidth_probe_outgrows_every_last_level_cache(tmp_path, monkeypat
     from kvpipe.measure import roofline
 
     for cpu in range(4):
-        for index, (level, size, shared) in enumerate([(2, "1024K", str(cpu)), (3, "32768K", "0-1" if cpu < 2 else "2-3")]):
+        for index, (level, size, shared) in enumerate(
+            [(2, "1024K", str(cpu)), (3, "32768K", "0-1" if cpu < 2 else "2-3")]
+        ):
             folder = tmp_path / f"cpu{cpu}" / "cache" / f"index{index}"
             folder.mkdir(parents=True)
             for name, value in (("level", level), ("size", size), ("shared_cpu_list", shared)):

@@ -6,8 +6,8 @@ Models are loaded at most once per process (see `load`), so sweeps reuse them.
 from __future__ import annotations
 
 import gc
-import os
 import logging
+import os
 import sys
 import time
 from dataclasses import astuple, dataclass
