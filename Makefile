@@ -34,9 +34,12 @@ $(STAMP): pyproject.toml requirements.lock
 	# pass without this; they would just pay it): quanto builds its C++ CPU extension into its own
 	# folder of site-packages on first use (~40 s on 2 cores, with this venv's ninja, see PATH
 	# above), and the embedded GGUF is converted once to safetensors in the per-user cache
-	# (~20 s; ~/.cache/kvpipe or $$KVPIPE_CACHE_DIR). tiny_random borrows its tokenizer.
+	# (~20 s; ~/.cache/kvpipe or $$KVPIPE_CACHE_DIR). tiny_random borrows its tokenizer. kvpipe's
+	# own bytecode is compiled, as installing a wheel compiles it: an editable install leaves that to
+	# each import, which writes nothing where PYTHONDONTWRITEBYTECODE is set (0.1-0.3 s a process).
 	$(PY) -c "import torch; from kvpipe.cache import backends; backends.get('quanto').warm('cpu', torch.float32)"
 	$(PY) -c "from kvpipe.model import embedded_folder; embedded_folder()"
+	$(PY) -m compileall -q kvpipe hydra_plugins
 	touch $(STAMP)
 
 run: venv

@@ -134,8 +134,8 @@ def run() -> None:
             raise
         status = exc.code or 0
     wait_for_threads = getattr(threading, "_shutdown", None)
-    if wait_for_threads is None:  # not CPython: its usual exit
-        sys.exit(status)
+    if wait_for_threads is None or sys.getprofile() or sys.gettrace():  # not CPython, or a profiler or
+        sys.exit(status)  # debugger that writes its report once the process is done: the usual exit
     wait_for_threads()  # a normal exit's first step: other threads finish, executors shut down
     atexit._run_exitfuncs()  # its second: logging's flush, weakref finalizers, MLflow's end of run
     for stream in (sys.stdout, sys.stderr):
@@ -156,9 +156,10 @@ def main() -> None:
     sys.argv[1:] = flags[:1] + [a for a in sys.argv[1:] if a not in ("-m", "--multirun")]
     # Let composition errors reach us instead of Hydra's multi-line report; we print one line.
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
-    if any(a.startswith("hydra/sweeper=") for a in sys.argv[1:]):
-        from kvpipe.search import register_sweeper
+    from kvpipe.search import register_grid_sweeper, register_sweeper
 
+    register_grid_sweeper()  # the default sweeper, which a sweep instantiates (conf/hydra/sweeper/grid.yaml)
+    if any(a.startswith("hydra/sweeper=") for a in sys.argv[1:]):
         register_sweeper()
     try:
         _hydra_app()

@@ -11,3 +11,12 @@ def register_sweeper() -> None:
     from hydra_plugins.kvpipe_search import KvpipeSearchSweeper
 
     Plugins.instance().register(KvpipeSearchSweeper)
+
+
+def register_grid_sweeper() -> None:
+    """The default sweeper (kvpipe.grid), registered as register_sweeper registers the search."""
+    from hydra.core.plugins import Plugins
+
+    from hydra_plugins.kvpipe_grid import KvpipeGridSweeper
+
+    Plugins.instance().register(KvpipeGridSweeper)

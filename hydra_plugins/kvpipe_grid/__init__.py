@@ -1,0 +1,8 @@
+"""Hydra finds sweepers only in the hydra_plugins namespace: this names kvpipe's default grid
+sweeper there (hydra/sweeper=grid, conf/hydra/sweeper/grid.yaml). The sweeper itself is kvpipe.grid."""
+
+from kvpipe.grid import GridSweeper
+
+
+class KvpipeGridSweeper(GridSweeper):
+    pass
