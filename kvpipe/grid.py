@@ -30,6 +30,8 @@ class ComposedOnce:
         return composed
 
     def __getattr__(self, name: str):
+        if name.startswith("__") or name == "_loader":  # unpickling (a launcher's worker) asks before __init__
+            raise AttributeError(name)
         return getattr(self._loader, name)
 
 

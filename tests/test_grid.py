@@ -60,3 +60,12 @@ def test_a_sweep_composes_each_jobs_config_once_and_hydras_basic_sweeper_twice(
     results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("outputs/multiruns/*/*/*/result.json"))]
     assert [r["config"]["cache"]["strategy"] for r in results] == ["dynamic", "static"]
     assert {r["status"] for r in results} == {"FINISHED"}
+
+
+def test_the_loader_travels_to_a_launchers_processes():
+    import pickle
+
+    composed = ComposedOnce(CountingLoader())
+    composed.load_sweep_config("master", ["cache=static"])
+    travelled = pickle.loads(pickle.dumps(composed))
+    assert travelled.name == "the loader's own attribute" and travelled._composed == composed._composed
