@@ -122,3 +122,27 @@ def test_the_fingerprint_changes_with_the_weights_and_not_otherwise(tmp_path):
     assert fingerprint(cfg) != before
     random = spec_for("model=tiny_random").model
     assert fingerprint(random) != fingerprint(replace(random, seed=1))
+
+
+def test_the_reference_texts_token_ids_are_stored_once_and_keyed_by_the_whole_tokenizer(store, monkeypatch):
+    """long_context's and passkey's text, tokenized once per tokenizer on this machine: a later
+    process reads the ids back (the same ids); a tokenizer that differs in anything gets its own;
+    an entry that does not load is recomputed."""
+    from transformers import AutoTokenizer
+
+    from kvpipe.workload import _texts
+    from kvpipe.workload._encoding import raw_ids
+
+    fresh = lambda **kwargs: AutoTokenizer.from_pretrained(str(model.embedded_folder()), **kwargs)  # noqa: E731
+    expected = raw_ids(fresh(), _texts.reference_text())
+    assert _texts._reference_ids(fresh()) == expected and len(list(store.glob("*.pt"))) == 1
+    tokenized = []
+    monkeypatch.setattr(_texts, "raw_ids", lambda tok, text: tokenized.append(1) or raw_ids(tok, text))
+    assert _texts._reference_ids(fresh()) == expected and tokenized == []  # a new tokenizer object: from disk
+    other = fresh()
+    other.add_tokens(["Python"])  # its pipeline differs: "Python" is one token now
+    assert _texts._reference_ids(other) != expected and tokenized == [1]
+    assert len(list(store.glob("*.pt"))) == 2
+    for entry in store.glob("*.pt"):
+        entry.write_bytes(b"half a file")
+    assert _texts._reference_ids(fresh()) == expected and tokenized == [1, 1]

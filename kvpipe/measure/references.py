@@ -48,7 +48,7 @@ def load(key: str, device: str = "cpu"):
         if entry.get("format") != FORMAT or entry.get("key") != key:
             raise ValueError("stored under another key or format")
     except Exception as exc:  # noqa: BLE001 - any unreadable entry is recomputed, never trusted
-        log.warning("quality reference %s is unusable (%s): recomputing it", path.name, exc)
+        log.warning("stored reference %s is unusable (%s): recomputing it", path.name, exc)
         return None
     os.utime(path)  # recently used: pruned last
     return entry["value"]
