@@ -158,10 +158,11 @@ def main() -> None:
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     from kvpipe.search import register_grid_sweeper, register_sweeper
 
-    register_grid_sweeper()  # the default sweeper, which a sweep instantiates (conf/hydra/sweeper/grid.yaml)
-    if any(a.startswith("hydra/sweeper=") for a in sys.argv[1:]):
-        register_sweeper()
     try:
+        if flags or "hydra.mode=MULTIRUN" in sys.argv:  # a sweep instantiates it (conf/hydra/sweeper/grid.yaml)
+            register_grid_sweeper()
+        if any(a.startswith("hydra/sweeper=") for a in sys.argv[1:]):
+            register_sweeper()
         _hydra_app()
     except KeyboardInterrupt:
         print("kvpipe: interrupted; the current run is recorded as KILLED", file=sys.stderr)

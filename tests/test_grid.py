@@ -69,3 +69,15 @@ def test_the_loader_travels_to_a_launchers_processes():
     composed.load_sweep_config("master", ["cache=static"])
     travelled = pickle.loads(pickle.dumps(composed))
     assert travelled.name == "the loader's own attribute" and travelled._composed == composed._composed
+
+
+def test_an_install_without_the_grid_sweeper_says_so_in_one_line(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "hydra_plugins.kvpipe_grid", None)  # as an older editable install maps it
+    proc = run_cli(["-m", "cache=dynamic,static", "model=tiny_random", "tracking=off"], cwd=tmp_path)
+    assert proc.returncode == 2 and not (tmp_path / "outputs").exists()
+    assert proc.stderr.strip().splitlines() == [
+        "kvpipe: error: this kvpipe install predates its grid sweeper (hydra_plugins.kvpipe_grid is missing): "
+        "install it again (make venv, or pip install -e .)"
+    ]
