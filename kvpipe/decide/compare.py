@@ -39,7 +39,6 @@ FOOTNOTE = (
     "call's tokens, by more than the run's workload.noise_threshold, so its place on the front is not firm. "
     "Peak memory: the process's (CPU) or the allocator's (CUDA) peak during a measured call, weights included."
 )
-MIB = 2**20
 
 
 def display_table(runs: pd.DataFrame) -> pd.DataFrame:

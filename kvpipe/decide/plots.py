@@ -16,9 +16,8 @@ from kvpipe.decide.runs import (
     retrieval_cells,
     varying_params,
 )
+from kvpipe.units import MIB
 from kvpipe.workload.passkey import heatmap
-
-MIB = 2**20
 
 
 def memory_vs_context(runs: pd.DataFrame, path: Path) -> None:

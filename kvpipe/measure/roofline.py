@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-MIB = 2**20
+from kvpipe.units import MIB, SIZE_UNITS
+
 _BANDWIDTH: dict[str, float] = {}
 _MATMUL: dict[tuple[str, str], float] = {}
 
@@ -62,8 +63,8 @@ def last_level_cache_bytes(root: Path = Path("/sys/devices/system/cpu")) -> int:
             level = int((index / "level").read_text())
             size = (index / "size").read_text().strip()  # "32768K"
             shared = (index / "shared_cpu_list").read_text().strip()
-            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:], 1)
-            size_bytes = int(size.rstrip("KMG")) * scale
+            unit = f"{size[-1].lower()}ib" if size[-1:].isalpha() else ""  # K: KiB, as Linux writes it
+            size_bytes = int(size.rstrip("KMG")) * SIZE_UNITS[unit]
         except (OSError, ValueError):
             continue
         caches.setdefault(level, {})[shared] = size_bytes

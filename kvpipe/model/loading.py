@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
+import mmap
 import sys
 import time
 from dataclasses import astuple, dataclass
@@ -170,11 +170,10 @@ def make_resident(model) -> None:
     to clone it into anonymous memory, at the same resident set)."""
     import torch
 
-    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
             if tensor.numel():
-                tensor.detach().reshape(-1).view(torch.uint8)[::page].sum()
+                tensor.detach().reshape(-1).view(torch.uint8)[:: mmap.PAGESIZE].sum()
 
 
 def load_tokenizer(model_cfg: ModelConfig):
