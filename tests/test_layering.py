@@ -1,0 +1,175 @@
+"""kvpipe's floors, read from its imports: each floor imports only the floors below it, and nothing
+closes a cycle. Every import counts, wherever it is written: at the top of a module, inside a
+function, under `if TYPE_CHECKING:`, or as a module's dotted name in a string (`importlib`, a worker's
+warm-up list, a Hydra `_target_`)."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Bottom to top: each floor is one or more siblings, each sibling a set of packages or modules
+# (a name covers what lies under it). Siblings on one floor never import each other.
+FLOORS: tuple[tuple[tuple[str, ...], ...], ...] = (
+    (("kvpipe", "kvpipe.errors", "kvpipe.units", "kvpipe.registry", "kvpipe._startup", "kvpipe.disk_cache"),),
+    (("kvpipe.config",),),
+    (("kvpipe.catalogue",),),
+    (("kvpipe.model",),),
+    (("kvpipe.cache",), ("kvpipe.workload",)),
+    (("kvpipe.spec",),),
+    (("kvpipe.measure",),),
+    (("kvpipe.job",),),
+    (("kvpipe.record",),),
+    (("kvpipe.predict",), ("kvpipe.decide",)),
+    (("kvpipe.orchestrate",),),
+    (("kvpipe.commands", "kvpipe.cli", "kvpipe.api", "kvpipe.__main__"),),
+)
+
+
+def modules(root: Path = REPO) -> dict[str, Path]:
+    found = {}
+    for path in sorted((root / "kvpipe").rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _known(name: str, known: dict[str, Path]) -> str | None:
+    """The module a dotted name lands in: itself, or the module that defines the attribute it names."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports(root: Path = REPO) -> dict[str, set[str]]:
+    """module -> the kvpipe modules it imports. `from package import module` is an import of the
+    module (the package's __init__ runs first, as it does for every import of a submodule)."""
+    known = modules(root)
+    edges: dict[str, set[str]] = defaultdict(set)
+    for name, path in known.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                targets = [f"{base}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value.split(":")[0]  # "kvpipe.x.y:attr" as entry points write it
+                if text.startswith("kvpipe.") and text.replace(".", "").replace("_", "").isalnum():
+                    targets = [text]
+            for target in targets:
+                if target.split(".")[0] != "kvpipe":
+                    continue
+                landed = _known(target, known)
+                if landed and landed != name:
+                    edges[name].add(landed)
+    return edges
+
+
+def place(module: str) -> tuple[int, int] | None:
+    """(floor, sibling) of a module: the longest name that covers it. `kvpipe` itself (the package's
+    __init__, which `import kvpipe.anything` runs first, so it sits at the bottom) covers only itself."""
+    best, best_len = None, -1
+    for floor, siblings in enumerate(FLOORS):
+        for index, names in enumerate(siblings):
+            for name in names:
+                covers = module == name or (name != "kvpipe" and module.startswith(name + "."))
+                if covers and len(name) > best_len:
+                    best, best_len = (floor, index), len(name)
+    return best
+
+
+def floor_of(module: str) -> int | None:
+    found = place(module)
+    return None if found is None else found[0]
+
+
+def climbing(root: Path = REPO) -> list[str]:
+    """Every import that climbs a floor or crosses to a sibling on its own floor."""
+    found = []
+    for module, targets in sorted(imports(root).items()):
+        for target in sorted(targets):
+            if place(module) is None or place(target) is None:
+                continue  # test_every_module_sits_on_a_floor names it
+            (here, mine), (there, theirs) = place(module), place(target)
+            if there > here:
+                found.append(f"{module} -> {target} (climbs from {FLOORS[here][mine][0]} to {FLOORS[there][theirs][0]})")
+            elif there == here and mine != theirs:
+                found.append(f"{module} -> {target} (crosses to a sibling on its floor)")
+    return found
+
+
+def cycles(root: Path = REPO) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan)."""
+    graph = imports(root)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(modules(root)):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_every_module_sits_on_a_floor():
+    assert [m for m in modules() if floor_of(m) is None] == []
+
+
+def test_no_import_climbs_a_floor():
+    assert climbing() == []
+
+
+def test_no_import_cycle():
+    assert cycles() == []
+
+
+def test_the_reader_sees_function_level_typing_and_string_imports(tmp_path):
+    """The checks above can fail: a tree whose bottom floor reaches up three ways is caught three times."""
+    package = tmp_path / "kvpipe"
+    (package / "decide").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "decide" / "__init__.py").write_text("")
+    (package / "decide" / "compare.py").write_text("import kvpipe.errors\n")
+    (package / "cli.py").write_text("")
+    (package / "errors.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from kvpipe.cli import main\n"
+        "def late():\n    from kvpipe.decide import compare\n"
+        "WARM = ('kvpipe.decide.compare',)\n"
+    )
+    assert len(climbing(tmp_path)) == 2  # errors -> cli, errors -> decide.compare (the string and the import)
+    assert cycles(tmp_path) == [["kvpipe.decide.compare", "kvpipe.errors"]]
