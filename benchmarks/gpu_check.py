@@ -150,7 +150,7 @@ def tpot_floors(jobs: dict, device_name: str) -> dict:
     (conf/hardware.yaml, found by torch's name for it), or, for a GPU not in the table, over the copy
     bandwidth the job measured. Model bandwidth utilisation (MBU) = floor / TPOT. Jobs whose traffic
     is not counted (offloading on CUDA) have no floor."""
-    from kvpipe.decide import hardware
+    from kvpipe.predict import hardware
 
     entry = hardware.for_device_name(device_name)
     rows = []

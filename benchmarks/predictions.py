@@ -25,7 +25,7 @@ Everything runs as `python -m kvpipe` processes in one launch folder (--out/laun
 its own MLflow store: calibration runs in experiment "predictions" (what plan reads), evaluated ones
 in "predictions-evaluated". The jobs use OMP_NUM_THREADS torch threads (default 2, as on the 2-core
 machine the other benchmarks were measured on; plan measures the local bandwidth with the same
-threads). Contended runs are not calibrated on (kvpipe.decide.calibration), so run it on an idle
+threads). Contended runs are not calibrated on (kvpipe.predict.calibration), so run it on an idle
 machine. Writes results.json and table.md in --out.
 """
 

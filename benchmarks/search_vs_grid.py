@@ -42,10 +42,10 @@ from omegaconf import OmegaConf
 from kvpipe.decide.runs import non_dominated
 from kvpipe.measure import references
 from kvpipe.model.embedded import embedded_folder
+from kvpipe.orchestrate.search import objectives
+from kvpipe.orchestrate.search.frontier import hypervolume
+from kvpipe.orchestrate.search.space import build
 from kvpipe.record.result import iter_results
-from kvpipe.search import objectives
-from kvpipe.search.frontier import hypervolume
-from kvpipe.search.space import build
 
 # The reduced space: dense caches, and quanto and hqq at 2 and 4 bits, two layouts, two residuals
 SPACE = [
@@ -199,8 +199,8 @@ def replay(folder: Path, sampler: str, trials: int, overrides: list[str]) -> lis
     what the sampler would measure, in seconds, not minutes."""
     from types import SimpleNamespace
 
-    from kvpipe.search.search import Search
-    from kvpipe.search.sweeper import SearchSettings
+    from kvpipe.orchestrate.search.search import Search
+    from kvpipe.orchestrate.search.sweeper import SearchSettings
 
     runs = _run_dirs(folder.parent / "grid")
     shutil.rmtree(folder, ignore_errors=True)
@@ -236,7 +236,7 @@ def _kept_grid(out: Path, overrides: list[str]) -> tuple[float, dict[str, pd.Ser
 def _space_size(overrides: list[str]) -> int:
     from kvpipe import model
     from kvpipe.config import compose
-    from kvpipe.search.search import split_arguments
+    from kvpipe.orchestrate.search.search import split_arguments
     from kvpipe.spec import make_spec
 
     fixed, restrict = split_arguments(overrides)

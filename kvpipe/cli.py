@@ -24,11 +24,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvpipe.config import from_hydra, register_schemas
 from kvpipe.errors import KvpipeError, fail
-from kvpipe.pipeline import run_pipeline
+from kvpipe.orchestrate.pipeline import run_pipeline
+from kvpipe.orchestrate.sweep import run_sweep_job
 from kvpipe.record import worker
 from kvpipe.record.result import COMMAND_ENV
 from kvpipe.spec import make_spec
-from kvpipe.sweep import run_sweep_job
 
 log = logging.getLogger("kvpipe")
 
@@ -38,8 +38,11 @@ register_schemas()
 SUBCOMMANDS = {
     "compare": ("kvpipe.decide.compare", "a sweep's runs as one table, a Pareto front and plots"),
     "recommend": ("kvpipe.decide.recommend", "the cache to use under memory, latency and quality limits"),
-    "plan": ("kvpipe.decide.plan", "KV-cache and weight bytes from the config alone, before anything loads"),
-    "advise": ("kvpipe.decide.advise", "plan, search the cache space under your limits, and recommend, in one command"),
+    "plan": ("kvpipe.predict.plan", "KV-cache and weight bytes from the config alone, before anything loads"),
+    "advise": (
+        "kvpipe.commands.advise",
+        "plan, search the cache space under your limits, and recommend, in one command",
+    ),
     "sync": ("kvpipe.record.sync", "upload results kept on disk while MLflow was unreachable"),
 }
 
@@ -156,13 +159,13 @@ def main() -> None:
     sys.argv[1:] = flags[:1] + [a for a in sys.argv[1:] if a not in ("-m", "--multirun")]
     # Let composition errors reach us instead of Hydra's multi-line report; we print one line.
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
-    from kvpipe.search import register_grid_sweeper, register_sweeper
+    from kvpipe.orchestrate.sweepers import register_grid_sweeper, register_search_sweeper
 
     try:
         if flags or "hydra.mode=MULTIRUN" in sys.argv:  # a sweep instantiates it (conf/hydra/sweeper/grid.yaml)
             register_grid_sweeper()
         if any(a.startswith("hydra/sweeper=") for a in sys.argv[1:]):
-            register_sweeper()
+            register_search_sweeper()
         _hydra_app()
     except KeyboardInterrupt:
         print("kvpipe: interrupted; the current run is recorded as KILLED", file=sys.stderr)

@@ -11,7 +11,7 @@ from kvpipe.cache.backends import base as backend_base
 from kvpipe.config import ModelConfig
 from kvpipe.errors import ConfigError
 from kvpipe.job.runner import run_job
-from kvpipe.pipeline import run_pipeline
+from kvpipe.orchestrate.pipeline import run_pipeline
 
 from conftest import spec_for
 

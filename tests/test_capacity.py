@@ -16,10 +16,10 @@ from kvpipe import model as models
 from kvpipe.cache import accounting
 from kvpipe.cache.backends import base as backend_base
 from kvpipe.cache.backends import hqq
-from kvpipe.decide import plan
 from kvpipe.job.runner import run_job
 from kvpipe.model import weights
 from kvpipe.model.shape import shape_from_model_config
+from kvpipe.predict import plan
 from kvpipe.units import parse_bytes
 
 from conftest import REPO, spec_for

@@ -77,7 +77,7 @@ def test_a_presets_sweep_is_named_and_counted_from_its_own_params_and_the_comman
     from omegaconf import OmegaConf, open_dict
 
     from kvpipe.config import compose
-    from kvpipe.sweep import count_jobs, sweep_name, swept_values
+    from kvpipe.orchestrate.sweep import count_jobs, sweep_name, swept_values
 
     config = compose(["+experiment=cache_shootout", "model=tiny_random"], with_hydra=True)
     with open_dict(

@@ -1,4 +1,4 @@
-"""The frontier walk (kvpipe.search.frontier), on a space of the registries and figures made up to
+"""The frontier walk (kvpipe.orchestrate.search.frontier), on a space of the registries and figures made up to
 follow, or to test, the order of quality it relies on: no job runs."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from kvpipe.search.frontier import FrontierSampler, at_least_as_safe, inferred_misses, safer_neighbours
-from kvpipe.search.space import build
+from kvpipe.orchestrate.search.frontier import FrontierSampler, at_least_as_safe, inferred_misses, safer_neighbours
+from kvpipe.orchestrate.search.space import build
 
 # The benchmark's reduced space: 3 dense points, quanto and hqq x 2 and 4 bits x 2 layouts x 2 residuals
 RESTRICT = {"cache": ["dynamic", "static", "quantized"], "backend.nbits": ["2", "4"], "axis": ["kivi", "per_token"],
@@ -132,8 +132,8 @@ def _trial(point, values, the_space, constraints=None, state=None, user_attrs=No
 def test_the_sweeper_takes_either_sampler_and_refuses_others_in_one_line(sampler, tmp_path):
     from kvpipe.decide.recommend import Limits
     from kvpipe.errors import ConfigError
-    from kvpipe.search.search import Search
-    from kvpipe.search.sweeper import SearchSettings
+    from kvpipe.orchestrate.search.search import Search
+    from kvpipe.orchestrate.search.sweeper import SearchSettings
 
     chat = SimpleNamespace(workload_kind=SimpleNamespace(metrics=[]))
 
@@ -151,8 +151,8 @@ def test_the_sweeper_takes_either_sampler_and_refuses_others_in_one_line(sampler
 def test_the_search_skips_what_it_infers_unless_every_point_is_measured(tmp_path, capsys):
     from test_search import JOB, SPACE  # dynamic, and hqq per-token at 2 and 4 bits
 
-    from kvpipe.search.search import MEASURED, Search, Seen
-    from kvpipe.search.sweeper import SearchSettings
+    from kvpipe.orchestrate.search.search import MEASURED, Search, Seen
+    from kvpipe.orchestrate.search.sweeper import SearchSettings
 
     def search(trials):
         return Search.start(SearchSettings(trials=trials), [*JOB, *SPACE], tmp_path, tmp_path / "sweep")
@@ -183,8 +183,8 @@ def test_a_trial_killed_mid_job_is_asked_again_and_one_that_failed_is_not():
 
 def test_progress_counts_jobs_against_the_budget_and_every_point_in_an_exhaustive_pass(tmp_path, capsys):
     from kvpipe.decide.recommend import Limits
-    from kvpipe.search.search import MEASURED, REUSED, Search, Seen
-    from kvpipe.search.sweeper import SearchSettings
+    from kvpipe.orchestrate.search.search import MEASURED, REUSED, Search, Seen
+    from kvpipe.orchestrate.search.sweeper import SearchSettings
 
     chat = SimpleNamespace(workload_kind=SimpleNamespace(metrics=[]))
     the_space = space()

@@ -1,4 +1,4 @@
-"""kvpipe's default sweeper (kvpipe.grid): Hydra's basic grid, each job's config composed once."""
+"""kvpipe's default sweeper (kvpipe.orchestrate.grid): Hydra's basic grid, each job's config composed once."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kvpipe.grid import ComposedOnce
+from kvpipe.orchestrate.grid import ComposedOnce
 
 from conftest import run_cli
 

@@ -60,7 +60,7 @@ def plain_server(tmp_path):
 def test_a_job_against_a_plain_tracking_server_passes_the_door_and_lands(plain_server, tmp_path):
     import mlflow
 
-    from kvpipe.pipeline import run_pipeline
+    from kvpipe.orchestrate.pipeline import run_pipeline
 
     from conftest import TINY as TINY_JOB
     from conftest import spec_for

@@ -103,7 +103,9 @@ def climbing(root: Path = REPO) -> list[str]:
                 continue  # test_every_module_sits_on_a_floor names it
             (here, mine), (there, theirs) = place(module), place(target)
             if there > here:
-                found.append(f"{module} -> {target} (climbs from {FLOORS[here][mine][0]} to {FLOORS[there][theirs][0]})")
+                found.append(
+                    f"{module} -> {target} (climbs from {FLOORS[here][mine][0]} to {FLOORS[there][theirs][0]})"
+                )
             elif there == here and mine != theirs:
                 found.append(f"{module} -> {target} (crosses to a sibling on its floor)")
     return found

@@ -101,7 +101,7 @@ def test_a_model_folder_names_its_runs_and_model_name_overrides_it(good_model, c
 @pytest.mark.parametrize("case", sorted(BROKEN))
 def test_a_broken_model_folder_is_one_line_and_records_nothing(case, good_model, tmp_path):
     from kvpipe.model import loading
-    from kvpipe.pipeline import run_pipeline
+    from kvpipe.orchestrate.pipeline import run_pipeline
 
     loading._TOKENIZERS.clear()
     folder = broken_copy(good_model, tmp_path, case)

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvpipe.pipeline import run_pipeline
+from kvpipe.orchestrate.pipeline import run_pipeline
 
 from conftest import run_cli, spec_for
 

@@ -15,11 +15,12 @@ import pytest
 from kvpipe import cli
 from kvpipe import model as models
 from kvpipe.config import compose
-from kvpipe.decide import calibration, compare, hardware, plan
+from kvpipe.decide import compare
 from kvpipe.decide import runs as recorded
-from kvpipe.decide.floors import ModelCosts
 from kvpipe.model import compute
 from kvpipe.model.shape import Layer, ModelShape
+from kvpipe.predict import calibration, hardware, plan
+from kvpipe.predict.floors import ModelCosts
 from kvpipe.spec import make_spec
 
 from conftest import REPO, spec_for

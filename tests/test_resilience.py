@@ -14,7 +14,7 @@ import torch
 
 from kvpipe import cli
 from kvpipe.job import runner
-from kvpipe.pipeline import run_pipeline
+from kvpipe.orchestrate.pipeline import run_pipeline
 
 from conftest import run_cli, spec_for
 

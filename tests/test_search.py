@@ -13,10 +13,10 @@ import time
 import pytest
 
 from kvpipe.errors import ConfigError
-from kvpipe.search import objectives
-from kvpipe.search.search import Search, split_arguments
-from kvpipe.search.space import Point, build
-from kvpipe.search.sweeper import SearchSettings
+from kvpipe.orchestrate.search import objectives
+from kvpipe.orchestrate.search.search import Search, split_arguments
+from kvpipe.orchestrate.search.space import Point, build
+from kvpipe.orchestrate.search.sweeper import SearchSettings
 
 from conftest import run_cli
 
@@ -123,7 +123,7 @@ def test_bad_advise_input_is_one_line_with_exit_2(tmp_path):
 
 
 def test_durations_read_as_a_user_writes_them():
-    from kvpipe.decide.advise import parse_duration
+    from kvpipe.commands.advise import parse_duration
 
     assert [parse_duration(t) for t in ("20m", "90s", "1h30m", "600", "1.5m")] == [1200, 90, 5400, 600, 90]
     with pytest.raises(ConfigError):
@@ -200,7 +200,7 @@ def test_a_killed_search_resumes_where_it_stopped(tmp_path, existing_store):
 
 
 def test_every_trial_scores_as_many_tokens_so_kl_compares_and_the_default_spelled_out_is_the_same_measurement():
-    from kvpipe.search.search import _scored_alike
+    from kvpipe.orchestrate.search.search import _scored_alike
 
     from conftest import spec_for
 

@@ -12,10 +12,10 @@ import torch
 from kvpipe import cli
 from kvpipe import model as models
 from kvpipe.cache import accounting
-from kvpipe.decide import plan
 from kvpipe.errors import ConfigError
 from kvpipe.job.runner import run_job
 from kvpipe.model.shape import Layer, shape_from_config
+from kvpipe.predict import plan
 
 from conftest import spec_for
 

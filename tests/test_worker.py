@@ -13,8 +13,8 @@ import time
 import pytest
 from test_resilience import mlflow_runs, wait_for
 
-from kvpipe import sweep
 from kvpipe.errors import ConfigError, KvpipeError
+from kvpipe.orchestrate import sweep
 from kvpipe.record import worker
 from kvpipe.record.tracking import TrackingUnavailable
 

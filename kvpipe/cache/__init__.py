@@ -5,7 +5,7 @@ names a strategy. Backends for cache=quantized live in `kvpipe.cache.backends`, 
 """
 
 from kvpipe.cache.base import FAMILIES, REGISTRY, CacheSetup, CacheStrategy, get, names, registered
-from kvpipe.plugins import import_plugins
+from kvpipe.registry import import_plugins
 
 import_plugins(__name__, __path__)
 

@@ -11,7 +11,6 @@ import pandas as pd
 
 from kvpipe import catalogue
 from kvpipe.decide import plots
-from kvpipe.decide.calibration import PREDICTED
 from kvpipe.decide.closing import Shown, print_shown
 from kvpipe.decide.runs import (
     CACHE_PARAMS,
@@ -25,6 +24,7 @@ from kvpipe.decide.runs import (
     retrieval_by_length,
     varying_params,
 )
+from kvpipe.predict.calibration import PREDICTED
 from kvpipe.record.auth import TrackingRefused, refusals
 from kvpipe.units import human_bytes
 
@@ -53,7 +53,7 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
         if metric.compare and values.notna().any():
             spreads = column(runs, f"metrics.{metric.name}_std")
             table[metric.header()] = [metric.cell(v, s if pd.notna(s) else None) for v, s in zip(values, spreads)]
-    for name, header in PREDICTED.items():  # compare --predicted (kvpipe.decide.calibration)
+    for name, header in PREDICTED.items():  # compare --predicted (kvpipe.predict.calibration)
         if name in runs:
             table[header] = [f"{value:.1f}" if pd.notna(value) else "–" for value in runs[name]]
     return pd.DataFrame(table)
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the latest (or a named) sweep's table; write and log its files."""
     runs, parent_run = load_runs(args.experiment, args.parent, args.tracking_uri, spelled=args.uri_spelling)
     if getattr(args, "predicted", False):
-        from kvpipe.decide.calibration import with_predictions
+        from kvpipe.predict.calibration import with_predictions
 
         runs = with_predictions(runs)
     sweep_dir = Path(parent_run.data.tags.get("kvpipe.sweep_dir", "/nonexistent"))

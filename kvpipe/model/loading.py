@@ -75,7 +75,7 @@ def config_key(model_cfg: ModelConfig) -> str:
 
 def import_libraries() -> None:
     """torch and transformers' loading, modeling and tokenizer code: what the first load imports,
-    for a caller with something to overlap them with (kvpipe.sweep). The collector is off meanwhile:
+    for a caller with something to overlap them with (kvpipe.orchestrate.sweep). The collector is off meanwhile:
     the imports make hundreds of thousands of objects that live as long as the process, and its
     full passes over them cost a fifth of the imports' time (3.2 s against 2.5 s, plus 0.4 s for the
     one pass afterwards, on 2 cores)."""

@@ -5,7 +5,7 @@ for the parent run, and at its end ~0.8 s to import pandas and matplotlib for th
 hold the interpreter's lock, so a thread cannot hide them; a second process can. A sweep whose jobs
 run in its own process starts this worker as it opens: the worker imports MLflow, opens the parent
 run and imports what the compare needs, while the sweep's process imports torch and transformers,
-which its first job needs anyway (kvpipe.sweep). Every later call is waited for, so the worker
+which its first job needs anyway (kvpipe.orchestrate.sweep). Every later call is waited for, so the worker
 never runs while a job measures.
 
 A call made in the worker gives back what it printed and logged, replayed here, so the sweep's

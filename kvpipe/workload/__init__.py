@@ -5,7 +5,7 @@ on import) and the registry callers ask.
 `conf/workload/NAME.yaml` is each one's config file.
 """
 
-from kvpipe.plugins import import_plugins
+from kvpipe.registry import import_plugins
 from kvpipe.workload.base import (
     REGISTRY,
     Batch,

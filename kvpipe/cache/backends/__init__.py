@@ -11,7 +11,7 @@ from kvpipe.cache.backends.base import (
     names,
     registered,
 )
-from kvpipe.plugins import import_plugins
+from kvpipe.registry import import_plugins
 
 import_plugins(__name__, __path__)
 

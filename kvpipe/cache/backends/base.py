@@ -17,7 +17,7 @@ from kvpipe.errors import ConfigError, KvpipeError, choices, first_line, require
 
 REGISTRY: dict[str, type[QuantBackend]] = {}
 LAYOUTS = ("per_token", "per_channel", "kivi")  # kivi: keys per-channel, values per-token
-# The layouts each one keeps at least as exact at equal bits (the search's prior, kvpipe.search.frontier):
+# The layouts each one keeps at least as exact at equal bits (the search's prior, kvpipe.orchestrate.search.frontier):
 # keys' outliers sit in a few channels and values' in a few tokens (KIVI, Liu et al. 2024), so kivi's
 # split loses least; per-token and per-channel each misplace one of the two, and are not ordered.
 LAYOUTS_SAFER_THAN = {"kivi": ("per_token", "per_channel")}

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvpipe.decide import closing
 from kvpipe.errors import ConfigError, KvpipeError, fail
 from kvpipe.model import loading
-from kvpipe.pipeline import run_pipeline
+from kvpipe.orchestrate.pipeline import run_pipeline
 from kvpipe.record import auth, recorder, tracking, worker
 from kvpipe.record.result import Result, iter_results
 from kvpipe.record.summary import print_sweep_summary
@@ -71,7 +71,7 @@ def swept_values(config: DictConfig) -> dict[str, list[str]]:
 
 
 def is_search(config: DictConfig) -> bool:
-    """hydra/sweeper=search (kvpipe.search): trials chosen as it goes, not a grid."""
+    """hydra/sweeper=search (kvpipe.orchestrate.search): trials chosen as it goes, not a grid."""
     return "trials" in (config.hydra.get("sweeper") or {})
 
 

@@ -1,6 +1,6 @@
 """hydra/sweeper=search: an Optuna study over the cache space, its trials run by Hydra's launcher.
 
-Each round asks the study for trials, decodes each to a point of the space (kvpipe.search.space),
+Each round asks the study for trials, decodes each to a point of the space (kvpipe.orchestrate.search.space),
 and launches the new points as one batch through whichever launcher is configured (basic, joblib,
 submitit, Ray), as sweep jobs: one MLflow child each under the search's parent run, exactly as a
 sweep records them. A point the study has already seen is told its earlier figures; one whose
@@ -9,7 +9,7 @@ recorded figures are told; one that `kvpipe plan` predicts cannot fit the memory
 KV cache) is pruned, with its predicted bytes, and never launched.
 
 Where the space is no larger than the trial budget every point is measured (an exhaustive pass).
-Otherwise the sampler chooses: by default the frontier walk (kvpipe.search.frontier), which uses the
+Otherwise the sampler chooses: by default the frontier walk (kvpipe.orchestrate.search.frontier), which uses the
 plan's exact bytes and the order of quality within a quantized family; or NSGA-II (sampler=nsga2,
 multi-objective, the user's limits as constraints) from a first generation of the space's extremes.
 The study lives in an SQLite file beside the tracking store (or hydra.sweeper.storage), so a killed
@@ -26,7 +26,7 @@ from typing import Any, Optional
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
-from kvpipe.search import space as spaces
+from kvpipe.orchestrate.search import space as spaces
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class SearchSettings:
     residual_lengths: list = field(default_factory=lambda: list(spaces.RESIDUAL_LENGTHS))
     storage: Optional[str] = None  # an Optuna storage URL; default sqlite beside the tracking store
     study_name: Optional[str] = None  # default: from the model, workload, space and limits
-    sampler: str = "frontier"  # frontier (kvpipe.search.frontier) or nsga2 (Optuna's NSGAIISampler)
+    sampler: str = "frontier"  # frontier (kvpipe.orchestrate.search.frontier) or nsga2 (Optuna's NSGAIISampler)
     seed: int = 0
     population_size: Optional[int] = None  # NSGA-II's generation; default from the trial budget
     max_batch_size: Optional[int] = None  # trials launched together; default the launcher's n_jobs, else 1
@@ -68,7 +68,7 @@ class SearchSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
-        from kvpipe.search.search import Search
+        from kvpipe.orchestrate.search.search import Search
 
         assert self.config is not None and self.launcher is not None
         sweep_dir = Path(self.config.hydra.sweep.dir)

@@ -31,7 +31,7 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import TrialState
 
 from kvpipe.cache.backends.base import LAYOUTS_SAFER_THAN
-from kvpipe.search.space import Point, Space
+from kvpipe.orchestrate.search.space import Point, Space
 
 # The ordered numeric dimensions of a quantized configuration, and which way is safer (keeps more exact)
 SAFER = {"backend.nbits": 1, "backend.residual_length": 1, "backend.q_group_size": -1}

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from kvpipe.errors import ConfigError, KvpipeError
-from kvpipe.search.sweeper import SearchSettings
+from kvpipe.orchestrate.search.sweeper import SearchSettings
 from kvpipe.units import human_bytes
 
 DEFAULT_TRIALS = SearchSettings.trials
@@ -57,9 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpipe.decide import plan
+    from kvpipe.orchestrate.search.search import split_arguments
+    from kvpipe.predict import plan
     from kvpipe.record import auth
-    from kvpipe.search.search import split_arguments
 
     started = time.monotonic()
     limits = _limits(args)
@@ -100,7 +100,7 @@ def _limits(args):
 def _search(args, sweep_dir: Path) -> None:
     """The Hydra multirun with the search sweeper, in this process (one import of everything)."""
     from kvpipe import cli
-    from kvpipe.search import register_sweeper
+    from kvpipe.orchestrate.sweepers import register_search_sweeper
 
     settings = {
         "trials": args.trials,
@@ -112,7 +112,7 @@ def _search(args, sweep_dir: Path) -> None:
     }
     argv = ["-m", "hydra/sweeper=search", f"hydra.sweep.dir={sweep_dir}", *args.overrides]
     argv += [f"hydra.sweeper.{name}={value}" for name, value in settings.items() if value is not None]
-    register_sweeper()
+    register_search_sweeper()
     saved = sys.argv
     sys.argv = ["kvpipe", *argv]
     try:
@@ -132,7 +132,7 @@ def _search(args, sweep_dir: Path) -> None:
 
 
 def _parent_run(sweep_dir: Path) -> str:
-    from kvpipe.sweep import SweepState
+    from kvpipe.orchestrate.sweep import SweepState
 
     state = SweepState.load(sweep_dir)
     if state is None or not state.parent_run_id:
@@ -151,7 +151,7 @@ def print_front(parent: str, args, limits) -> None:
     import pandas as pd
 
     from kvpipe.decide.runs import load_runs, non_dominated
-    from kvpipe.search import objectives
+    from kvpipe.orchestrate.search import objectives
 
     experiment, uri = _source(args)
     runs, _ = load_runs(experiment, parent, uri)

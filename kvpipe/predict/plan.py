@@ -9,9 +9,9 @@ exactly (tests/test_capacity.py runs both).
 A context is prompt + new tokens, as the workload check counts it against the model's positions. The
 cache then holds context - 1 tokens: the last generated token is never fed back.
 
-`--hardware NAME` adds the floors of TPOT and TTFT on an accelerator of conf/hardware.yaml (kvpipe.decide.speed,
+`--hardware NAME` adds the floors of TPOT and TTFT on an accelerator of conf/hardware.yaml (kvpipe.predict.speed,
 .floors), and fits then counts the transients too; `--hardware local` measures this machine and
-calibrates predictions on its runs (kvpipe.decide.calibration). `--json` prints it all as one document.
+calibrates predictions on its runs (kvpipe.predict.calibration). `--json` prints it all as one document.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import json
 from kvpipe import cache, model
 from kvpipe.cache.accounting import UnpredictableLayers, kv_shape
 from kvpipe.config import compose, from_hydra
-from kvpipe.decide import calibration, hardware, speed
-from kvpipe.decide.floors import model_costs, split
 from kvpipe.errors import ConfigError, KvpipeError, first_line, require_choice
 from kvpipe.model.weights import weights
+from kvpipe.predict import calibration, hardware, speed
+from kvpipe.predict.floors import model_costs, split
 from kvpipe.spec import make_spec
 from kvpipe.units import human_bytes, parse_bytes
 

@@ -1,7 +1,7 @@
 """Calibrated TPOT and TTFT, from this machine's own runs: for `kvpipe plan --hardware local` and
 `kvpipe compare --predicted`.
 
-Per strategy (its cache settings exactly), in what each run's context costs (kvpipe.decide.floors,
+Per strategy (its cache settings exactly), in what each run's context costs (kvpipe.predict.floors,
 the bytes and FLOPs the floors are made of):
 
     TPOT = a + b x decode_bytes_per_step                  (weights + KV read per step)
@@ -387,9 +387,9 @@ def _job_spec(overrides: str):
 
 def _costs(model_cfg, dtype: str, batch: int, device: str):
     from kvpipe import model
-    from kvpipe.decide.floors import model_costs
     from kvpipe.model.loading import config_key
     from kvpipe.model.weights import weights
+    from kvpipe.predict.floors import model_costs
 
     key = (config_key(model_cfg), dtype, batch, device)
     if key not in _COSTS:

@@ -1,11 +1,10 @@
-"""The search stage: `kvpipe advise` and hydra/sweeper=search look through the cache space for the
-Pareto front under the user's limits (space.py: what is searched; objectives.py: what is minimised;
-search.py: the Optuna study and its rounds; sweeper.py: the Hydra sweeper that runs them)."""
+"""kvpipe's two Hydra sweepers, registered by name: the grid (the default, kvpipe.orchestrate.grid)
+and the search (hydra/sweeper=search, kvpipe.orchestrate.search.sweeper)."""
 
 from kvpipe.errors import KvpipeError
 
 
-def register_sweeper() -> None:
+def register_search_sweeper() -> None:
     """Hydra finds plugins by scanning the hydra_plugins namespace, which an editable install's
     import hook hides from it; registering the class by name works for every install."""
     from hydra.core.plugins import Plugins
@@ -16,7 +15,7 @@ def register_sweeper() -> None:
 
 
 def register_grid_sweeper() -> None:
-    """The default sweeper (kvpipe.grid), registered as register_sweeper registers the search."""
+    """The default sweeper, registered as the search is."""
     from hydra.core.plugins import Plugins
 
     try:

@@ -15,9 +15,9 @@ from typing import Callable
 
 from kvpipe.decide.recommend import Limits, limits_from
 from kvpipe.errors import ConfigError, KvpipeError
+from kvpipe.orchestrate.search import objectives
+from kvpipe.orchestrate.search.space import DIMENSIONS, Point, Space, build
 from kvpipe.record.result import Result
-from kvpipe.search import objectives
-from kvpipe.search.space import DIMENSIONS, Point, Space, build
 from kvpipe.units import human_bytes
 from kvpipe.workload import longest_prompt_of
 
@@ -136,7 +136,7 @@ class Search:
     def _sampler(self):
         import optuna
 
-        from kvpipe.search.frontier import FrontierSampler
+        from kvpipe.orchestrate.search.frontier import FrontierSampler
 
         if self.settings.sampler not in SAMPLERS:
             raise ConfigError("hydra.sweeper.sampler", self.settings.sampler, f"expected one of {', '.join(SAMPLERS)}")
@@ -215,7 +215,7 @@ class Search:
         return [p for p in self.space.points if p not in self.seen and p not in inferred]
 
     def _inferred(self) -> dict:
-        from kvpipe.search.frontier import inferred_misses
+        from kvpipe.orchestrate.search.frontier import inferred_misses
 
         measured = {p: s.values for p, s in self.seen.items() if s.values}
         return inferred_misses(self.space, measured, self.quality_limit)
@@ -457,6 +457,6 @@ def _extremes(points: list[Point]) -> list[Point]:
 
 
 def _eta(elapsed_s: float, done: int, total: int) -> str:
-    from kvpipe.sweep import duration_text
+    from kvpipe.orchestrate.sweep import duration_text
 
     return duration_text(math.ceil(elapsed_s / done * (total - done))) if 0 < done < total else "0s"

@@ -1,14 +1,14 @@
 """`kvpipe plan --hardware`: per strategy and context, the floors of TPOT and TTFT on an accelerator
-(kvpipe.decide.floors), what the job needs in memory, and with `--hardware local` what a calibration
-on this machine's runs predicts (kvpipe.decide.calibration); as tables, and as plan's JSON rows."""
+(kvpipe.predict.floors), what the job needs in memory, and with `--hardware local` what a calibration
+on this machine's runs predicts (kvpipe.predict.calibration); as tables, and as plan's JSON rows."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvpipe.decide import calibration
-from kvpipe.decide.calibration import Calibration
-from kvpipe.decide.floors import Cost, split
+from kvpipe.predict import calibration
+from kvpipe.predict.calibration import Calibration
+from kvpipe.predict.floors import Cost, split
 from kvpipe.units import human_bytes
 
 
