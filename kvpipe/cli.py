@@ -1,5 +1,6 @@
 """Command line. `kvpipe [overrides]` and `python -m kvpipe` run a Hydra job (or sweep, with -m);
-`kvpipe compare|recommend|plan|advise|sync ...` are subcommands of one argparse parser.
+`kvpipe NAME ...` runs a subcommand: each module of kvpipe/commands/ is one (its HELP, add_arguments
+and run), found as plugins are, so a new subcommand is one module.
 
 argparse rather than Typer: Hydra already owns the default command's argv and its --help, so the
 subcommands need only a parser of their own, and argparse adds no dependency and no second style.
@@ -14,42 +15,38 @@ import contextlib
 import importlib
 import logging
 import os
+import pkgutil
 import shlex
 import sys
 import threading
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from kvpipe.config import from_hydra, register_schemas
+from kvpipe import commands
+from kvpipe.config import register_schemas
 from kvpipe.errors import KvpipeError, fail
-from kvpipe.orchestrate.pipeline import run_pipeline
-from kvpipe.orchestrate.sweep import run_sweep_job
+from kvpipe.orchestrate.task import run_task, user_error
 from kvpipe.record import worker
 from kvpipe.record.result import COMMAND_ENV
-from kvpipe.spec import make_spec
 
 log = logging.getLogger("kvpipe")
 
 register_schemas()
 
-# name -> (module with add_arguments(parser) and run(args), one-line help)
-SUBCOMMANDS = {
-    "compare": ("kvpipe.decide.compare", "a sweep's runs as one table, a Pareto front and plots"),
-    "recommend": ("kvpipe.decide.recommend", "the cache to use under memory, latency and quality limits"),
-    "plan": ("kvpipe.predict.plan", "KV-cache and weight bytes from the config alone, before anything loads"),
-    "advise": (
-        "kvpipe.commands.advise",
-        "plan, search the cache space under your limits, and recommend, in one command",
-    ),
-    "sync": ("kvpipe.record.sync", "upload results kept on disk while MLflow was unreachable"),
-}
 
-# `kvpipe --help` (Hydra's, conf/config.yaml hydra.help) lists them from here
+def subcommands() -> list[str]:
+    """Every subcommand: the public modules of kvpipe/commands/, found without importing them."""
+    return sorted(m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
+
+
+def _module(name: str):
+    return importlib.import_module(f"{commands.__name__}.{name}")
+
+
+# `kvpipe --help` (Hydra's, conf/config.yaml hydra.help) lists them, each with its HELP line
 OmegaConf.register_new_resolver(
-    "kvpipe_subcommands",
-    lambda: "\n".join(f"  {name:10s}  {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()),
+    "kvpipe_subcommands", lambda: "\n".join(f"  {name:10s}  {_module(name).HELP}" for name in subcommands())
 )
 
 
@@ -66,11 +63,11 @@ def subcommand_parser(only: str | None = None) -> argparse.ArgumentParser:
         description="Measure KV-cache strategies. Without a subcommand, "
         "`kvpipe [overrides]` runs a Hydra job; see `kvpipe --help`.",
     )
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
+    parsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in subcommands():
         if only in (None, name):
-            module = importlib.import_module(module_name)
-            command = commands.add_parser(name, help=help_text, description=help_text)
+            module = _module(name)
+            command = parsers.add_parser(name, help=module.HELP, description=module.HELP)
             module.add_arguments(command)
             command.set_defaults(run=module.run, parser=command)
     return parser
@@ -100,18 +97,7 @@ def _store_setting(argv: list[str]) -> tuple[list[str], str | None]:
 
 @hydra.main(version_base="1.3", config_path="pkg://kvpipe.conf", config_name="config")
 def _hydra_app(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    hydra_cfg = HydraConfig.get()
-    launch_dir = Path(hydra.utils.get_original_cwd())
-    if hydra_cfg.mode == RunMode.MULTIRUN:
-        return run_sweep_job(cfg, hydra_cfg, launch_dir)
-    try:
-        spec = make_spec(cfg, hydra_cfg.overrides.task)  # validated before torch, transformers or mlflow load
-        run_pipeline(spec, Path(hydra_cfg.runtime.output_dir), launch_dir, print_table=cfg.print_table)
-    except KvpipeError as exc:
-        fail(str(exc))  # here, not in main(): Hydra would first print its own "Error executing job" line
+    return run_task(cfg)
 
 
 def subcommand(argv: list[str]) -> int:
@@ -152,7 +138,7 @@ def main() -> None:
     _refuse_credentials_in_uri(sys.argv[1:])
     # What produced every run, as typed; launcher processes (joblib, submitit) inherit it
     os.environ.setdefault(COMMAND_ENV, shlex.join(["kvpipe", *sys.argv[1:]]))
-    if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
+    if len(sys.argv) > 1 and sys.argv[1] in subcommands():
         sys.exit(subcommand(sys.argv[1:]))
     # Hydra's argparse cannot take overrides on both sides of -m; accept them anywhere.
     flags = [a for a in sys.argv[1:] if a in ("-m", "--multirun")]
@@ -173,7 +159,7 @@ def main() -> None:
     except KvpipeError as exc:
         fail(str(exc))
     except Exception as exc:  # noqa: BLE001 - sorted into user errors vs our bugs below
-        message = _user_error(exc)
+        message = user_error(exc)
         if message is None:
             raise
         fail(message)
@@ -191,18 +177,3 @@ def _refuse_credentials_in_uri(argv: list[str]) -> None:
                 check_uri(arg.split("=", 1)[1], "tracking.uri")
             except KvpipeError as exc:
                 fail(str(exc))
-
-
-def _user_error(exc: BaseException) -> str | None:
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    if isinstance(exc, (HydraException, OmegaConfBaseException)):
-        return from_hydra(exc)
-    if isinstance(exc, ValueError) and str(exc).startswith(HYDRA_FLAG_ERRORS):
-        return f"{exc}; to see a job's config, give --cfg job without -m, e.g. kvpipe cache=static --cfg job"
-    return None
-
-
-# Hydra's own checks of its flags (hydra/_internal/utils.py), raised as plain ValueErrors
-HYDRA_FLAG_ERRORS = ("Only one of --run, --multirun, --cfg", "The --resolve flag can only be used")

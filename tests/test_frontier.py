@@ -130,7 +130,7 @@ def _trial(point, values, the_space, constraints=None, state=None, user_attrs=No
 
 @pytest.mark.parametrize("sampler", ["frontier", "nsga2"])
 def test_the_sweeper_takes_either_sampler_and_refuses_others_in_one_line(sampler, tmp_path):
-    from kvpipe.decide.recommend import Limits
+    from kvpipe.decide.limits import Limits
     from kvpipe.errors import ConfigError
     from kvpipe.orchestrate.search.search import Search
     from kvpipe.orchestrate.search.sweeper import SearchSettings
@@ -182,7 +182,7 @@ def test_a_trial_killed_mid_job_is_asked_again_and_one_that_failed_is_not():
 
 
 def test_progress_counts_jobs_against_the_budget_and_every_point_in_an_exhaustive_pass(tmp_path, capsys):
-    from kvpipe.decide.recommend import Limits
+    from kvpipe.decide.limits import Limits
     from kvpipe.orchestrate.search.search import MEASURED, REUSED, Search, Seen
     from kvpipe.orchestrate.search.sweeper import SearchSettings
 

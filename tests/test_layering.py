@@ -23,7 +23,8 @@ FLOORS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("kvpipe.measure",),),
     (("kvpipe.job",),),
     (("kvpipe.record",),),
-    (("kvpipe.predict",), ("kvpipe.decide",)),
+    (("kvpipe.predict",),),  # what a configuration will cost, without running it
+    (("kvpipe.decide",),),  # judging what was recorded (it may set predictions beside it: compare --predicted)
     (("kvpipe.orchestrate",),),
     (("kvpipe.commands", "kvpipe.cli", "kvpipe.api", "kvpipe.__main__"),),
 )

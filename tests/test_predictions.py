@@ -238,8 +238,7 @@ def test_too_few_runs_show_the_floor_and_the_command_that_would_calibrate(specs,
     monkeypatch.setattr(calibration, "read_local_runs", lambda *a: calibration.LocalRuns(runs, "3 runs"))
     overrides = ["model=tiny_random", "backend.q_group_size=16", "backend.residual_length=4",
                  "workload.max_new_tokens=28"]  # fmt: skip
-    plan.report(make_spec(compose(overrides), overrides), None, [128, 528], "cpu", "local", as_json=True)
-    document = json.loads(capsys.readouterr().out)
+    document = plan.make_plan(make_spec(compose(overrides), overrides), None, [128, 528], "cpu", "local").as_dict()
     fitted = {row["strategy"]: row for row in document["calibration"]["strategies"]}
     assert set(fitted) == {"dynamic"}  # measured at two prompt lengths; quantized at one
     assert fitted["dynamic"]["prompt_lengths"] == [100, 400]

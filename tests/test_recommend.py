@@ -8,7 +8,9 @@ import pytest
 
 from kvpipe import cli
 from kvpipe.decide import recommend
-from kvpipe.decide.recommend import Limits, choose
+from kvpipe.decide import runs as decided_runs
+from kvpipe.decide.limits import Limits
+from kvpipe.decide.recommend import choose
 from kvpipe.errors import KvpipeError
 from kvpipe.units import parse_bytes as parse_size
 
@@ -112,7 +114,7 @@ def test_each_workload_gets_its_own_answer_and_exit_1_when_any_has_none(monkeypa
         {**DYNAMIC, "params": {"workload.batch_size": 1}},
         {**DYNAMIC, "peak_mib": 5000, "params": {"workload.batch_size": 8}},
     )
-    monkeypatch.setattr(recommend, "load_runs", lambda *args, **kwargs: (runs, None))
+    monkeypatch.setattr(decided_runs, "load_runs", lambda *args, **kwargs: (runs, None))
     assert cli.subcommand(["recommend", "--memory-budget", "1GiB"]) == 1
     out = capsys.readouterr().out
     assert "workload.batch_size=1:\nrecommend: dynamic" in out
@@ -181,7 +183,7 @@ def test_min_accuracy_stands_in_for_the_default_kl_limit(monkeypatch, capsys):
     # passkey runs without a KL pass: the quantized one is chosen on its retrieval accuracy alone
     params = {"backend.name": "quanto", "backend.nbits": 4, "axis.layout": "kivi"}
     runs = fake_runs({**DYNAMIC, "accuracy": 0.8}, {**INT4, "kl": None, "accuracy": 0.8, "params": params})
-    monkeypatch.setattr(recommend, "load_runs", lambda *a, **k: (runs, None))
+    monkeypatch.setattr(decided_runs, "load_runs", lambda *a, **k: (runs, None))
     args = ["--memory-budget", "600MiB", "--min-accuracy", "0.75"]
     assert cli.subcommand(["recommend", *args]) == 0
     out = capsys.readouterr().out

@@ -16,7 +16,8 @@ from kvpipe.cache.base import REGISTRY, CacheSetup, CacheStrategy
 from kvpipe.config import register_schemas
 from kvpipe.decide import recommend
 from kvpipe.decide import runs as recorded
-from kvpipe.decide.recommend import Limits, choose
+from kvpipe.decide.limits import Limits
+from kvpipe.decide.recommend import choose
 from kvpipe.errors import ConfigError
 from kvpipe.job.runner import run_job
 from kvpipe.model import describe

@@ -78,7 +78,7 @@ def test_overrides_narrow_the_space_or_stay_fixed_and_a_sweep_elsewhere_is_one_l
 
 
 def test_constraints_are_the_limits_relative_overshoot_and_unmeasured_is_infeasible():
-    from kvpipe.decide.recommend import Limits
+    from kvpipe.decide.limits import Limits
 
     run = objectives.row({"peak_memory_bytes": 3e9, "tpot_ms": 20.0, "kl_vs_reference": 0.01, "kv_cache_bytes": 1e6},
                          {"cache.strategy": "quantized"}, {})  # fmt: skip

@@ -8,7 +8,8 @@ import pytest
 
 from kvpipe.decide import compare
 from kvpipe.decide import runs as recorded
-from kvpipe.decide.recommend import Limits, choose
+from kvpipe.decide.limits import Limits
+from kvpipe.decide.recommend import choose
 from kvpipe.job.runner import run_job
 from kvpipe.model import loading
 

@@ -16,7 +16,8 @@ from kvpipe import workload
 from kvpipe.catalogue import Metric, catalogue
 from kvpipe.config import register_schemas
 from kvpipe.decide import compare
-from kvpipe.decide.recommend import Limits, choose
+from kvpipe.decide.limits import Limits
+from kvpipe.decide.recommend import choose
 from kvpipe.decide.runs import load_runs
 from kvpipe.errors import ConfigError
 from kvpipe.job.runner import run_job

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
-from kvpipe.errors import ConfigError, KvpipeError
+from kvpipe.decide.limits import SETTINGS, add_limit_arguments, limits_of
+from kvpipe.errors import ConfigError
 from kvpipe.orchestrate.search.sweeper import SearchSettings
 from kvpipe.units import human_bytes
 
+HELP = "plan, search the cache space under your limits, and recommend, in one command"
 DEFAULT_TRIALS = SearchSettings.trials
 ADVISE_DIR = "outputs/advise"
 
@@ -43,13 +44,7 @@ def parse_duration(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides: the model and workload, fixed for every trial; "
                         "cache=, backend=, backend.nbits=, axis=, ... narrow the space")  # fmt: skip
-    parser.add_argument("--memory-budget", metavar="SIZE", help="peak memory, weights included: 8GiB, 512MiB, 1e9")
-    parser.add_argument("--max-tpot-ms", type=float, metavar="MS", help="time per output token")
-    quality = parser.add_mutually_exclusive_group()
-    quality.add_argument(
-        "--max-kl", type=float, metavar="NATS", help="KL vs the full-precision reference (default 0.05)"
-    )
-    quality.add_argument("--min-accuracy", type=float, metavar="FRACTION", help="passkey retrieval accuracy, 0 to 1")
+    add_limit_arguments(parser, exclusive_quality=True)
     parser.add_argument(
         "--trials", type=int, default=DEFAULT_TRIALS, help=f"jobs to measure at most (default {DEFAULT_TRIALS})"
     )
@@ -57,8 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvpipe.commands.plan import show, spec_of
+    from kvpipe.orchestrate.search.launch import launch_search
     from kvpipe.orchestrate.search.search import split_arguments
-    from kvpipe.predict import plan
+    from kvpipe.predict.plan import make_plan
     from kvpipe.record import auth
 
     started = time.monotonic()
@@ -68,14 +65,15 @@ def run(args: argparse.Namespace) -> int:
             "tracking", "off", "advise reads its trials back from MLflow; expected tracking=sqlite or server"
         )
     fixed, _ = split_arguments(args.overrides)  # the plan shows every strategy: the model and workload matter
-    spec = plan._spec(fixed)
+    spec = spec_of(fixed)
     auth.check_credentials(spec.tracking, Path.cwd())  # a refusal: one line, before the plan and the search
-    plan.report(spec, limits.memory_bytes, None, None)
+    show(make_plan(spec, limits.memory_bytes))
     sweep_dir = Path(ADVISE_DIR) / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     print(f"\nadvise: searching at most {args.trials} jobs" + (f" for at most {args.timeout}" if args.timeout else "")
           + f"; trials in {sweep_dir}", flush=True)  # fmt: skip
-    _search(args, sweep_dir)
-    parent = _parent_run(sweep_dir)
+    timeout_s = parse_duration(args.timeout) if args.timeout else None
+    limits_given = {name: getattr(args, name) for name in SETTINGS}
+    parent = launch_search(args.overrides, sweep_dir, trials=args.trials, timeout_s=timeout_s, **limits_given)
     print()
     print_front(parent, args, limits)
     status = _recommend(args, parent)
@@ -87,57 +85,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _limits(args):
-    from kvpipe.decide.recommend import limits_from
-
-    limits = limits_from(args.memory_budget, args.max_tpot_ms, args.max_kl, args.min_accuracy)
+    limits = limits_of(args)
     if args.trials < 1:
         raise ConfigError("--trials", args.trials, "expected a positive number of jobs")
     if args.timeout:
         parse_duration(args.timeout)
     return limits
-
-
-def _search(args, sweep_dir: Path) -> None:
-    """The Hydra multirun with the search sweeper, in this process (one import of everything)."""
-    from kvpipe import cli
-    from kvpipe.orchestrate.sweepers import register_search_sweeper
-
-    settings = {
-        "trials": args.trials,
-        "timeout_s": parse_duration(args.timeout) if args.timeout else None,
-        "memory_budget": args.memory_budget,
-        "max_tpot_ms": args.max_tpot_ms,
-        "max_kl": args.max_kl,
-        "min_accuracy": args.min_accuracy,
-    }
-    argv = ["-m", "hydra/sweeper=search", f"hydra.sweep.dir={sweep_dir}", *args.overrides]
-    argv += [f"hydra.sweeper.{name}={value}" for name, value in settings.items() if value is not None]
-    register_search_sweeper()
-    saved = sys.argv
-    sys.argv = ["kvpipe", *argv]
-    try:
-        cli._hydra_app()
-    except SystemExit as exc:  # a search whose trials failed ends like a sweep with failed jobs: go on
-        if exc.code not in (0, 1, None):
-            raise KvpipeError(f"the search stopped (exit {exc.code}); see its log in {sweep_dir}") from None
-    except KvpipeError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - Hydra's and OmegaConf's user errors as one line
-        message = cli._user_error(exc)
-        if message is None:
-            raise
-        raise KvpipeError(message) from None
-    finally:
-        sys.argv = saved
-
-
-def _parent_run(sweep_dir: Path) -> str:
-    from kvpipe.orchestrate.sweep import SweepState
-
-    state = SweepState.load(sweep_dir)
-    if state is None or not state.parent_run_id:
-        raise KvpipeError(f"the search in {sweep_dir} has no MLflow parent run; its results are on disk there")
-    return state.parent_run_id
 
 
 def _source(args) -> tuple[str, str | None]:
@@ -176,12 +129,7 @@ def print_front(parent: str, args, limits) -> None:
 
 
 def _recommend(args, parent: str) -> int:
-    from kvpipe.decide import recommend
+    from kvpipe.commands.recommend import answer
 
     experiment, uri = _source(args)
-    namespace = argparse.Namespace(
-        memory_budget=args.memory_budget, max_tpot_ms=args.max_tpot_ms, max_kl=args.max_kl,
-        min_accuracy=args.min_accuracy, all=False, experiment=experiment, parent=parent,
-        tracking_uri=uri, uri_spelling="tracking.uri",
-    )  # fmt: skip
-    return recommend.run(namespace)
+    return answer(limits_of(args), experiment, parent, uri)

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 from pathlib import Path
 
 import pandas as pd
 
 from kvpipe import catalogue
 from kvpipe.decide import plots
-from kvpipe.decide.closing import Shown, print_shown
+from kvpipe.decide.closing import Shown
 from kvpipe.decide.runs import (
     CACHE_PARAMS,
-    add_source_arguments,
     column,
     describe,
     environments,
@@ -139,7 +136,7 @@ def shown(runs: pd.DataFrame, title: str) -> Shown:
     )
 
 
-def _publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> tuple[list[Path], Shown]:
+def publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> tuple[list[Path], Shown]:
     """Write the files, log them on the parent run (if this user may); returns the files and the table."""
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -156,36 +153,8 @@ def _publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> tuple[list[Path],
     return written, shown(runs, title)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_source_arguments(parser)
-    parser.add_argument("--out", type=Path, metavar="DIR", help="where to write (default: the sweep's dir)")
-    parser.add_argument(
-        "--predicted",
-        action="store_true",
-        help="beside each run, the TPOT and TTFT a calibration on its strategy's runs predicts (as kvpipe plan "
-        "--hardware local does): its runs at two or more prompt lengths on one machine",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    """Print the latest (or a named) sweep's table; write and log its files."""
-    runs, parent_run = load_runs(args.experiment, args.parent, args.tracking_uri, spelled=args.uri_spelling)
-    if getattr(args, "predicted", False):
-        from kvpipe.predict.calibration import with_predictions
-
-        runs = with_predictions(runs)
-    sweep_dir = Path(parent_run.data.tags.get("kvpipe.sweep_dir", "/nonexistent"))
-    out_dir = args.out or (sweep_dir if sweep_dir.is_dir() else Path("compare") / parent_run.info.run_id[:8])
-    written, table = _publish(runs, parent_run, out_dir)
-    print_shown(table)
-    if sys.stderr.isatty():
-        names = ", ".join(path.name for path in written)
-        print(f"wrote {names} to {out_dir}; logged on MLflow run {parent_run.info.run_id}", file=sys.stderr)
-    return 0
-
-
 def publish_sweep(experiment: str, parent_run_id: str, uri: str, sweep_dir: Path) -> Shown:
     """A sweep's end (kvpipe.decide.closing, in its tracking worker if it has one): its runs read from
     MLflow, the files written in sweep_dir and logged on the parent; returns the table to print."""
     runs, parent_run = load_runs(experiment, parent_run_id, uri)
-    return _publish(runs, parent_run, sweep_dir)[1]
+    return publish(runs, parent_run, sweep_dir)[1]

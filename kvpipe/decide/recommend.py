@@ -9,23 +9,15 @@ Otherwise no recommendation, and the run that comes closest, with the limits it 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import shlex
-from dataclasses import dataclass
 
 from kvpipe import cache, catalogue
-from kvpipe.decide.runs import (  # mlflow only once limits are valid
-    add_source_arguments,
-    is_lossless,
-    load_runs,
-    model_names,
-)
-from kvpipe.errors import ConfigError
-from kvpipe.units import human_bytes, parse_bytes
+from kvpipe.decide.limits import BY_NAME, Limits
+from kvpipe.decide.runs import is_lossless
+from kvpipe.units import human_bytes
 
-DEFAULT_KL = 0.05  # nats: the quality limit when none is given
 PAYS_OFF = 0.10  # static must beat dynamic's TPOT by this much to be worth a fixed, preallocated cache
 DYNAMIC, STATIC, OFFLOADED, QUANTIZED = cache.FAMILIES  # the guide's rules are written per family
 DENSE, MEMORY_SAVERS = (DYNAMIC, STATIC), (OFFLOADED, QUANTIZED)  # lossless before lossy, when memory binds
@@ -36,71 +28,15 @@ def family(strategy: str) -> str | None:
     return cache.REGISTRY[strategy].family if strategy in cache.REGISTRY else None
 
 
-@dataclass(frozen=True)
-class Limits:
-    """The user's limits; None is no limit."""
-
-    memory_bytes: float | None = None
-    tpot_ms: float | None = None
-    kl: float | None = DEFAULT_KL
-    accuracy: float | None = None  # passkey retrieval accuracy, a minimum
-
-    def describe(self) -> str:
-        parts = [
-            f"memory ≤ {human_bytes(self.memory_bytes)}" if self.memory_bytes is not None else "",
-            f"TPOT ≤ {self.tpot_ms:g} ms" if self.tpot_ms is not None else "",
-            f"KL ≤ {self.kl:g} nats" if self.kl is not None else "",
-            f"retrieval ≥ {self.accuracy:.0%}" if self.accuracy is not None else "",
-        ]
-        return " · ".join(p for p in parts if p)
-
-    def misses(self, run) -> dict[str, float]:
-        """Relative overshoot of each limit the run misses; inf where the figure was not measured.
-
-        Memory is the measured peak, weights included: the allocator's on CUDA, the process's on CPU."""
-        overshoot = {}
-        for name, (value, limit) in self.checks(run).items():
-            if limit is None:
-                continue
-            if value is None or math.isnan(value):
-                overshoot[name] = math.inf
-            elif name in MINIMUMS and value < limit:
-                overshoot[name] = 1 - value / limit  # the share of the required accuracy it lacks
-            elif name not in MINIMUMS and value > limit:
-                overshoot[name] = value / limit - 1 if limit > 0 else math.inf
-        return overshoot
-
-    def checks(self, run) -> dict[str, tuple[float, float | None]]:
-        return {
-            "memory": (run["memory_bytes"], self.memory_bytes),
-            "TPOT": (run["metrics.tpot_ms"], self.tpot_ms),
-            "KL": (run["quality_loss"], self.kl),
-            "accuracy": (run.get("metrics.retrieval_accuracy", math.nan), self.accuracy),
-        }
-
-
-MINIMUMS = ("accuracy",)  # limits a run must reach; the others it must stay under
-
-
-# Each limit's figure, as the catalogue shows it
-LIMIT_METRICS = {
-    "memory": "peak_memory_bytes",
-    "TPOT": "tpot_ms",
-    "KL": "kl_vs_reference",
-    "accuracy": "retrieval_accuracy",
-}
-
-
 def _figure(name: str, value: float) -> str:
-    return catalogue.get(LIMIT_METRICS[name]).show(value)
+    return catalogue.get(BY_NAME[name].metric).show(value)
 
 
 def _miss_text(run, name: str, overshoot: float, limits: Limits) -> str:
     value, limit = limits.checks(run)[name]
     if math.isinf(overshoot):
-        rerun = {"KL": " (run it with quality=on)", "accuracy": " (run it with workload=passkey)"}
-        return f"{name} not measured" + rerun.get(name, "")
-    if name in MINIMUMS:
+        return f"{name} not measured" + BY_NAME[name].unmeasured
+    if BY_NAME[name].minimum:
         return f"{name} {_figure(name, value)}, below {_figure(name, limit)}"
     return f"{name} by {overshoot:.0%} ({_figure(name, value)} vs {_figure(name, limit)})"
 
@@ -237,63 +173,3 @@ def snippet(run) -> str:
         f"max_new_tokens={new_tokens})\n"
         f"output = model.generate(**inputs, max_new_tokens={new_tokens}, **kwargs)"
     )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--memory-budget", metavar="SIZE", help="e.g. 8GiB, 512MiB, 24GB, 1e9 (default: none)")
-    parser.add_argument("--max-tpot-ms", type=float, metavar="MS", help="time per output token (default: none)")
-    parser.add_argument(
-        "--max-kl",
-        type=float,
-        metavar="NATS",
-        help=f"KL divergence vs the full-precision reference (default: {DEFAULT_KL}, or none with --min-accuracy)",
-    )
-    parser.add_argument(
-        "--min-accuracy",
-        type=float,
-        metavar="FRACTION",
-        help="passkey retrieval accuracy, from runs with workload=passkey, e.g. 0.9; the quality limit in "
-        "place of the default --max-kl (default: none)",
-    )
-    parser.add_argument("--all", action="store_true", help="every FINISHED run in the experiment, not one sweep")
-    add_source_arguments(parser)
-
-
-def limits_from(memory_budget: str | None, max_tpot_ms, max_kl, min_accuracy) -> Limits:
-    """The user's limits, checked (one-line errors naming the flag), as recommend, advise and the
-    search read them."""
-    for name, value in (("--max-tpot-ms", max_tpot_ms), ("--max-kl", max_kl)):
-        if value is not None and not value >= 0:
-            raise ConfigError(name, value, "expected a number ≥ 0")
-    if min_accuracy is not None and not 0 <= min_accuracy <= 1:
-        raise ConfigError("--min-accuracy", min_accuracy, "expected a fraction from 0 to 1, e.g. 0.9")
-    budget = parse_bytes(memory_budget) if memory_budget is not None else None
-    # One quality limit by default: KL, or retrieval accuracy when asked for (passkey runs score
-    # their answers, and their KL would be over the reference's rambling past the answer); both when both are given
-    kl = max_kl if max_kl is not None or min_accuracy is not None else DEFAULT_KL
-    return Limits(memory_bytes=budget, tpot_ms=max_tpot_ms, kl=kl, accuracy=min_accuracy)
-
-
-def run(args: argparse.Namespace) -> int:
-    """0 and the strategy to use per workload, or 1 and the limit closest to being met."""
-    limits = limits_from(args.memory_budget, args.max_tpot_ms, args.max_kl, args.min_accuracy)
-    runs, parent_run = load_runs(
-        args.experiment, args.parent, args.tracking_uri, whole_experiment=args.all, spelled=args.uri_spelling
-    )
-    source = f"sweep {parent_run.info.run_id[:8]}" if parent_run else f"experiment {args.experiment!r}"
-    print(f"limits: {limits.describe()} · {len(runs)} measured runs of {model_names(runs)} from {source}")
-    missing = 0
-    for workload, group in runs.groupby("workload", sort=False):  # strategies compete within one workload
-        if workload:
-            print(f"{workload}:")
-        chosen, (what, why) = choose(group, limits)
-        if chosen is None:
-            print(f"{what}\n  {why}")
-            missing += 1
-        else:
-            code = "\n".join("    " + line for line in snippet(chosen).splitlines())
-            print(
-                f"recommend: {chosen['label']} (run {chosen['run_id']})\n  {what}\n  why: {why}\n"
-                f"  use: {use_command(chosen)}\n  in your own generate() call:\n{code}"
-            )
-    return 1 if missing else 0

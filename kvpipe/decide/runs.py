@@ -1,22 +1,15 @@
-"""Reading recorded runs back from MLflow, for compare and recommend: one sweep's or a whole experiment's."""
+"""Recorded runs as a decision reads them: each run's label, strategy, peak memory, quality loss and
+workload, the Pareto front within each workload, and the params that vary (llama-bench's columns).
+Reading them from MLflow is kvpipe.record.runs'."""
 
 from __future__ import annotations
-
-import argparse
-from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from kvpipe import cache, workload
-from kvpipe.errors import ConfigError, KvpipeError
-from kvpipe.record.auth import check_uri, refusals, status_of
-from kvpipe.record.result import iter_results
-from kvpipe.record.tracking import add_store_argument, point_mlflow_at, resolve_uri
+from kvpipe.record.runs import column, read_runs, retrieval_history
 
-FINISHED = "attributes.status = 'FINISHED' and tags.`kvpipe.status` = 'FINISHED'"
-KEY = "tags.kvpipe.measurement_key"
 NOT_MEASURED = ("tracking.", "print_table", "resume", "sweep_name", "fallback")
 CACHE_PARAMS = ("cache.", "backend.", "axis.")  # the rest says what was measured: the workload
 
@@ -31,115 +24,17 @@ def in_label() -> set[str]:
     return {"cache.strategy", *(name for strategy in cache.registered() for name in strategy.in_label)}
 
 
-def add_source_arguments(parser: argparse.ArgumentParser) -> None:
-    """--experiment, --parent, tracking.uri=URI: which runs to read (shared with recommend)."""
-    parser.add_argument("--experiment", default="kvpipe", help="MLflow experiment (default: kvpipe)")
-    parser.add_argument("--parent", metavar="RUN_ID", help="a sweep's parent run (default: the latest sweep)")
-    add_store_argument(parser, "the MLflow store to read")
-
-
 def load_runs(
     experiment: str,
     parent: str | None,
     tracking_uri: str | None,
     whole_experiment: bool = False,
     spelled: str = "--tracking-uri",
-    every_repeat: bool = False,
 ):
-    """(FINISHED runs with derived columns, parent Run or None): one sweep's, or the whole experiment's.
-    A measurement run again counts once, its latest run, unless every_repeat (a calibration: each run
-    of a length is a sample of it)."""
-    uri, said = resolve_uri(tracking_uri, Path.cwd(), spelled)
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
-        # MLflow would create an empty database and then find nothing in it
-        raise KvpipeError(
-            f"{said}: no MLflow store there; run from the folder the runs were launched in (its "
-            "outputs/mlflow.db), or name the store with tracking.uri=URI or MLFLOW_TRACKING_URI"
-        )
-    check_uri(uri, said)
-    point_mlflow_at(uri)
-    what = f"the experiment of run {parent}" if parent else f"experiment {experiment!r}"
-    with refusals(said, what, "read"):  # a server's 401 or 403 as one line, before anything else is said
-        return _load_runs(experiment, parent, uri, whole_experiment, every_repeat)
-
-
-def _load_runs(experiment: str, parent: str | None, uri: str, whole_experiment: bool, every_repeat: bool = False):
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    if parent:
-        try:
-            parent_run = mlflow.get_run(parent)
-        except MlflowException as exc:
-            if status_of(exc):
-                raise
-            raise ConfigError(
-                "--parent",
-                parent,
-                f"no such run in {uri}; expected a sweep's parent run id, or no --parent for the latest sweep",
-            ) from None
-        if parent_run.data.tags.get("kvpipe.sweep") != "true":
-            raise ConfigError("--parent", parent, "that run is one job, not a sweep; expected a sweep's parent run")
-        experiment_id = parent_run.info.experiment_id
-    else:
-        found = mlflow.get_experiment_by_name(experiment)
-        if found is None:
-            names = ", ".join(e.name for e in mlflow.search_experiments())
-            raise ConfigError("--experiment", experiment, f"no such experiment in {uri}; expected one of: {names}")
-        experiment_id, parent_run = found.experiment_id, None
-        if not whole_experiment:
-            sweeps = mlflow.search_runs(
-                [experiment_id],
-                "tags.`kvpipe.sweep` = 'true'",
-                max_results=1,
-                order_by=["attributes.start_time DESC"],
-                output_format="list",
-            )
-            if not sweeps:
-                raise ConfigError(
-                    "--experiment",
-                    experiment,
-                    "it holds no sweep yet; run one with `python -m kvpipe -m cache=dynamic,static,quantized`",
-                )
-            parent_run = sweeps[0]
-    runs = _search(experiment_id, FINISHED) if parent_run is None else _sweep_runs(experiment_id, parent_run)
-    if runs.empty:
-        where = f"sweep {parent_run.info.run_id}" if parent_run else f"experiment {experiment!r}"
-        raise KvpipeError(f"{where} has no FINISHED runs; its jobs failed or were skipped (see their result.json)")
-    return with_derived(runs.reset_index(drop=True) if every_repeat else _latest_per_key(runs)), parent_run
-
-
-def _search(experiment_id: str, filter_string: str) -> pd.DataFrame:
-    import mlflow
-
-    return mlflow.search_runs([experiment_id], filter_string, output_format="pandas")
-
-
-def _sweep_runs(experiment_id: str, parent_run) -> pd.DataFrame:
-    """The sweep's children, plus the earlier runs its jobs were skipped for under resume=true."""
-    runs = _search(experiment_id, f"tags.`mlflow.parentRunId` = '{parent_run.info.run_id}' and {FINISHED}")
-    sweep_dir = Path(parent_run.data.tags.get("kvpipe.sweep_dir", "/nonexistent"))
-    skipped = {result.measurement_key for _, result in iter_results(sweep_dir) if result.status == "SKIPPED"}
-    skipped -= set(runs.get(KEY, ())) | {None}  # a duplicate within the sweep is a child already
-    if skipped:
-        earlier = _search(experiment_id, FINISHED)
-        runs = pd.concat([runs, earlier[earlier[KEY].isin(skipped)]])
-    return runs
-
-
-def _latest_per_key(runs: pd.DataFrame) -> pd.DataFrame:
-    """One run per measurement, the latest: a re-run replaces its row rather than doubling it."""
-    runs = runs.sort_values("start_time") if "start_time" in runs else runs
-    if KEY in runs:
-        runs = runs[~(runs.duplicated(KEY, keep="last") & runs[KEY].notna())]
-    return runs.reset_index(drop=True)
-
-
-def column(frame: pd.DataFrame, name: str, default=float("nan")) -> pd.Series:
-    """frame[name], or `default` in every row where no run has it (numbers stay numbers, the rest objects)."""
-    if name in frame:
-        return frame[name]
-    return pd.Series(default, index=frame.index, dtype=float if isinstance(default, float) else object)
+    """(FINISHED runs with the columns a decision reads, parent Run or None): one sweep's, or the
+    whole experiment's; a measurement run again counts once, its latest run (kvpipe.record.runs)."""
+    runs, parent_run = read_runs(experiment, parent, tracking_uri, whole_experiment, spelled)
+    return with_derived(runs), parent_run
 
 
 def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
@@ -264,25 +159,6 @@ def describe(runs: pd.DataFrame, params: list[str], full: bool = False) -> list[
     read_by = _read_by(runs)
     values = {p if full else p.split(".")[-1]: param_values(runs, p, read_by) for p in params}
     return [" ".join(f"{name}={shown[i]}" for name, shown in values.items() if shown[i]) for i in range(len(runs))]
-
-
-def retrieval_history(run_id: str, keys: list[str]) -> list[dict]:
-    """A passkey run's figures per context length, from MLflow's stepped metrics: one dict per
-    (key, length) with the value. The step is the context length (kvpipe.workload.passkey.retrieval)."""
-    return [
-        {"metric": key, "context_tokens": step, "value": value}
-        for key in keys
-        for step, value in _metric_history(run_id, key)
-    ]
-
-
-@lru_cache(maxsize=1024)
-def _metric_history(run_id: str, key: str) -> tuple[tuple[int, float], ...]:
-    """(step, value) of a finished run's metric, fetched once: compare's markdown, terminal table and
-    plots all read the same histories."""
-    from mlflow.tracking import MlflowClient
-
-    return tuple((point.step, point.value) for point in MlflowClient().get_metric_history(run_id, key))
 
 
 def retrieval_cells(run: pd.Series) -> list[dict]:

@@ -234,7 +234,7 @@ def calibrate(label: str, points: list[Point]) -> Calibration | None:
 class LocalRuns:
     """The runs a calibration may use, and a line saying which they are (or why there are none)."""
 
-    runs: object  # a DataFrame (kvpipe.decide.runs), or None
+    runs: object  # a DataFrame (kvpipe.record.runs), or None
     said: str
     store: str | None = None
 
@@ -247,13 +247,13 @@ def read_local_runs(spec, dtype: str, device: str, threads: int) -> LocalRuns:
     slower than the others (noisy or not) does not move."""
     from pathlib import Path
 
-    from kvpipe.decide.runs import column, load_runs
+    from kvpipe.record.runs import column, read_runs
     from kvpipe.record.tracking import resolve_uri
 
     experiment, host, batch = spec.tracking.experiment, socket.gethostname(), spec.workload.batch_size
     store = resolve_uri(spec.tracking.uri, Path.cwd())[1]
     try:
-        runs, _ = load_runs(experiment, None, spec.tracking.uri, whole_experiment=True, spelled="tracking.uri",
+        runs, _ = read_runs(experiment, None, spec.tracking.uri, whole_experiment=True, spelled="tracking.uri",
                             every_repeat=True)  # fmt: skip
     except KvpipeError as exc:
         return LocalRuns(None, f"no runs to calibrate with: {exc}", store)
@@ -264,7 +264,8 @@ def read_local_runs(spec, dtype: str, device: str, threads: int) -> LocalRuns:
     keep = column(runs, "metrics.batch_size") == batch
     for name, value in wanted.items():
         keep &= column(runs, name, None) == value
-    keep &= ~runs["contended"] & column(runs, "tags.kvpipe.fallback_to", None).isna()
+    contended = column(runs, "tags.kvpipe.contended", "").fillna("") == "true"
+    keep &= ~contended & column(runs, "tags.kvpipe.fallback_to", None).isna()
     keep &= column(runs, "metrics.tpot_ms").notna() & column(runs, "metrics.ttft_ms").notna()
     what = " · ".join([spec.model.name, dtype, device, f"host {host}"] + ([f"{threads} torch threads"] if device == "cpu"
                       else []) + [f"batch {batch}"])  # fmt: skip
@@ -277,7 +278,7 @@ def matching(runs, variant):
     its strategy reads, as runs log them)."""
     import pandas as pd
 
-    from kvpipe.decide.runs import column
+    from kvpipe.record.runs import column
 
     wanted = variant.params()
     keep = pd.Series(True, index=runs.index)
@@ -324,7 +325,7 @@ def with_predictions(runs):
     (same model, dtype, host, device, threads, batch and cache settings, at two or more prompt
     lengths) predicts for it. Each run's job is composed again from its logged overrides to count
     its costs; a run that no longer composes, or whose group has one prompt length, gets none."""
-    from kvpipe.decide.runs import column
+    from kvpipe.record.runs import column
 
     runs = runs.copy()
     for name in PREDICTED:

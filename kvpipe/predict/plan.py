@@ -1,7 +1,8 @@
-"""`kvpipe plan`: KV-cache and weight bytes from a model's config alone, before any weight loads.
+"""The plan: KV-cache and weight bytes from a model's config alone, before any weight loads.
 
-`kvpipe plan [overrides] --memory-budget 24GiB` prints, per cache strategy, what a cached token costs,
-the cache at chosen context lengths, and the longest context that fits beside the weights. Each row
+Per cache strategy: what a cached token costs, the cache at chosen context lengths, and the longest
+context that fits beside the weights in a memory budget (`kvpipe plan`, kvpipe.commands.plan, prints
+it as tables or JSON; `kvpipe advise` shows it before it searches). Each row
 is its strategy's own `predict_kv_bytes`, which follows how its transformers cache layers (and
 kvpipe's quantized layers) store their tensors, so it equals `kv_cache_bytes` of a real cache
 exactly (tests/test_capacity.py runs both).
@@ -11,23 +12,19 @@ cache then holds context - 1 tokens: the last generated token is never fed back.
 
 `--hardware NAME` adds the floors of TPOT and TTFT on an accelerator of conf/hardware.yaml (kvpipe.predict.speed,
 .floors), and fits then counts the transients too; `--hardware local` measures this machine and
-calibrates predictions on its runs (kvpipe.predict.calibration). `--json` prints it all as one document.
+calibrates predictions on its runs (kvpipe.predict.calibration).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+from dataclasses import dataclass
 
 from kvpipe import cache, model
-from kvpipe.cache.accounting import UnpredictableLayers, kv_shape
-from kvpipe.config import compose, from_hydra
-from kvpipe.errors import ConfigError, KvpipeError, first_line, require_choice
+from kvpipe.cache.accounting import KvShape, UnpredictableLayers, kv_shape
+from kvpipe.errors import ConfigError, KvpipeError, first_line
 from kvpipe.model.weights import weights
 from kvpipe.predict import calibration, hardware, speed
-from kvpipe.predict.floors import model_costs, split
-from kvpipe.spec import make_spec
-from kvpipe.units import human_bytes, parse_bytes
+from kvpipe.predict.floors import ModelCosts, model_costs, split
 
 
 def predict_kv_bytes(spec, kv, prompt_tokens: int, new_tokens: int) -> int:
@@ -51,61 +48,72 @@ def largest_context(kv_bytes_at, available_bytes: int, cap: int) -> int:
     return low
 
 
-def parse_contexts(text: str) -> list[int]:
-    parts = text.replace("_", "").split(",")
-    if not all(part.strip().isdigit() and int(part) >= 2 for part in parts):
-        raise ConfigError("--context", text, "expected comma-separated token counts of at least 2, e.g. 1024,4096,8192")
-    return [int(part) for part in parts]
+@dataclass(frozen=True)
+class PlanRow:
+    """One strategy variant: what a token costs, what its sliding layers hold, the figures at each
+    context (speed.Row), and the longest context that fits (None: no memory was given)."""
+
+    label: str
+    kv_bytes_per_token: float
+    window_bytes: int | None  # models with sliding-window layers only
+    fits_up_to: int | None
+    figures: speed.Row
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=hf model.name_or_path=/path")
-    parser.add_argument(
-        "--memory-budget",
-        metavar="SIZE",
-        help="memory for weights + KV cache (+ transients, with --hardware, whose memory is the default): 24GiB, 8GB, 1e9",
-    )
-    parser.add_argument("--context", metavar="N,N", help="contexts to show (default: 1024, 4096, the model's maximum)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), help="where it will run; sets model.dtype=auto's dtype")
-    parser.add_argument(
-        "--hardware",
-        metavar="NAME",
-        help="floor TPOT and TTFT on an accelerator (" + ", ".join(hardware.names()) + "); local: this machine, "
-        "measured, with predictions calibrated on its runs",
-    )
-    parser.add_argument("--json", action="store_true", help="print the plan as one JSON document, and nothing else")
+@dataclass(frozen=True)
+class Plan:
+    """Everything `kvpipe plan` shows, computed: no printing here."""
+
+    spec: object
+    shape: object  # ModelShape
+    device: str
+    dtype: str
+    kv: KvShape
+    cap: int  # the model's positions (or 2**24 where it names none)
+    contexts: list[int]
+    weights: object  # model.weights.Weights
+    costs: ModelCosts
+    budget: int | None  # --memory-budget
+    memory: int | None  # the budget, else the accelerator's memory
+    hardware_name: str | None
+    accelerator: object | None  # hardware.Hardware
+    local_runs: object | None  # calibration.LocalRuns
+    rows: list[PlanRow]
+    notes: list[str]
+
+    @property
+    def new_tokens(self) -> int:
+        return self.spec.workload.max_new_tokens
+
+    @property
+    def available(self) -> int | None:
+        """Memory left beside the weights, for the cache (and with a hardware, the transients)."""
+        return None if self.memory is None else self.memory - self.weights.bytes
+
+    def as_dict(self) -> dict:
+        """The plan as one JSON document (`kvpipe plan --json`)."""
+        return {
+            "model": self.spec.model.name, "device": self.device, "dtype": self.dtype, "batch_size": self.kv.batch_size,
+            "new_tokens": self.new_tokens, "max_positions": self.shape.max_positions or None,
+            "weights": {"bytes": self.weights.bytes, "exact": self.weights.exact, "source": self.weights.source},
+            "weights_read_bytes_per_step": self.costs.weights_read(self.kv.batch_size),
+            "memory_bytes": self.memory,
+            "fits_counts": "weights + KV cache" + (" + the larger transient" if self.accelerator is not None else ""),
+            "hardware": self.accelerator.as_dict() if self.accelerator is not None else None,
+            "calibration": speed.calibration_document(self.local_runs, [row.figures for row in self.rows]),
+            "rows": [
+                {"strategy": row.label, "kv_bytes_per_token": row.kv_bytes_per_token, "fits_up_to": row.fits_up_to,
+                 "contexts": [at.as_dict() for at in row.figures.contexts]}
+                for row in self.rows
+            ],
+            "notes": self.notes,
+        }  # fmt: skip
 
 
-def run(args: argparse.Namespace) -> int:
-    """KV cache and weights from the model's config; loads no weights."""
-    for override in args.overrides:
-        if "=" not in override:
-            raise KvpipeError(f"kvpipe plan: {override!r} is neither a key=value override nor a --flag")
-    budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
-    contexts = parse_contexts(args.context) if args.context else None
-    if args.hardware is not None:
-        require_choice("--hardware", args.hardware, hardware.names())  # before the config is even composed
-    report(_spec(args.overrides), budget, contexts, args.device, args.hardware, args.json)
-    return 0
-
-
-def _spec(overrides: list[str]):
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        return make_spec(compose(overrides), overrides)
-    except (HydraException, OmegaConfBaseException) as exc:
-        raise KvpipeError(from_hydra(exc) or str(exc)) from exc
-
-
-def report(spec, budget: int | None, contexts: list[int] | None, device: str | None,
-           hardware_name: str | None = None, as_json: bool = False) -> None:  # fmt: skip
-    """Print the plan: model, dtype, weights, then one row per strategy variant; with a hardware, the
-    floors (and, on local hardware, the calibration) per strategy and context. As JSON: all of it."""
-    from rich.console import Console
-    from rich.table import Table
-
+def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None, device: str | None = None,
+              hardware_name: str | None = None) -> Plan:  # fmt: skip
+    """The plan for a spec: every strategy variant at each context (default: 1024, 4096 and the
+    model's maximum); with a hardware, the floors there (and on local hardware, the calibration)."""
     try:
         shape = model.describe(spec.model)
     except OSError as exc:  # a hub id with neither network nor a local copy
@@ -153,54 +161,8 @@ def report(spec, budget: int | None, contexts: list[int] | None, device: str | N
         accelerator.peak_flops(dtype)  # an entry without this dtype: one line, before any table
     memory = budget if budget is not None or accelerator is None else accelerator.memory_bytes
     available = None if memory is None else memory - weight.bytes
-    speed_rows = [speed.build_row(label, variant, spec, costs, contexts, cap, accelerator, dtype, memory, local_runs)
-                  for label, variant in rows]  # fmt: skip
-
-    # the floors table has ten columns, twelve with predictions
-    width = max(Console().width, 120 if accelerator is None else 150 if local_runs is None else 170)
-    say = (lambda *_, **__: None) if as_json else Console(width=width).print
-    say(f"[bold]kvpipe plan[/bold] · {spec.model.name} · {device} · batch {kv.batch_size}")
-    positions = f"{shape.max_positions:,} positions" if shape.max_positions else "no max_position_embeddings"
-    say(f"model: {shape.num_layers} layers × {shape.num_kv_heads} KV heads × head_dim {shape.head_dim}, {positions}")
-    if shape.has_sliding_layers:
-        say(f"layers: {shape.layer_summary()}")
-    if spec.model.dtype == "auto":  # only then: what the other device would assume may import torch to say
-        other = "cpu" if device == "cuda" else "cuda"
-        say(
-            f"dtype: {dtype} (model.dtype=auto on {device}; --device {other} would assume {model.dtype_name('auto', other)})"
-        )
-    else:
-        say(f"dtype: {dtype} (model.dtype)")
-    say(
-        f"weights: {human_bytes(weight.bytes)} ({weight.bytes:,} bytes), {weight.source}",
-        style=None if weight.exact else "yellow",
-    )
-    what = "the KV cache" if accelerator is None else "the KV cache and the transients"
-    if memory is None:  # neither --memory-budget nor --hardware: no fits column
-        named = ""
-    elif budget is not None:
-        named = f"budget: {human_bytes(memory)}"
-    else:
-        named = f"memory: {human_bytes(memory)} ({memory / 1e9:.1f} GB, {hardware_name})"
-    if available is not None and available > 0:
-        say(f"{named} - weights = {human_bytes(available)} for {what}")
-    elif available is not None:
-        say(
-            f"{named} is less than the weights alone: no context fits; raise "
-            "--memory-budget or choose a smaller model.dtype",
-            style="bold red",
-        )
-    say(f"context = prompt + {new_tokens} new tokens (workload.max_new_tokens); the cache holds context - 1 tokens")
-
-    table = Table(header_style="bold")
-    per_token = ["KV B/token", "windows"] if shape.has_sliding_layers else ["KV B/token"]
-    for column in ["strategy", *per_token] + [f"KV @ {c:,}" + ("*" if c > cap else "") for c in contexts]:
-        table.add_column(column, justify="left" if column == "strategy" else "right")
-    if available is not None:
-        table.add_column("fits up to", justify="right")
-    per_token: dict[str, float] = {}
-    fits_up_to: dict[str, int | None] = {}
-    for (label, variant), row in zip(rows, speed_rows):
+    plan_rows = []
+    for label, variant in rows:
         strategy = variant.strategy
         on_device = strategy.device_kv_shape(kv, device)
 
@@ -211,47 +173,24 @@ def report(spec, budget: int | None, contexts: list[int] | None, device: str | N
             cost = costs.at(strategy, *split(context, new_tokens))
             return cost.memory_bytes - cost.weights_bytes
 
-        per_token[label] = strategy.bytes_per_token(on_device)
-        cells = [label, f"{per_token[label]:,.0f}"]
-        if shape.has_sliding_layers:
-            cells.append(human_bytes(strategy.window_bytes(on_device)))
-        cells += [human_bytes(at.cost.kv_cache_bytes) for at in row.contexts]
-        fits_up_to[label] = None
-        if available is not None:
-            fit = fits_up_to[label] = largest_context(needs_at, available, cap)
-            cells.append("none" if fit == 0 else f"{fit:,}" + (" (model max)" if fit == cap else ""))
-        table.add_row(*cells)
-    say(table)
+        figures = speed.build_row(label, variant, spec, costs, contexts, cap, accelerator, dtype, memory, local_runs)
+        plan_rows.append(
+            PlanRow(
+                label=label,
+                kv_bytes_per_token=strategy.bytes_per_token(on_device),
+                window_bytes=strategy.window_bytes(on_device) if shape.has_sliding_layers else None,
+                fits_up_to=None if available is None else largest_context(needs_at, available, cap),
+                figures=figures,
+            )
+        )
     notes = _notes(spec, shape, device, cap, contexts)
     if accelerator is not None:
         notes.append(
             "with --hardware, fits counts weights + KV cache + the larger of the prefill's largest activation and "
             "(quantized) one layer's dequantized copy; without it, weights + KV cache"
         )
-    for note in notes:
-        say(f"[yellow]note:[/yellow] {note}")
-    if accelerator is not None:
-        speed.print_floors(say, speed_rows, accelerator, dtype, costs.weights_read(kv.batch_size), memory)
-    if local_runs is not None:
-        speed.print_calibration(say, speed_rows, local_runs.said)
-    if as_json:
-        document = {
-            "model": spec.model.name, "device": device, "dtype": dtype, "batch_size": kv.batch_size,
-            "new_tokens": new_tokens, "max_positions": shape.max_positions or None,
-            "weights": {"bytes": weight.bytes, "exact": weight.exact, "source": weight.source},
-            "weights_read_bytes_per_step": costs.weights_read(kv.batch_size),
-            "memory_bytes": memory,
-            "fits_counts": "weights + KV cache" + (" + the larger transient" if accelerator is not None else ""),
-            "hardware": accelerator.as_dict() if accelerator is not None else None,
-            "calibration": speed.calibration_document(local_runs, speed_rows),
-            "rows": [
-                {"strategy": row.label, "kv_bytes_per_token": per_token[row.label], "fits_up_to": fits_up_to[row.label],
-                 "contexts": [at.as_dict() for at in row.contexts]}
-                for row in speed_rows
-            ],
-            "notes": notes,
-        }  # fmt: skip
-        print(json.dumps(document, indent=2))
+    return Plan(spec, shape, device, dtype, kv, cap, contexts, weight, costs, budget, memory, hardware_name,
+                accelerator, local_runs, plan_rows, notes)  # fmt: skip
 
 
 def _notes(spec, shape, device: str, cap: int, contexts: list[int]) -> list[str]:

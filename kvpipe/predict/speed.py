@@ -1,6 +1,7 @@
 """`kvpipe plan --hardware`: per strategy and context, the floors of TPOT and TTFT on an accelerator
 (kvpipe.predict.floors), what the job needs in memory, and with `--hardware local` what a calibration
-on this machine's runs predicts (kvpipe.predict.calibration); as tables, and as plan's JSON rows."""
+on this machine's runs predicts (kvpipe.predict.calibration); as plan's rows and their JSON (the
+tables are kvpipe.commands.plan's)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from dataclasses import dataclass, field
 from kvpipe.predict import calibration
 from kvpipe.predict.calibration import Calibration
 from kvpipe.predict.floors import Cost, split
-from kvpipe.units import human_bytes
 
 
 @dataclass(frozen=True)
@@ -118,87 +118,3 @@ def calibration_document(local_runs, rows: list[Row]) -> dict | None:
             if row.command
         ],
     }
-
-
-def ms(value: float | None) -> str:
-    if value is None:
-        return "–"
-    return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
-
-
-def print_floors(say, rows: list[Row], hardware, dtype: str, weights_read: int, memory: int) -> None:
-    """The floors table: a line per strategy and context."""
-    from rich.table import Table
-
-    calibrated = any(row.calibration for row in rows)
-    source = "measured on this machine" if hardware.measured else hardware.sources.get("memory_bandwidth_gb_per_s", "")
-    say(f"[bold]floors on {hardware.name}[/bold]: {hardware.summary(dtype)} ({source.split(',')[0]})")
-    say(
-        f"TPOT floor = (weights read {human_bytes(weights_read)} + KV read) per step / bandwidth; TTFT floor = the "
-        "larger of prefill FLOPs / peak and prefill bytes / bandwidth. Needs = weights + KV + the larger of the "
-        f"prefill's largest activation and (quantized) one layer's dequantized copy; fits in {human_bytes(memory)}"
-    )
-    table = Table(header_style="bold")
-    columns = ["strategy", "context", "KV cache", "KV read/step", "TPOT floor ms", "TTFT floor ms"]
-    columns += ["TPOT ms", "TTFT ms"] if calibrated else []
-    columns += ["activation", "dequant copy", "needs", "fits"]
-    for column in columns:
-        table.add_column(column, justify="left" if column == "strategy" else "right")
-    for row in rows:
-        for index, at in enumerate(row.contexts):
-            cost = at.cost
-            read = "host link" if cost.kv_read_bytes_per_step is None else human_bytes(cost.kv_read_bytes_per_step)
-            cells = [row.label if index == 0 else "", f"{cost.context:,}" + ("*" if at.beyond_positions else ""),
-                     human_bytes(cost.kv_cache_bytes), read, ms(at.tpot_floor_ms), ms(at.ttft_floor_ms)]  # fmt: skip
-            if calibrated:
-                mark = "†" if at.extrapolated else ""
-                cells += [ms(at.tpot_ms) + (mark if at.tpot_ms is not None else ""),
-                          ms(at.ttft_ms) + (mark if at.ttft_ms is not None else "")]  # fmt: skip
-            dequantized = human_bytes(cost.dequantized_copy_bytes) if cost.dequantized_copy_bytes else "–"
-            cells += [human_bytes(cost.activation_bytes), dequantized, human_bytes(cost.memory_bytes),
-                      "yes" if at.fits else "no"]  # fmt: skip
-            table.add_row(*cells, end_section=index == len(row.contexts) - 1)
-    say(table)
-    if calibrated:
-        say(
-            "TPOT ms, TTFT ms: calibrated on this machine's runs (below); † beyond the prompt lengths they were fitted on"
-        )
-    for reason in sorted({row.traffic_unknown for row in rows if row.traffic_unknown}):
-        say(f"[yellow]note:[/yellow] no TPOT floor where KV read/step is the host link: {reason}")
-    memory_bound = sorted({at.cost.context for row in rows for at in row.contexts if at.ttft_bound == "memory"})
-    if memory_bound:
-        shown = ", ".join(f"{c:,}" for c in memory_bound)
-        say(f"[yellow]note:[/yellow] the TTFT floor at {shown} is set by reading the weights, not by FLOPs")
-
-
-def print_calibration(say, rows: list[Row], said: str) -> None:
-    """The fitted lines and their residuals, then the commands that would calibrate the rest."""
-    from rich.table import Table
-
-    say(f"[bold]calibration[/bold]: {said}")
-    fitted = [row for row in rows if row.calibration]
-    if fitted:
-        table = Table(header_style="bold")
-        for column in ("strategy", "runs", "prompt tokens", "TPOT fit", "TPOT residuals", "TTFT fit", "TTFT residuals"):
-            table.add_column(column, justify="left" if column in ("strategy", "TPOT fit", "TTFT fit") else "right")
-        for row in fitted:
-            fit = row.calibration
-            residuals = fit.residuals()
-            tpot, ttft = fit.describe()
-            table.add_row(
-                row.label, str(len(residuals)), ", ".join(f"{n:,}" for n in fit.prompt_lengths), tpot,
-                _percentages(r["tpot_residual_pct"] for r in residuals), ttft,
-                _percentages(r["ttft_residual_pct"] for r in residuals),
-            )  # fmt: skip
-        say(table)
-        say("each fit is a line in the bytes (TPOT) or FLOPs (TTFT) a run's context costs: exact through two prompt "
-            "lengths; residuals (fit - measured) / measured per run")  # fmt: skip
-    for row in rows:
-        if row.command:
-            measured = ", ".join(f"{n:,}" for n in row.measured_prompts)
-            why = f"runs at prompt length {measured} only" if measured else "no runs"
-            say(f"not calibrated: [bold]{row.label}[/bold] ({why}); floors only. To calibrate: {row.command}")
-
-
-def _percentages(values) -> str:
-    return ", ".join("–" if v is None else f"{v:+.1f}%" for v in values)

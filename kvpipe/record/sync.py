@@ -1,4 +1,4 @@
-"""`kvpipe sync PATH...`: upload results that were kept on disk while MLflow was unreachable.
+"""Uploading results that were kept on disk while MLflow was unreachable (`kvpipe sync PATH...`).
 
 Each result.json records its MLflow run id once uploaded, so syncing twice uploads nothing twice.
 Reads and writes results and MLflow only: the measuring engine is never imported.
@@ -6,7 +6,6 @@ Reads and writes results and MLflow only: the measuring engine is never imported
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from kvpipe.errors import KvpipeError
 from kvpipe.record import auth
 from kvpipe.record.recorder import upload
 from kvpipe.record.result import RESULT_FILE, Result, iter_results
-from kvpipe.record.tracking import ARTIFACT_DIR, add_store_argument
+from kvpipe.record.tracking import ARTIFACT_DIR
 from kvpipe.spec import make_spec
 
 SYNCABLE = ("FINISHED", "FAILED", "KILLED")
@@ -59,23 +58,3 @@ def check_stores(pending: list[tuple[Path, Result]], tracking_uri: str | None) -
         stores.setdefault((store.uri, store.experiment), store)
     for store in stores.values():
         auth.check_credentials(store, Path.cwd())
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories (or result.json files)")
-    add_store_argument(parser, "upload here instead of the store each result names")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Upload every unsynced result under the paths; 1 if any is still unreachable."""
-    pending = unsynced(args.paths)
-    if not pending:
-        print("nothing to sync: every result under these paths is in MLflow already")
-        return 0
-    check_stores(pending, args.tracking_uri)
-    failed = 0
-    for path, result in pending:
-        run_id = sync_one(path, result, args.tracking_uri)
-        failed += not run_id
-        print(f"{path}: " + (f"MLflow run {run_id}" if run_id else "still unreachable, kept on disk"))
-    return 1 if failed else 0

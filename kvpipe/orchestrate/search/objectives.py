@@ -14,7 +14,7 @@ import math
 
 import pandas as pd
 
-from kvpipe.decide.recommend import MINIMUMS, Limits
+from kvpipe.decide.limits import Limits
 from kvpipe.decide.runs import with_derived
 
 INFEASIBLE = 1.0  # the constraint value of a figure that was not measured: as bad as twice the limit
@@ -53,15 +53,6 @@ def values(run: pd.Series, device: str) -> list[float]:
 
 
 def constraints(run: pd.Series, limits: Limits) -> list[float]:
-    """One value per limit set, <= 0 where the run meets it."""
-    found = []
-    for name, (value, limit) in limits.checks(run).items():
-        if limit is None:
-            continue
-        if value is None or value != value:
-            found.append(INFEASIBLE)
-        elif name in MINIMUMS:
-            found.append(1 - value / limit if limit > 0 else 0.0)
-        else:
-            found.append(value / limit - 1 if limit > 0 else (0.0 if value <= 0 else INFEASIBLE))
-    return found
+    """One value per limit set, <= 0 where the run meets it: each limit's excess, as recommend
+    measures it (kvpipe.decide.limits), a figure not measured counting as INFEASIBLE."""
+    return [INFEASIBLE if math.isinf(excess) else excess for excess in limits.excesses(run).values()]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from kvpipe.decide.recommend import Limits, limits_from
+from kvpipe.decide.limits import Limits, limits_of
 from kvpipe.errors import ConfigError, KvpipeError
 from kvpipe.orchestrate.search import objectives
 from kvpipe.orchestrate.search.space import DIMENSIONS, Point, Space, build
@@ -61,10 +61,6 @@ def split_arguments(arguments: list[str]) -> tuple[list[str], dict[str, list[str
         else:
             fixed.append(override.input_line)
     return fixed, restrict
-
-
-def limits_of(settings) -> Limits:
-    return limits_from(settings.memory_budget, settings.max_tpot_ms, settings.max_kl, settings.min_accuracy)
 
 
 def default_storage(tracking_uri: str, launch_dir: Path, store_dir: str) -> str:

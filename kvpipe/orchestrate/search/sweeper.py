@@ -19,28 +19,23 @@ search resumes where it stopped.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
+from kvpipe.decide.limits import LIMITS
 from kvpipe.orchestrate.search import space as spaces
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class SearchSettings:
-    """hydra.sweeper.* (conf/hydra/sweeper/search.yaml)."""
-
+class _Settings:
     trials: int = 20  # jobs to measure at most (points already measured or pruned do not count)
     timeout_s: Optional[float] = None  # launch no new batch after this long
-    memory_budget: Optional[str] = None  # e.g. 8GiB: a constraint, and the plan's pruning bound
-    max_tpot_ms: Optional[float] = None
-    max_kl: Optional[float] = None  # default: recommend's 0.05, unless min_accuracy is given
-    min_accuracy: Optional[float] = None
     group_sizes: list = field(default_factory=lambda: list(spaces.GROUP_SIZES))
     residual_lengths: list = field(default_factory=lambda: list(spaces.RESIDUAL_LENGTHS))
     storage: Optional[str] = None  # an Optuna storage URL; default sqlite beside the tracking store
@@ -49,6 +44,14 @@ class SearchSettings:
     seed: int = 0
     population_size: Optional[int] = None  # NSGA-II's generation; default from the trial budget
     max_batch_size: Optional[int] = None  # trials launched together; default the launcher's n_jobs, else 1
+
+
+# hydra.sweeper.* (conf/hydra/sweeper/search.yaml): the settings above and every limit of
+# kvpipe.decide.limits (memory_budget, max_tpot_ms, ...: constraints; the memory budget also bounds the plan's pruning)
+SearchSettings = make_dataclass(
+    "SearchSettings", [(limit.setting, Optional[limit.given_as], None) for limit in LIMITS], bases=(_Settings,)
+)
+SearchSettings.__module__ = __name__
 
 
 class SearchSweeper(Sweeper):

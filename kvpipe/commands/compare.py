@@ -1,0 +1,43 @@
+"""`kvpipe compare`: a sweep's runs as one table of what varies, a Pareto front and plots."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kvpipe.commands._source import add_source_arguments
+
+HELP = "a sweep's runs as one table, a Pareto front and plots"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_source_arguments(parser)
+    parser.add_argument("--out", type=Path, metavar="DIR", help="where to write (default: the sweep's dir)")
+    parser.add_argument(
+        "--predicted",
+        action="store_true",
+        help="beside each run, the TPOT and TTFT a calibration on its strategy's runs predicts (as kvpipe plan "
+        "--hardware local does): its runs at two or more prompt lengths on one machine",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the latest (or a named) sweep's table; write and log its files."""
+    from kvpipe.decide.closing import print_shown
+    from kvpipe.decide.compare import publish
+    from kvpipe.decide.runs import load_runs
+
+    runs, parent_run = load_runs(args.experiment, args.parent, args.tracking_uri, spelled=args.uri_spelling)
+    if args.predicted:
+        from kvpipe.predict.calibration import with_predictions
+
+        runs = with_predictions(runs)
+    sweep_dir = Path(parent_run.data.tags.get("kvpipe.sweep_dir", "/nonexistent"))
+    out_dir = args.out or (sweep_dir if sweep_dir.is_dir() else Path("compare") / parent_run.info.run_id[:8])
+    written, table = publish(runs, parent_run, out_dir)
+    print_shown(table)
+    if sys.stderr.isatty():
+        names = ", ".join(path.name for path in written)
+        print(f"wrote {names} to {out_dir}; logged on MLflow run {parent_run.info.run_id}", file=sys.stderr)
+    return 0

@@ -1,0 +1,47 @@
+"""`kvpipe recommend`: the cache to use under memory, latency and quality limits, from measured runs."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvpipe.commands._source import add_source_arguments
+from kvpipe.decide import recommend
+from kvpipe.decide.limits import Limits, add_limit_arguments, limits_of
+
+HELP = "the cache to use under memory, latency and quality limits"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_limit_arguments(parser)
+    parser.add_argument("--all", action="store_true", help="every FINISHED run in the experiment, not one sweep")
+    add_source_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """0 and the strategy to use per workload, or 1 and the limit closest to being met."""
+    return answer(limits_of(args), args.experiment, args.parent, args.tracking_uri, args.all, args.uri_spelling)
+
+
+def answer(limits: Limits, experiment: str, parent: str | None, tracking_uri: str | None, whole_experiment: bool = False,
+           spelled: str = "tracking.uri") -> int:  # fmt: skip
+    """Print the recommendation per workload; 1 where no run meets the limits."""
+    from kvpipe.decide.runs import load_runs, model_names  # mlflow only once the limits are valid
+
+    runs, parent_run = load_runs(experiment, parent, tracking_uri, whole_experiment=whole_experiment, spelled=spelled)
+    source = f"sweep {parent_run.info.run_id[:8]}" if parent_run else f"experiment {experiment!r}"
+    print(f"limits: {limits.describe()} · {len(runs)} measured runs of {model_names(runs)} from {source}")
+    missing = 0
+    for workload, group in runs.groupby("workload", sort=False):  # strategies compete within one workload
+        if workload:
+            print(f"{workload}:")
+        chosen, (what, why) = recommend.choose(group, limits)
+        if chosen is None:
+            print(f"{what}\n  {why}")
+            missing += 1
+        else:
+            code = "\n".join("    " + line for line in recommend.snippet(chosen).splitlines())
+            print(
+                f"recommend: {chosen['label']} (run {chosen['run_id']})\n  {what}\n  why: {why}\n"
+                f"  use: {recommend.use_command(chosen)}\n  in your own generate() call:\n{code}"
+            )
+    return 1 if missing else 0

@@ -1,0 +1,49 @@
+"""A search as a Python call: Hydra's multirun with the search sweeper (hydra/sweeper=search), in this
+process, as `kvpipe -m hydra/sweeper=search ...` would run it. `kvpipe advise` calls it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvpipe.errors import KvpipeError
+from kvpipe.orchestrate.sweep import SweepState
+
+
+def launch_search(overrides: list[str], sweep_dir: Path, **settings) -> str:
+    """Run the search over the cache space (settings: hydra.sweeper.* of conf/hydra/sweeper/search.yaml,
+    e.g. trials=12, memory_budget="2GiB"; None is left at its default) with the user's overrides; its
+    trials are a sweep's jobs in sweep_dir. Returns the sweep's MLflow parent run id. A search whose
+    trials failed ends like a sweep with failed jobs: its parent is returned all the same."""
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from kvpipe.config import register_schemas
+    from kvpipe.orchestrate.sweepers import register_search_sweeper
+    from kvpipe.orchestrate.task import run_task, user_error
+
+    register_schemas()
+    register_search_sweeper()
+    words = ["hydra/sweeper=search", f"hydra.sweep.dir={sweep_dir}", *overrides]
+    words += [f"hydra.sweeper.{name}={value}" for name, value in settings.items() if value is not None]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="kvpipe.conf", version_base="1.3", job_name="kvpipe"):
+            GlobalHydra.instance().hydra.multirun(
+                config_name="config", task_function=run_task, overrides=words, with_log_configuration=True
+            )
+    except SystemExit as exc:  # the sweep's exit status: 1 when some trials failed
+        if exc.code not in (0, 1, None):
+            raise KvpipeError(f"the search stopped (exit {exc.code}); see its log in {sweep_dir}") from None
+    except KvpipeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Hydra's and OmegaConf's user errors as one line
+        message = user_error(exc)
+        if message is None:
+            raise
+        raise KvpipeError(message) from None
+    finally:
+        GlobalHydra.instance().clear()
+    state = SweepState.load(sweep_dir)
+    if state is None or not state.parent_run_id:
+        raise KvpipeError(f"the search in {sweep_dir} has no MLflow parent run; its results are on disk there")
+    return state.parent_run_id
