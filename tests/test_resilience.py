@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -9,12 +10,14 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
 from kvpipe import cli
 from kvpipe.job import runner
 from kvpipe.orchestrate.pipeline import run_pipeline
+from kvpipe.record import worker
 
 from conftest import run_cli, spec_for
 
@@ -146,6 +149,24 @@ def test_ctrl_c_marks_the_run_killed(tmp_path, existing_store):
     assert run.info.status == "KILLED"
 
 
+def tracking_workers(pid: int) -> list[psutil.Process]:
+    """The tracking worker (kvpipe.record.worker) that the sweep in process `pid` started."""
+    found = []
+    for child in psutil.Process(pid).children():
+        with contextlib.suppress(psutil.NoSuchProcess):  # a short-lived child, gone meanwhile
+            if worker.__name__ in child.cmdline():
+                found.append(child)
+    return found
+
+
+def gone(process: psutil.Process) -> bool:
+    """Exited (a zombie too: once its parent is killed, whoever adopts it may be slow to reap it)."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def finished_runs(tmp_path: Path) -> list:
     return [
         r
@@ -161,9 +182,13 @@ def test_sigkilled_sweep_resumes_only_the_missing_jobs(tmp_path, existing_store)
     sweep = ["-m", *TINY, "cache=dynamic,static,offloaded_static,quantized", "backend=hqq"]
     proc = start_cli(sweep, tmp_path)
     wait_for(lambda: len(list(tmp_path.glob("outputs/multiruns/*/*/*/result.json"))) >= 1)
+    # The sweep's tracking worker outlives the kill until the call it is in ends: a job it was logging turns
+    # FINISHED after the kill, and resume skips it. Counted only once the worker is gone, as resume sees it.
+    (tracking_worker,) = tracking_workers(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    done_before = len(finished_runs(tmp_path))  # recorded before the kill
+    wait_for(lambda: gone(tracking_worker), timeout_s=60)
+    done_before = len(finished_runs(tmp_path))  # recorded by the killed sweep, its worker included
     assert done_before < 4
     resumed = run_cli([*sweep[1:], "-m", "resume=true"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
