@@ -360,7 +360,7 @@ def _point_of(run) -> tuple[str, Point] | None:
     if spec is None or any(not isinstance(run.get(n), float) or math.isnan(run.get(n)) for n in needed):
         return None
     dtype, device, batch = run.get("params.model.dtype"), run.get("tags.kvpipe.device"), int(run["metrics.batch_size"])
-    costs = _costs(spec.model, str(dtype), batch, str(device))
+    costs = _costs(spec, str(dtype), batch, str(device))
     if costs is None:
         return None
     prompt, new = round(run["metrics.prompt_tokens"]), max(1, round(run["metrics.new_tokens"]))
@@ -386,17 +386,15 @@ def _job_spec(overrides: str):
     return _SPECS[overrides]
 
 
-def _costs(model_cfg, dtype: str, batch: int, device: str):
-    from kvpipe import model
+def _costs(spec, dtype: str, batch: int, device: str):
+    """The run's model's costs, made once per model, dtype, batch and device (runs share them)."""
     from kvpipe.model.loading import config_key
-    from kvpipe.model.weights import weights
-    from kvpipe.predict.floors import model_costs
+    from kvpipe.predict.costs import costs_for
 
-    key = (config_key(model_cfg), dtype, batch, device)
+    key = (config_key(spec.model), dtype, batch, device)
     if key not in _COSTS:
         try:
-            shape = model.describe(model_cfg)
-            _COSTS[key] = model_costs(model_cfg, shape, weights(model_cfg, dtype).bytes, dtype, batch, device)
+            _COSTS[key] = costs_for(spec, device, dtype, batch)
         except (KvpipeError, OSError, KeyError):  # a model folder gone, a hub id offline, an unknown dtype
             _COSTS[key] = None
     return _COSTS[key]

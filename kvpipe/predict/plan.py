@@ -24,7 +24,8 @@ from kvpipe.cache.accounting import KvShape, UnpredictableLayers, kv_shape
 from kvpipe.errors import ConfigError, KvpipeError, first_line
 from kvpipe.model.weights import weights
 from kvpipe.predict import calibration, hardware, speed
-from kvpipe.predict.floors import ModelCosts, model_costs, split
+from kvpipe.predict.costs import costs_for
+from kvpipe.predict.floors import ModelCosts, split
 
 
 def predict_kv_bytes(spec, kv, prompt_tokens: int, new_tokens: int) -> int:
@@ -143,7 +144,7 @@ def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None
     cap = shape.max_positions or 2**24
     contexts = contexts or sorted({c for c in (1024, 4096) if c < cap} | {cap})
     weight = weights(spec.model, dtype)
-    costs = model_costs(spec.model, shape, weight.bytes, dtype, kv.batch_size, device)
+    costs = costs_for(spec, device, dtype, kv.batch_size)
     local_runs = None
     if hardware_name == hardware.LOCAL:
         from kvpipe.job.runner import use_threads
