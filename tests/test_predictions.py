@@ -136,7 +136,7 @@ def test_offloading_on_cuda_has_no_tpot_floor_and_says_why():
 # ---- calibration --------------------------------------------------------------------------------
 
 
-def synthetic_points(strategy, prompts, tpot=(2.0, 5e-6), ttft=(4e-7, 9e-7)) -> list[calibration.Point]:
+def synthetic_points(strategy, prompts, tpot=(2.0, 5e-6), ttft=(4e-7, 9e-7)) -> list[calibration.Sample]:
     """Runs whose TPOT is an exact line in its decode bytes, and whose TTFT is a decode step without
     KV plus each kind of FLOPs at its own rate (ms per weight FLOP, ms per attention FLOP)."""
     found = []
@@ -144,7 +144,7 @@ def synthetic_points(strategy, prompts, tpot=(2.0, 5e-6), ttft=(4e-7, 9e-7)) -> 
         cost = costs().at(strategy, prompt, 28)
         base = tpot[0] + tpot[1] * cost.weights_read_bytes_per_step
         attention = cost.prefill_attention_flops
-        found.append(calibration.Point.of(f"run{prompt}", cost, tpot[0] + tpot[1] * cost.decode_bytes_per_step,
+        found.append(calibration.Sample.of(f"run{prompt}", cost, tpot[0] + tpot[1] * cost.decode_bytes_per_step,
                                           base + ttft[0] * (cost.prefill_flops - attention) + ttft[1] * attention))  # fmt: skip
     return found
 
@@ -161,7 +161,7 @@ def test_calibration_on_exact_costs_recovers_them_and_predicts_a_third_context(s
     assert fitted.ttft_ms(third) == pytest.approx(expected)
     assert fitted.extrapolated(1600) and not fitted.extrapolated(200)
     assert all(abs(r["tpot_residual_pct"]) < 1e-9 and abs(r["ttft_residual_pct"]) < 1e-6 for r in fitted.residuals())
-    assert "attention FLOPs /" in fitted.describe()[1]
+    assert "attention FLOPs /" in fitted.formulas()[1]
 
 
 def test_one_slow_run_among_repeats_does_not_tilt_the_fit(specs):

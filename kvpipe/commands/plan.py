@@ -163,7 +163,7 @@ def print_floors(say, rows, hardware, dtype: str, weights_read: int, memory: int
 
     calibrated = any(row.calibration for row in rows)
     source = "measured on this machine" if hardware.measured else hardware.sources.get("memory_bandwidth_gb_per_s", "")
-    say(f"[bold]floors on {hardware.name}[/bold]: {hardware.summary(dtype)} ({source.split(',')[0]})")
+    say(f"[bold]floors on {hardware.name}[/bold]: {hardware.specs_text(dtype)} ({source.split(',')[0]})")
     say(
         f"TPOT floor = (weights read {human_bytes(weights_read)} + KV read) per step / bandwidth; TTFT floor = the "
         "larger of prefill FLOPs / peak and prefill bytes / bandwidth. Needs = weights + KV + the larger of the "
@@ -215,7 +215,7 @@ def print_calibration(say, rows, said: str) -> None:
         for row in fitted:
             fit = row.calibration
             residuals = fit.residuals()
-            tpot, ttft = fit.describe()
+            tpot, ttft = fit.formulas()
             table.add_row(
                 row.label, str(len(residuals)), ", ".join(f"{n:,}" for n in fit.prompt_lengths), tpot,
                 _percentages(r["tpot_residual_pct"] for r in residuals), ttft,

@@ -13,12 +13,12 @@ from kvpipe.decide.closing import Shown
 from kvpipe.decide.runs import (
     CACHE_PARAMS,
     column,
-    describe,
     environments,
     load_runs,
     model_names,
     param_values,
     retrieval_by_length,
+    settings_text,
     varying_params,
 )
 from kvpipe.predict.calibration import PREDICTED
@@ -109,7 +109,7 @@ def write_outputs(runs: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
     metrics = sorted(c for c in runs if c.startswith("metrics.") and "/" not in c)
     columns += [f"params.{p}" for p in varying_params(runs)] + metrics
     runs[columns].to_csv(out_dir / "compare.csv", index=False)
-    detail = describe(runs, [p for p in varying_params(runs) if p.startswith(CACHE_PARAMS)])
+    detail = settings_text(runs, [p for p in varying_params(runs) if p.startswith(CACHE_PARAMS)])
     runs = runs.assign(point=[f"{label} {more}".strip() for label, more in zip(runs["label"], detail)])
     plots.memory_vs_context(runs, out_dir / "memory_vs_context.png")
     plots.tpot_vs_memory(runs, out_dir / "tpot_vs_memory.png")

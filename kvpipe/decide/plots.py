@@ -11,9 +11,9 @@ from kvpipe.decide.runs import (
     CACHE_PARAMS,
     column,
     context_params,
-    describe,
     retrieval_by_length,
     retrieval_cells,
+    settings_text,
     varying_params,
 )
 from kvpipe.units import MIB
@@ -24,7 +24,7 @@ def memory_vs_context(runs: pd.DataFrame, path: Path) -> None:
     from matplotlib.figure import Figure  # no pyplot: no global backend state, renders with Agg
 
     # A line per cache and workload, bar the context length on the x axis.
-    others = describe(runs, [p for p in varying_params(runs) if not p.startswith(CACHE_PARAMS + context_params())])
+    others = settings_text(runs, [p for p in varying_params(runs) if not p.startswith(CACHE_PARAMS + context_params())])
     runs = runs.assign(series=[f"{point} {more}".strip() for point, more in zip(runs["point"], others)])
     figure = Figure(figsize=(12, 4.5), layout="constrained")
     for ax, figure_column, name in zip(

@@ -41,7 +41,7 @@ def _miss_text(run, name: str, overshoot: float, limits: Limits) -> str:
     return f"{name} by {overshoot:.0%} ({_figure(name, value)} vs {_figure(name, limit)})"
 
 
-def summary(run, limits: Limits, baseline=None) -> str:
+def account(run, limits: Limits, baseline=None) -> str:
     """'static+compile: TPOT 31.2 ms vs 40.1 ms for dynamic (-22%), peak 612 MiB within 8 GiB, lossless'."""
     tpot = run["metrics.tpot_ms"]
     parts = [f"TPOT {_figure('TPOT', tpot)}"]
@@ -84,15 +84,15 @@ def choose(runs, limits: Limits):
     if dynamic is not None:
         if static is not None and static["tpot"] <= (1 - PAYS_OFF) * dynamic["tpot"]:
             return static, (
-                summary(static, limits, dynamic),
+                account(static, limits, dynamic),
                 f"a fixed cache pays off: at least {PAYS_OFF:.0%} faster than dynamic, both within limits",
             )
         note = "" if static is None else "; " + _static_versus_dynamic(static, dynamic)
-        return dynamic, (summary(dynamic, limits), "dynamic meets every limit and grows only as needed" + note)
+        return dynamic, (account(dynamic, limits), "dynamic meets every limit and grows only as needed" + note)
     dense = runs[runs["kind"].isin(DENSE)]
     if static is not None:
         return static, (
-            summary(static, limits, None),
+            account(static, limits, None),
             _closest_text(dense[dense["kind"] == DYNAMIC], limits) or "no dynamic run was measured",
         )
     binds = limits.memory_bytes is not None and not dense.empty and (dense["memory_bytes"] > limits.memory_bytes).all()
@@ -107,7 +107,7 @@ def choose(runs, limits: Limits):
                 why = f"no dynamic or static run was measured; {best[kind]['label']} is the fastest within limits"
             else:
                 why = "the dense caches miss the limits: " + _closest_text(dense, limits)
-            return best[kind], (summary(best[kind], limits), why)
+            return best[kind], (account(best[kind], limits), why)
     return None, ("no measured run meets the limits", "closest: " + _closest_text(runs, limits))
 
 

@@ -63,7 +63,9 @@ def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
         pd.to_numeric(column(runs, "params.workload.prompt_tokens"), errors="coerce")
     )
     # A short prompt beats a long one on every axis: strategies compete within one workload only.
-    runs["workload"] = describe(runs, [p for p in varying_params(runs) if not p.startswith(CACHE_PARAMS)], full=True)
+    runs["workload"] = settings_text(
+        runs, [p for p in varying_params(runs) if not p.startswith(CACHE_PARAMS)], full=True
+    )
     runs["pareto"] = False
     for _, group in runs.groupby("workload"):
         runs.loc[group.index, "pareto"] = pareto_front(group)
@@ -154,7 +156,7 @@ def varying_params(runs: pd.DataFrame) -> list[str]:
     return sorted(n for n in names if len(set(param_values(runs, n, read_by)) - {""}) > 1)
 
 
-def describe(runs: pd.DataFrame, params: list[str], full: bool = False) -> list[str]:
+def settings_text(runs: pd.DataFrame, params: list[str], full: bool = False) -> list[str]:
     """'name=value ...' per run for these params, skipping those its strategy ignores."""
     read_by = _read_by(runs)
     values = {p if full else p.split(".")[-1]: param_values(runs, p, read_by) for p in params}

@@ -44,7 +44,7 @@ PREDICTED = {
 
 
 @dataclass(frozen=True)
-class Point:
+class Sample:
     """One measured run, and what its context costs."""
 
     run_id: str
@@ -58,7 +58,7 @@ class Point:
     ttft_ms: float
 
     @classmethod
-    def of(cls, run_id: str, cost, tpot_ms: float, ttft_ms: float) -> "Point":
+    def of(cls, run_id: str, cost, tpot_ms: float, ttft_ms: float) -> "Sample":
         return cls(run_id, cost.prompt_tokens, cost.new_tokens, cost.decode_bytes_per_step, cost.prefill_flops,
                    cost.prefill_attention_flops, cost.weights_read_bytes_per_step, tpot_ms, ttft_ms)  # fmt: skip
 
@@ -108,7 +108,7 @@ def fit_prefill(base_ms: float, linear: list[float], attention: list[float], ys:
     return Prefill(base_ms, max(rate, 0.0), max(rate, 0.0), True)
 
 
-def by_length(points: list[Point], x, y) -> tuple[list[float], list[float]]:
+def by_length(points: list[Sample], x, y) -> tuple[list[float], list[float]]:
     """(x, the median y) per distinct x: each prompt length once, at the median of its runs."""
     groups: dict[float, list[float]] = {}
     for p in points:
@@ -138,7 +138,7 @@ class Calibration:
     """One strategy's lines, and the runs they were fitted to."""
 
     label: str
-    points: tuple[Point, ...]
+    points: tuple[Sample, ...]
     tpot: Line | None  # None: its decode traffic cannot be counted (offloading on CUDA)
     ttft: Prefill
 
@@ -171,7 +171,7 @@ class Calibration:
             rows.append(row)
         return rows
 
-    def describe(self) -> tuple[str, str]:
+    def formulas(self) -> tuple[str, str]:
         """('12.3 ms + bytes / 31.6 GB/s', '14.0 ms + weight FLOPs / 85.2 GFLOP/s + attention FLOPs / 50.1 GFLOP/s')."""
         tpot = "– (decode traffic not counted)" if self.tpot is None else _line_text(self.tpot, "bytes", "GB/s")
         ttft = self.ttft
@@ -206,7 +206,7 @@ def _line_text(line: Line, x: str, rate: str) -> str:
     return f"{line.intercept_ms:.3g} ms + {x} / {1 / line.slope_ms / 1e6:.3g} {rate}"
 
 
-def calibrate(label: str, points: list[Point]) -> Calibration | None:
+def calibrate(label: str, points: list[Sample]) -> Calibration | None:
     """The lines through a strategy's runs, or None where they span fewer than two prompt lengths."""
     if len({p.prompt_tokens for p in points}) < MIN_PROMPT_LENGTHS:
         return None
@@ -290,13 +290,13 @@ def matching(runs, variant):
     return runs[keep]
 
 
-def points(runs, variant, costs) -> list[Point]:
+def samples(runs, variant, costs) -> list[Sample]:
     """The variant's runs among `runs`, each with what its context costs (floors.ModelCosts)."""
     found = []
     for _, run in matching(runs, variant).iterrows():
         prompt, new = round(run["metrics.prompt_tokens"]), max(1, round(run["metrics.new_tokens"]))
         cost = costs.at(variant.strategy, prompt, new)
-        found.append(Point.of(run["run_id"], cost, float(run["metrics.tpot_ms"]), float(run["metrics.ttft_ms"])))
+        found.append(Sample.of(run["run_id"], cost, float(run["metrics.tpot_ms"]), float(run["metrics.ttft_ms"])))
     return found
 
 
@@ -331,9 +331,9 @@ def with_predictions(runs):
     for name in PREDICTED:
         runs[name] = math.nan
     runs["measured_ttft_ms"] = column(runs, "metrics.ttft_ms")
-    groups: dict[tuple, list[tuple[int, Point]]] = {}
+    groups: dict[tuple, list[tuple[int, Sample]]] = {}
     for index, run in runs.iterrows():
-        found = _point_of(run)
+        found = _sample_of(run)
         if found is not None:
             describe, point = found
             key = tuple(str(column(runs, name, None)[index]) for name in _GROUP_COLUMNS) + (describe,)
@@ -353,8 +353,8 @@ _GROUP_COLUMNS = ("params.model.name", "params.model.dtype", "tags.kvpipe.host",
                   "tags.kvpipe.torch_threads", "metrics.batch_size")  # fmt: skip
 
 
-def _point_of(run) -> tuple[str, Point] | None:
-    """(the run's cache settings, its Point), from its job composed again; None where it cannot be."""
+def _sample_of(run) -> tuple[str, Sample] | None:
+    """(the run's cache settings, its Sample), from its job composed again; None where it cannot be."""
     spec = _job_spec(str(run.get("tags.kvpipe.overrides")))
     needed = ("metrics.prompt_tokens", "metrics.new_tokens", "metrics.batch_size", "metrics.tpot_ms", "metrics.ttft_ms")
     if spec is None or any(not isinstance(run.get(n), float) or math.isnan(run.get(n)) for n in needed):
@@ -365,7 +365,7 @@ def _point_of(run) -> tuple[str, Point] | None:
         return None
     prompt, new = round(run["metrics.prompt_tokens"]), max(1, round(run["metrics.new_tokens"]))
     cost = costs.at(spec.strategy, prompt, new)
-    point = Point.of(run["run_id"], cost, float(run["metrics.tpot_ms"]), float(run["metrics.ttft_ms"]))
+    point = Sample.of(run["run_id"], cost, float(run["metrics.tpot_ms"]), float(run["metrics.ttft_ms"]))
     return spec.strategy.describe(), point
 
 

@@ -40,7 +40,7 @@ class Hardware:
             )
         return self.peak_dense_flops_per_s[dtype]
 
-    def summary(self, dtype: str) -> str:
+    def specs_text(self, dtype: str) -> str:
         """'NVIDIA H100 SXM 80GB · 80.0 GB · 3,350 GB/s · 989.4 TFLOPS dense bfloat16'."""
         return (
             f"{self.title} · {self.memory_bytes / 1e9:.1f} GB · {self.memory_bandwidth_bytes_per_s / 1e9:,.0f} GB/s · "

@@ -90,7 +90,7 @@ def build_row(label, variant, spec, costs, contexts, cap, accelerator, dtype, me
     strategy, new_tokens = variant.strategy, spec.workload.max_new_tokens
     built = Row(label, variant)
     if local_runs is not None:
-        found = calibration.points(local_runs.runs, variant, costs) if local_runs.runs is not None else []
+        found = calibration.samples(local_runs.runs, variant, costs) if local_runs.runs is not None else []
         built.calibration = calibration.calibrate(label, found)
         built.measured_prompts = sorted({p.prompt_tokens for p in found})
         if built.calibration is None:
