@@ -19,6 +19,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, Sequence
 
+from kvpipe._startup import prepare
 from kvpipe.config import compose
 from kvpipe.errors import KvpipeError
 from kvpipe.model.loading import LoadedModel, model_bytes
@@ -32,6 +33,7 @@ CACHE_GROUPS = ("cache", "backend", "axis", "fallback")
 
 def settings(overrides: str | Sequence[str] = "", max_new_tokens: int = 32) -> Spec:
     """The validated cache settings from kvpipe overrides ("cache=static cache.compile=true")."""
+    prepare()
     words = shlex.split(overrides) if isinstance(overrides, str) else list(overrides)
     unused = [w for w in words if override_group(w) not in CACHE_GROUPS]
     if unused:

@@ -24,6 +24,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from kvpipe import commands
+from kvpipe._startup import prepare
 from kvpipe.config import register_schemas
 from kvpipe.errors import KvpipeError, fail
 from kvpipe.orchestrate.task import run_task, user_error
@@ -135,6 +136,7 @@ def run() -> None:
 
 def main() -> None:
     """What `kvpipe` and `python -m kvpipe` run: a subcommand, or a Hydra run or sweep."""
+    prepare()
     _refuse_credentials_in_uri(sys.argv[1:])
     # What produced every run, as typed; launcher processes (joblib, submitit) inherit it
     os.environ.setdefault(COMMAND_ENV, shlex.join(["kvpipe", *sys.argv[1:]]))

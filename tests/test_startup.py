@@ -30,7 +30,8 @@ def test_a_lazy_compile_calls_the_real_one_once_on_first_use_with_its_options():
 @pytest.mark.slow  # a fresh interpreter importing torch and transformers
 def test_importing_transformers_caches_under_kvpipe_leaves_the_compiler_unimported_and_torch_compile_intact():
     probe = (
-        "import sys, kvpipe, torch; real = torch.compile; import transformers.cache_utils, hqq.core.quantize as q; "
+        "import sys, torch; from kvpipe._startup import prepare; prepare(); real = torch.compile; "
+        "import transformers.cache_utils, hqq.core.quantize as q; "
         "print('torch._inductor.compile_fx' in sys.modules, torch.compile is real, "
         "q.HQQLinear.forward_pytorch_compile.__wrapped__.__name__)"
     )
@@ -38,8 +39,17 @@ def test_importing_transformers_caches_under_kvpipe_leaves_the_compiler_unimport
     assert out == ["False", "True", "forward_pytorch_compile"]
 
 
+def test_importing_kvpipe_sets_nothing_up():
+    probe = "import sys, os, kvpipe.spec; print(len(sys.meta_path), 'MLFLOW_DISABLE_TELEMETRY' in os.environ)"
+    bare = "import sys, os; print(len(sys.meta_path), 'MLFLOW_DISABLE_TELEMETRY' in os.environ)"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_DISABLE_TELEMETRY"}
+    said = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+            for code in (probe, bare)]  # fmt: skip
+    assert said[0] == said[1] and said[0].split()[1] == "False"
+
+
 def test_mlflow_telemetry_is_off_unless_the_user_chose():
-    probe = "import kvpipe, os; print(os.environ['MLFLOW_DISABLE_TELEMETRY'])"
+    probe = "from kvpipe._startup import prepare; import os; prepare(); print(os.environ['MLFLOW_DISABLE_TELEMETRY'])"
     said = [
         subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env).stdout.strip()
         for env in ({k: v for k, v in os.environ.items() if k != "MLFLOW_DISABLE_TELEMETRY"},

@@ -13,7 +13,7 @@ import time
 from dataclasses import astuple, dataclass
 from typing import Any
 
-from kvpipe._startup import collector_paused
+from kvpipe._startup import collector_paused, prepare
 from kvpipe.config import ModelConfig
 from kvpipe.errors import KvpipeError, first_line
 from kvpipe.model.embedded import embedded_folder
@@ -79,6 +79,7 @@ def import_libraries() -> None:
     the imports make hundreds of thousands of objects that live as long as the process, and its
     full passes over them cost a fifth of the imports' time (3.2 s against 2.5 s, plus 0.4 s for the
     one pass afterwards, on 2 cores)."""
+    prepare()  # every job's process: the CLI's, a launcher's worker, a test's
     if "transformers.modeling_utils" in sys.modules:
         return
     with collector_paused():
