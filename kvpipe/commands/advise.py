@@ -19,7 +19,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from kvpipe.decide.limits import SETTINGS, add_limit_arguments, limits_of
+from kvpipe.decide.limits import add_limit_arguments, limits_of, settings
 from kvpipe.errors import ConfigError
 from kvpipe.orchestrate.search.sweeper import SearchSettings
 from kvpipe.units import human_bytes
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nadvise: searching at most {args.trials} jobs" + (f" for at most {args.timeout}" if args.timeout else "")
           + f"; trials in {sweep_dir}", flush=True)  # fmt: skip
     timeout_s = parse_duration(args.timeout) if args.timeout else None
-    limits_given = {name: getattr(args, name) for name in SETTINGS}
+    limits_given = {name: getattr(args, name) for name in settings()}
     parent = launch_search(args.overrides, sweep_dir, trials=args.trials, timeout_s=timeout_s, **limits_given)
     print()
     print_front(parent, args, limits)

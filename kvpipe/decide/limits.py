@@ -78,8 +78,15 @@ LIMITS: tuple[Limit, ...] = (
           "the default --max-kl", "FRACTION", _fraction, minimum=True, unmeasured=" (run it with workload=passkey)",
           quality=True, describe=lambda v: f"retrieval ≥ {v:.0%}"),
 )  # fmt: skip
-BY_NAME = {limit.name: limit for limit in LIMITS}
-SETTINGS = tuple(limit.setting for limit in LIMITS)
+
+
+def limit_named(name: str) -> Limit:
+    return next(limit for limit in LIMITS if limit.name == name)
+
+
+def settings() -> tuple[str, ...]:
+    """Every limit's setting: recommend's and advise's flags (dashed), hydra.sweeper's fields."""
+    return tuple(limit.setting for limit in LIMITS)
 
 
 class Limits:
@@ -118,7 +125,7 @@ class Limits:
 
     def excesses(self, run) -> dict[str, float]:
         """Each limit set: how far the run is past it (Limit.excess)."""
-        return {name: BY_NAME[name].excess(value, limit) for name, (value, limit) in self.checks(run).items()
+        return {name: limit_named(name).excess(value, limit) for name, (value, limit) in self.checks(run).items()
                 if limit is not None}  # fmt: skip
 
     def misses(self, run) -> dict[str, float]:
@@ -133,9 +140,9 @@ def limits_from(**given) -> Limits:
     one-line error naming the flag. One quality limit by default: KL, or retrieval accuracy when
     asked for (passkey runs score their answers, and their KL would be over the reference's rambling
     past the answer); both when both are given."""
-    unknown = set(given) - set(SETTINGS)
+    unknown = set(given) - set(settings())
     if unknown:
-        raise TypeError(f"unknown limit settings {sorted(unknown)}; expected {SETTINGS}")
+        raise TypeError(f"unknown limit settings {sorted(unknown)}; expected {settings()}")
     values = {}
     for limit in LIMITS:
         raw = given.get(limit.setting)
@@ -157,4 +164,4 @@ def add_limit_arguments(parser: argparse.ArgumentParser, exclusive_quality: bool
 
 def limits_of(namespace) -> Limits:
     """The limits from anything with the settings as attributes (argparse's args, SearchSettings)."""
-    return limits_from(**{name: getattr(namespace, name, None) for name in SETTINGS})
+    return limits_from(**{name: getattr(namespace, name, None) for name in settings()})

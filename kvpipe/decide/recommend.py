@@ -14,7 +14,7 @@ import math
 import shlex
 
 from kvpipe import cache, catalogue
-from kvpipe.decide.limits import BY_NAME, Limits
+from kvpipe.decide.limits import Limits, limit_named
 from kvpipe.decide.runs import is_lossless
 from kvpipe.units import human_bytes
 
@@ -29,14 +29,14 @@ def family(strategy: str) -> str | None:
 
 
 def _figure(name: str, value: float) -> str:
-    return catalogue.get(BY_NAME[name].metric).show(value)
+    return catalogue.get(limit_named(name).metric).show(value)
 
 
 def _miss_text(run, name: str, overshoot: float, limits: Limits) -> str:
     value, limit = limits.checks(run)[name]
     if math.isinf(overshoot):
-        return f"{name} not measured" + BY_NAME[name].unmeasured
-    if BY_NAME[name].minimum:
+        return f"{name} not measured" + limit_named(name).unmeasured
+    if limit_named(name).minimum:
         return f"{name} {_figure(name, value)}, below {_figure(name, limit)}"
     return f"{name} by {overshoot:.0%} ({_figure(name, value)} vs {_figure(name, limit)})"
 
