@@ -23,7 +23,8 @@ def launch_search(overrides: list[str], sweep_dir: Path, **settings) -> str:
 
     register_schemas()
     register_search_sweeper()
-    words = ["hydra/sweeper=search", f"hydra.sweep.dir={sweep_dir}", *overrides]
+    # hydra.mode: what `-m` sets on the command line, which each job reads to run as a sweep's
+    words = ["hydra/sweeper=search", "hydra.mode=MULTIRUN", f"hydra.sweep.dir={sweep_dir}", *overrides]
     words += [f"hydra.sweeper.{name}={value}" for name, value in settings.items() if value is not None]
     GlobalHydra.instance().clear()
     try:
