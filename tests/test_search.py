@@ -130,6 +130,14 @@ def test_durations_read_as_a_user_writes_them():
         parse_duration("0")
 
 
+def test_durations_and_etas_print_one_way_everywhere():
+    from kvpipe.units import duration_text, eta_text
+
+    assert [duration_text(s) for s in (0, 45.9, 65, 1200, 5400)] == ["0s", "45s", "1m05s", "20m00s", "90m00s"]
+    assert eta_text(10.0, 2, 5) == "15s" and eta_text(10.0, 3, 4) == "4s"  # 3.33 s left: rounded up
+    assert eta_text(30.0, 1, 4) == "1m30s" and eta_text(5.0, 4, 4) == eta_text(0.0, 0, 4) == "0s"
+
+
 # ---- end to end: one advise, asked twice -------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from kvpipe.errors import ConfigError, KvpipeError
 from kvpipe.orchestrate.search import objectives
 from kvpipe.orchestrate.search.space import DIMENSIONS, Point, Space, build
 from kvpipe.record.result import Result
-from kvpipe.units import human_bytes
+from kvpipe.units import eta_text, human_bytes
 from kvpipe.workload import longest_prompt_of
 
 log = logging.getLogger(__name__)
@@ -365,7 +365,7 @@ class Search:
             + (f" ({seen.detail})" if seen.outcome in (PRUNED, INFERRED, FAILED) else "")
             + (f" · best so far: {best}" if best else "")
             + (
-                f" · ETA {_eta(time.monotonic() - self.started, self.measured(), self.measured() + total - done)}"
+                f" · ETA {eta_text(time.monotonic() - self.started, self.measured(), self.measured() + total - done)}"
                 if seen.outcome == MEASURED
                 else ""
             )
@@ -451,8 +451,3 @@ def _extremes(points: list[Point]) -> list[Point]:
             ends.append(next(p for p in group if int(p.get("backend.nbits")) == nbits))
     return dense + ends
 
-
-def _eta(elapsed_s: float, done: int, total: int) -> str:
-    from kvpipe.orchestrate.sweep import duration_text
-
-    return duration_text(math.ceil(elapsed_s / done * (total - done))) if 0 < done < total else "0s"
