@@ -14,8 +14,9 @@ import pytest
 
 from kvpipe.errors import ConfigError
 from kvpipe.orchestrate.search import objectives
-from kvpipe.orchestrate.search.search import Search, split_arguments
+from kvpipe.orchestrate.search.rounds import Search
 from kvpipe.orchestrate.search.space import Point, build
+from kvpipe.orchestrate.search.study import split_arguments
 from kvpipe.orchestrate.search.sweeper import SearchSettings
 
 from conftest import run_cli
@@ -208,7 +209,7 @@ def test_a_killed_search_resumes_where_it_stopped(tmp_path, existing_store):
 
 
 def test_every_trial_scores_as_many_tokens_so_kl_compares_and_the_default_spelled_out_is_the_same_measurement():
-    from kvpipe.orchestrate.search.search import _scored_alike
+    from kvpipe.orchestrate.search.study import _scored_alike
 
     from conftest import spec_for
 

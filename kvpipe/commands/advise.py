@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvpipe.commands.plan import show, spec_of
     from kvpipe.orchestrate.search.launch import launch_search
-    from kvpipe.orchestrate.search.search import split_arguments
+    from kvpipe.orchestrate.search.study import split_arguments
     from kvpipe.predict.plan import make_plan
     from kvpipe.record import auth
 
