@@ -199,7 +199,7 @@ def replay(folder: Path, sampler: str, trials: int, overrides: list[str]) -> lis
     what the sampler would measure, in seconds, not minutes."""
     from types import SimpleNamespace
 
-    from kvpipe.orchestrate.search.search import Search
+    from kvpipe.orchestrate.search.rounds import Search
     from kvpipe.orchestrate.search.sweeper import SearchSettings
 
     runs = _run_dirs(folder.parent / "grid")
@@ -236,7 +236,7 @@ def _kept_grid(out: Path, overrides: list[str]) -> tuple[float, dict[str, pd.Ser
 def _space_size(overrides: list[str]) -> int:
     from kvpipe import model
     from kvpipe.config import compose
-    from kvpipe.orchestrate.search.search import split_arguments
+    from kvpipe.orchestrate.search.study import split_arguments
     from kvpipe.spec import make_spec
 
     fixed, restrict = split_arguments(overrides)

@@ -1,8 +1,9 @@
-"""Units shared by every stage: dtype sizes, byte sizes as people write and read them."""
+"""Units shared by every stage: dtype sizes, byte sizes as people write and read them, durations and ETAs."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 
 from kvpipe.errors import ConfigError
@@ -42,3 +43,16 @@ def human_bytes(value: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as kvpipe prints it, in whole seconds rounded down: 45 -> '45s', 65 -> '1m05s',
+    5400 -> '90m00s'."""
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def eta_text(elapsed_s: float, done: int, total: int) -> str:
+    """The time the total - done steps left will take at the pace of the done ones, rounded up to the
+    second (an ETA of 0s means nothing is left); '0s' also where no step is done yet (no pace)."""
+    return duration_text(math.ceil(elapsed_s / done * (total - done))) if 0 < done < total else "0s"

@@ -132,7 +132,7 @@ def _trial(point, values, the_space, constraints=None, state=None, user_attrs=No
 def test_the_sweeper_takes_either_sampler_and_refuses_others_in_one_line(sampler, tmp_path):
     from kvpipe.decide.limits import Limits
     from kvpipe.errors import ConfigError
-    from kvpipe.orchestrate.search.search import Search
+    from kvpipe.orchestrate.search.rounds import Search
     from kvpipe.orchestrate.search.sweeper import SearchSettings
 
     chat = SimpleNamespace(workload_kind=SimpleNamespace(metrics=[]))
@@ -151,7 +151,9 @@ def test_the_sweeper_takes_either_sampler_and_refuses_others_in_one_line(sampler
 def test_the_search_skips_what_it_infers_unless_every_point_is_measured(tmp_path, capsys):
     from test_search import JOB, SPACE  # dynamic, and hqq per-token at 2 and 4 bits
 
-    from kvpipe.orchestrate.search.search import MEASURED, Search, Seen
+    from kvpipe.orchestrate.search.progress import print_summary
+    from kvpipe.orchestrate.search.rounds import Search
+    from kvpipe.orchestrate.search.study import MEASURED, Seen
     from kvpipe.orchestrate.search.sweeper import SearchSettings
 
     def search(trials):
@@ -162,7 +164,7 @@ def test_the_search_skips_what_it_infers_unless_every_point_is_measured(tmp_path
     budget.seen[four_bits] = Seen(MEASURED, [1e4, 5.0, 0.5], [9.0])  # missed the default KL limit of 0.05
     assert budget._left() == [dense]  # 2 bits lies below it: inferred to miss, not measured
     assert two_bits in budget._inferred()
-    budget._print_front()
+    print_summary(budget, budget._inferred())
     assert "1 measured, 0 reused, 0 pruned, 0 failed, 1 inferred" in capsys.readouterr().err
     exhaustive = search(trials=3)
     exhaustive.seen[four_bits] = Seen(MEASURED, [1e4, 5.0, 0.5], [9.0])
@@ -183,7 +185,9 @@ def test_a_trial_killed_mid_job_is_asked_again_and_one_that_failed_is_not():
 
 def test_progress_counts_jobs_against_the_budget_and_every_point_in_an_exhaustive_pass(tmp_path, capsys):
     from kvpipe.decide.limits import Limits
-    from kvpipe.orchestrate.search.search import MEASURED, REUSED, Search, Seen
+    from kvpipe.orchestrate.search.progress import print_trial
+    from kvpipe.orchestrate.search.rounds import Search
+    from kvpipe.orchestrate.search.study import MEASURED, REUSED, Seen
     from kvpipe.orchestrate.search.sweeper import SearchSettings
 
     chat = SimpleNamespace(workload_kind=SimpleNamespace(metrics=[]))
@@ -194,7 +198,7 @@ def test_progress_counts_jobs_against_the_budget_and_every_point_in_an_exhaustiv
         search = Search(SearchSettings(trials=trials), [], chat, the_space, Limits(), "cpu", None, tmp_path, tmp_path)
         for point, outcome in ((first, MEASURED), (second, REUSED)):
             search.seen[point] = Seen(outcome, [1e6, 5.0, 0.0], [-1.0])
-            search._progress(point, search.seen[point])
+            print_trial(search, point, search.seen[point])
         return capsys.readouterr().err.splitlines()
 
     measured, reused = lines(trials=7)

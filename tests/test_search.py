@@ -14,8 +14,9 @@ import pytest
 
 from kvpipe.errors import ConfigError
 from kvpipe.orchestrate.search import objectives
-from kvpipe.orchestrate.search.search import Search, split_arguments
+from kvpipe.orchestrate.search.rounds import Search
 from kvpipe.orchestrate.search.space import Point, build
+from kvpipe.orchestrate.search.study import split_arguments
 from kvpipe.orchestrate.search.sweeper import SearchSettings
 
 from conftest import run_cli
@@ -130,6 +131,14 @@ def test_durations_read_as_a_user_writes_them():
         parse_duration("0")
 
 
+def test_durations_and_etas_print_one_way_everywhere():
+    from kvpipe.units import duration_text, eta_text
+
+    assert [duration_text(s) for s in (0, 45.9, 65, 1200, 5400)] == ["0s", "45s", "1m05s", "20m00s", "90m00s"]
+    assert eta_text(10.0, 2, 5) == "15s" and eta_text(10.0, 3, 4) == "4s"  # 3.33 s left: rounded up
+    assert eta_text(30.0, 1, 4) == "1m30s" and eta_text(5.0, 4, 4) == eta_text(0.0, 0, 4) == "0s"
+
+
 # ---- end to end: one advise, asked twice -------------------------------------------------------
 
 
@@ -200,7 +209,7 @@ def test_a_killed_search_resumes_where_it_stopped(tmp_path, existing_store):
 
 
 def test_every_trial_scores_as_many_tokens_so_kl_compares_and_the_default_spelled_out_is_the_same_measurement():
-    from kvpipe.orchestrate.search.search import _scored_alike
+    from kvpipe.orchestrate.search.study import _scored_alike
 
     from conftest import spec_for
 

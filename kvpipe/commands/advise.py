@@ -22,7 +22,7 @@ from pathlib import Path
 from kvpipe.decide.limits import add_limit_arguments, limits_of, settings
 from kvpipe.errors import ConfigError
 from kvpipe.orchestrate.search.sweeper import SearchSettings
-from kvpipe.units import human_bytes
+from kvpipe.units import duration_text, human_bytes
 
 HELP = "plan, search the cache space under your limits, and recommend, in one command"
 DEFAULT_TRIALS = SearchSettings.trials
@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvpipe.commands.plan import show, spec_of
     from kvpipe.orchestrate.search.launch import launch_search
-    from kvpipe.orchestrate.search.search import split_arguments
+    from kvpipe.orchestrate.search.study import split_arguments
     from kvpipe.predict.plan import make_plan
     from kvpipe.record import auth
 
@@ -69,18 +69,16 @@ def run(args: argparse.Namespace) -> int:
     auth.check_credentials(spec.tracking, Path.cwd())  # a refusal: one line, before the plan and the search
     show(make_plan(spec, limits.memory_bytes))
     sweep_dir = Path(ADVISE_DIR) / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
-    print(f"\nadvise: searching at most {args.trials} jobs" + (f" for at most {args.timeout}" if args.timeout else "")
-          + f"; trials in {sweep_dir}", flush=True)  # fmt: skip
     timeout_s = parse_duration(args.timeout) if args.timeout else None
+    within = f" for at most {duration_text(timeout_s)}" if timeout_s else ""
+    print(f"\nadvise: searching at most {args.trials} jobs{within}; trials in {sweep_dir}", flush=True)
     limits_given = {name: getattr(args, name) for name in settings()}
     parent = launch_search(args.overrides, sweep_dir, trials=args.trials, timeout_s=timeout_s, **limits_given)
     print()
     print_front(parent, args, limits)
     status = _recommend(args, parent)
-    minutes, seconds = divmod(int(time.monotonic() - started), 60)
-    print(
-        f"advise: done in {minutes}m{seconds:02d}s (sweep {parent[:8]}; `kvpipe compare --parent {parent}` shows every trial)"
-    )
+    took = duration_text(time.monotonic() - started)
+    print(f"advise: done in {took} (sweep {parent[:8]}; `kvpipe compare --parent {parent}` shows every trial)")
     return status
 
 

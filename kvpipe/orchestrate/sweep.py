@@ -29,6 +29,7 @@ from kvpipe.record import auth, recorder, tracking, worker
 from kvpipe.record.result import Result, iter_results
 from kvpipe.record.summary import print_sweep_summary
 from kvpipe.spec import make_spec
+from kvpipe.units import eta_text
 
 log = logging.getLogger(__name__)
 
@@ -288,8 +289,7 @@ def _announce(index: int, state: SweepState | None, overrides: list[str]) -> Non
     total = state.total_jobs if state else "?"
     eta = ""
     if state and index:
-        elapsed = time.time() - state.started_at
-        eta = f" · ETA {duration_text(elapsed / index * (state.total_jobs - index))}"
+        eta = f" · ETA {eta_text(time.time() - state.started_at, index, state.total_jobs)}"
     message = f"job {index + 1}/{total}: {' '.join(overrides) or '(defaults)'}{eta}"
     if sys.stderr.isatty():
         from rich.console import Console
@@ -297,8 +297,3 @@ def _announce(index: int, state: SweepState | None, overrides: list[str]) -> Non
         Console(stderr=True).rule(message)
     else:
         log.info(message)
-
-
-def duration_text(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
