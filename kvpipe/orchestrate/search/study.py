@@ -88,7 +88,7 @@ class SearchStudy:
         # a workload that scores retrieval: its quality objective is 1 - accuracy (objectives.values)
         self.passkey = any(m.name == "retrieval_accuracy" for m in spec.workload_kind.metrics)
         self.seen: dict[Point, Seen] = self._seen_before() if study is not None else {}
-        self._bytes = None  # (weights, kv shape, longest prompt): made on the first prediction
+        self._bytes = None  # (weights bytes, the model's costs, longest prompt): made on the first prediction
         self.started = time.monotonic()
 
     @classmethod
@@ -191,27 +191,23 @@ class SearchStudy:
         return total if self.device == "cuda" else total - self._bytes[0]
 
     def predicted_bytes(self, point: Point) -> int:
-        """Weights plus the KV cache that `kvpipe plan` predicts for this point and the workload."""
+        """Weights plus the KV cache that `kvpipe plan` predicts for this point and the workload
+        (kvpipe.predict.costs, as plan counts them), at the workload's longest prompt."""
         from kvpipe import model
-        from kvpipe.cache.accounting import kv_shape
         from kvpipe.config import compose
-        from kvpipe.model.weights import weights
+        from kvpipe.predict.costs import costs_for
         from kvpipe.spec import make_spec
 
         if self._bytes is None:
-            dtype = model.dtype_name(self.spec.model.dtype, self.device)
             tokenizer = model.load_tokenizer(self.spec.model)
             batches = self.spec.workload_kind.batches(tokenizer, "cpu")
-            new = self.spec.workload.max_new_tokens
-            longest = longest_prompt_of(batches, new)
-            shape = model.describe(self.spec.model)
-            self._bytes = (weights(self.spec.model, dtype).bytes, kv_shape(shape, self.spec.workload.batch_size, dtype),
-                           longest)  # fmt: skip
-        weight_bytes, kv, longest = self._bytes
+            longest = longest_prompt_of(batches, self.spec.workload.max_new_tokens)
+            costs = costs_for(self.spec, self.device)
+            self._bytes = (costs.weights_bytes, costs, longest)
+        _, costs, longest = self._bytes
         overrides = [*self.fixed, *point.overrides()]
-        strategy = make_spec(compose(overrides), overrides).strategy
-        on_device = strategy.device_kv_shape(kv, self.device)
-        return weight_bytes + strategy.predict_kv_bytes(on_device, longest, self.spec.workload.max_new_tokens)
+        cost = costs.at(make_spec(compose(overrides), overrides).strategy, longest, self.spec.workload.max_new_tokens)
+        return cost.weights_bytes + cost.kv_cache_bytes
 
 
 def _scored_alike(fixed: list[str], spec, space: Space) -> list[str]:
