@@ -33,6 +33,7 @@ from multiprocessing.connection import Connection
 
 from kvpipe._startup import collector_paused
 from kvpipe.errors import KvpipeError
+from kvpipe.record.store import TrackingUnavailable
 
 # What the worker imports before its calls need them, while the sweep's process imports torch:
 # MLflow's logging of a job (its datasets pull in pandas) and the compare at the sweep's end
@@ -162,8 +163,6 @@ def import_modules(names: tuple[str, ...]) -> None:
 
 def _lost(exc: BaseException):
     """An outage, as a store that went away is: the caller's result waits on disk for `kvpipe sync`."""
-    from kvpipe.record.tracking import TrackingUnavailable
-
     stop()
     raise TrackingUnavailable(f"the sweep's tracking worker stopped ({exc!r}); later calls run in this process")
 

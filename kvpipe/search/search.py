@@ -102,7 +102,7 @@ class Search:
 
         from kvpipe import model
         from kvpipe.config import compose
-        from kvpipe.record.tracking import resolve_uri
+        from kvpipe.record.store import resolve_uri
         from kvpipe.spec import make_spec
 
         fixed, restrict = split_arguments(arguments)
