@@ -167,7 +167,14 @@ def _open_parent(config, tracking_cfg, launch_dir: Path, name: str, swept: dict,
     client = store.client_modules(store.store_paths(tracking_cfg, launch_dir)[0])
     worker.submit("kvpipe.record.worker", "import_modules", client)
     worker.submit("kvpipe.record.tracking", "open_parent", *args)
-    worker.submit("kvpipe.record.worker", "import_modules", worker.WARM_MODULES)
+    later = (  # what the jobs' logging and the sweep's end import, in the worker while this process imports torch
+        "mlflow.data.pandas_dataset",  # MLflow's logging of a job: its datasets pull in pandas
+        "git",  # MLflow tags each run with the source commit through GitPython
+        "kvpipe.decide.compare",  # the compare at the sweep's end
+        "matplotlib.figure",
+        "matplotlib.backends.backend_agg",
+    )
+    worker.submit("kvpipe.record.worker", "import_modules", later)
     try:
         loading.import_libraries()
     except KeyboardInterrupt:  # the worker, deaf to Ctrl-C, goes on: close the parent it opens as KILLED
