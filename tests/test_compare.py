@@ -285,9 +285,9 @@ def test_a_missing_store_is_named_as_the_user_named_it(args, env, named, tmp_pat
 
 def test_runs_write_where_mlflow_tracking_uri_points(tmp_path, monkeypatch):
     from kvpipe.config import TrackingConfig
-    from kvpipe.record import tracking
+    from kvpipe.record.store import store_paths
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/elsewhere.db")
-    assert tracking.store_paths(TrackingConfig(), tmp_path / "launch")[0] == f"sqlite:///{tmp_path}/elsewhere.db"
+    assert store_paths(TrackingConfig(), tmp_path / "launch")[0] == f"sqlite:///{tmp_path}/elsewhere.db"
     explicit = TrackingConfig(uri=f"sqlite:///{tmp_path}/explicit.db")
-    assert tracking.store_paths(explicit, tmp_path)[0] == explicit.uri  # the setting wins over the variable
+    assert store_paths(explicit, tmp_path)[0] == explicit.uri  # the setting wins over the variable

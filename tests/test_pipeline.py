@@ -56,7 +56,7 @@ def test_mlflow_run_reads_back_with_params_metrics_tags_and_artifacts(tmp_path, 
 
 def test_default_store_is_absolute_sqlite_under_outputs(tmp_path):
     from kvpipe.config import TrackingConfig
-    from kvpipe.record.tracking import store_paths
+    from kvpipe.record.store import store_paths
 
     uri, artifacts = store_paths(TrackingConfig(), tmp_path)
     assert uri == f"sqlite:///{tmp_path}/outputs/mlflow.db"

@@ -16,7 +16,7 @@ from test_resilience import mlflow_runs, wait_for
 from kvpipe.errors import ConfigError, KvpipeError
 from kvpipe.orchestrate import sweep
 from kvpipe.record import worker
-from kvpipe.record.tracking import TrackingUnavailable
+from kvpipe.record.store import TrackingUnavailable
 
 from conftest import run_cli
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvpipe.record.tracking import add_store_argument
+from kvpipe.record.store import add_store_argument
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:

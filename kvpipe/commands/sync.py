@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from kvpipe.record import sync
-from kvpipe.record.tracking import add_store_argument
+from kvpipe.record.store import add_store_argument
 
 HELP = "upload results kept on disk while MLflow was unreachable"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kvpipe.errors import KvpipeError
 from kvpipe.record import worker
-from kvpipe.record.tracking import store_paths
+from kvpipe.record.store import store_paths
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from kvpipe.decide import closing
 from kvpipe.errors import ConfigError, KvpipeError, fail
 from kvpipe.model import loading
 from kvpipe.orchestrate.pipeline import run_pipeline
-from kvpipe.record import auth, recorder, tracking, worker
+from kvpipe.record import auth, recorder, store, tracking, worker
 from kvpipe.record.result import Result, iter_results
 from kvpipe.record.summary import print_sweep_summary
 from kvpipe.spec import make_spec
@@ -115,7 +115,7 @@ class SweepCallback(Callback):
         except auth.TrackingRefused as exc:  # Hydra only warns of a callback's exceptions; an exit it lets through
             worker.stop()
             fail(str(exc))
-        except tracking.TrackingUnavailable as exc:  # Hydra would only warn and lose the sweep's state
+        except store.TrackingUnavailable as exc:  # Hydra would only warn and lose the sweep's state
             worker.stop()
             log.warning("%s; the sweep runs without a parent run, its results safe on disk", exc)
         SweepState(name=name, total_jobs=total, started_at=time.time(), parent_run_id=parent).save(sweep_dir)
@@ -136,7 +136,7 @@ class SweepCallback(Callback):
                     counts,
                 )
                 closing.summarise_sweep(config, state.parent_run_id, sweep_dir)
-            except tracking.TrackingUnavailable as exc:
+            except store.TrackingUnavailable as exc:
                 log.warning(
                     "%s; the sweep's results are safe in %s; upload them with: kvpipe sync %s",
                     exc,
@@ -165,10 +165,17 @@ def _open_parent(config, tracking_cfg, launch_dir: Path, name: str, swept: dict,
     except OSError as exc:  # no second process to be had: the sweep's own does it all, as it used to
         log.debug("no tracking worker (%s)", exc)
         return tracking.open_parent(*args)
-    client = tracking.client_modules(tracking.store_paths(tracking_cfg, launch_dir)[0])
+    client = store.client_modules(store.store_paths(tracking_cfg, launch_dir)[0])
     worker.submit("kvpipe.record.worker", "import_modules", client)
     worker.submit("kvpipe.record.tracking", "open_parent", *args)
-    worker.submit("kvpipe.record.worker", "import_modules", worker.WARM_MODULES)
+    later = (  # what the jobs' logging and the sweep's end import, in the worker while this process imports torch
+        "mlflow.data.pandas_dataset",  # MLflow's logging of a job: its datasets pull in pandas
+        "git",  # MLflow tags each run with the source commit through GitPython
+        "kvpipe.decide.compare",  # the compare at the sweep's end
+        "matplotlib.figure",
+        "matplotlib.backends.backend_agg",
+    )
+    worker.submit("kvpipe.record.worker", "import_modules", later)
     try:
         loading.import_libraries()
     except KeyboardInterrupt:  # the worker, deaf to Ctrl-C, goes on: close the parent it opens as KILLED
@@ -265,7 +272,7 @@ class _Skipper:
             try:
                 result.mlflow_run_id = tracking.log_skipped(tracking_cfg, self.launch_dir, result, self.parent)
                 result.save(self.run_dir)
-            except tracking.TrackingUnavailable as exc:  # the skip is on disk; the UI just misses it
+            except store.TrackingUnavailable as exc:  # the skip is on disk; the UI just misses it
                 log.warning("%s; skipped job not shown in MLflow", exc)
         return "SKIPPED"
 

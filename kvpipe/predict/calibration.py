@@ -248,7 +248,7 @@ def read_local_runs(spec, dtype: str, device: str, threads: int) -> LocalRuns:
     from pathlib import Path
 
     from kvpipe.record.runs import column, read_runs
-    from kvpipe.record.tracking import resolve_uri
+    from kvpipe.record.store import resolve_uri
 
     experiment, host, batch = spec.tracking.experiment, socket.gethostname(), spec.workload.batch_size
     store = resolve_uri(spec.tracking.uri, Path.cwd())[1]

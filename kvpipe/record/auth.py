@@ -3,6 +3,9 @@
 MLflow reads the credentials itself, from MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or
 ~/.mlflow/credentials); kvpipe never copies them into a config, a record or a log. A URI that
 carries them (http://user:password@host) is refused for the same reason: the URI is recorded.
+
+Every call to the store, the door's own look-up and each write of a run alike, goes
+through `recording`: one writer at a time, a refusal as that one line, an outage as TrackingUnavailable.
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from kvpipe.config import TrackingConfig
-from kvpipe.errors import KvpipeError
-from kvpipe.record.tracking import TrackingUnavailable, recording, resolve_uri
+from kvpipe.errors import KvpipeError, first_line
+from kvpipe.record.store import TrackingUnavailable, open_experiment, resolve_uri, writer_lock
 from kvpipe.record.worker import forwarded
 
 REFUSED = (401, 403)
@@ -89,6 +92,21 @@ def refusals(said: str, what: str, action: str = "write to"):
         if status is None:
             raise
         raise refusal(status, said, what, action, user()) from None
+
+
+@contextmanager
+def recording(tracking: TrackingConfig, launch_dir: Path):
+    """Around every write: one writer at a time, an unreachable store as one clear error, and a
+    server's refusal (401, 403) as TrackingRefused, one line naming the experiment."""
+    from mlflow.exceptions import MlflowException
+
+    uri, said = resolve_uri(tracking.uri, launch_dir, store_dir=tracking.store_dir)
+    with writer_lock(tracking, launch_dir):
+        try:
+            with refusals(said, f"experiment {tracking.experiment!r}"):
+                yield open_experiment(tracking, launch_dir)
+        except MlflowException as exc:
+            raise TrackingUnavailable(f"MLflow at {uri} failed: {first_line(exc)}") from exc
 
 
 @forwarded  # in a sweep's tracking worker, if it has one (kvpipe.record.worker)

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from kvpipe.record import tracking
 from kvpipe.record.result import RESULT_FILE, Result
+from kvpipe.record.store import TrackingUnavailable, store_paths
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +40,9 @@ def upload(spec, result: Result, run_dir: Path, launch_dir: Path, parent_run_id:
         run_id = tracking.log_job(
             spec.tracking, launch_dir, run_dir, result.params or spec.params(), result, config_yaml(spec), parent_run_id
         )
-    except tracking.TrackingUnavailable as exc:
+    except TrackingUnavailable as exc:
         result.mlflow_error = str(exc)
-        result.mlflow_uri = tracking.store_paths(spec.tracking, launch_dir)[0]
+        result.mlflow_uri = store_paths(spec.tracking, launch_dir)[0]
         result.mlflow_parent_run_id = parent_run_id or None
         result.save(run_dir)
         log.warning("%s; the result is safe in %s; upload it later with: kvpipe sync %s", exc, path, run_dir)
@@ -49,7 +50,7 @@ def upload(spec, result: Result, run_dir: Path, launch_dir: Path, parent_run_id:
     result.mlflow_error = None
     result.mlflow_run_id = run_id
     result.save(run_dir)
-    uri = tracking.store_paths(spec.tracking, launch_dir)[0]
+    uri = store_paths(spec.tracking, launch_dir)[0]
     log.info("MLflow run %s in experiment %r (%s)", run_id, spec.tracking.experiment, uri)
     return path
 

@@ -12,7 +12,7 @@ import pandas as pd
 from kvpipe.errors import ConfigError, KvpipeError
 from kvpipe.record.auth import check_uri, refusals, status_of
 from kvpipe.record.result import iter_results
-from kvpipe.record.tracking import point_mlflow_at, resolve_uri
+from kvpipe.record.store import point_mlflow_at, resolve_uri
 
 FINISHED = "attributes.status = 'FINISHED' and tags.`kvpipe.status` = 'FINISHED'"
 KEY = "tags.kvpipe.measurement_key"

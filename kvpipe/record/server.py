@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from kvpipe.errors import KvpipeError, fail
-from kvpipe.record.tracking import ARTIFACT_DIR, DB_FILE
+from kvpipe.record.store import ARTIFACT_DIR, DB_FILE
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 AUTH_CONFIG = "basic_auth.ini"

@@ -16,7 +16,7 @@ from kvpipe.errors import KvpipeError
 from kvpipe.record import auth
 from kvpipe.record.recorder import upload
 from kvpipe.record.result import RESULT_FILE, Result, iter_results
-from kvpipe.record.tracking import ARTIFACT_DIR
+from kvpipe.record.store import ARTIFACT_DIR
 from kvpipe.spec import make_spec
 
 SYNCABLE = ("FINISHED", "FAILED", "KILLED")

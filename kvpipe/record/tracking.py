@@ -1,166 +1,29 @@
-"""MLflow: the default embedded SQLite store, experiments, and one run per job."""
+"""MLflow's runs: one per job, a sweep's parent and its skipped jobs, and resume's look-up of a finished one.
+
+Each call to the store runs inside auth.recording (one writer at a time, a refusal or an outage as one
+line); where the store is, kvpipe.record.store says.
+"""
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
-import os
 import shlex
-from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from kvpipe.config import TrackingConfig
-from kvpipe.errors import KvpipeError, first_line
+from kvpipe.record.auth import check_at_door, recording
 from kvpipe.record.result import RESULT_FILE, Result
 from kvpipe.record.worker import forwarded
 
 log = logging.getLogger(__name__)
 
-DB_FILE = "mlflow.db"
-ARTIFACT_DIR = "mlartifacts"
-
-
-def default_uri(launch_dir: Path, store_dir: str = TrackingConfig.store_dir) -> str:
-    """The default store: SQLite under the launch dir, as an absolute URI."""
-    return f"sqlite:///{(launch_dir / store_dir / DB_FILE).resolve()}"
-
-
-URI_ENV = "MLFLOW_TRACKING_URI"
-
-
-def resolve_uri(
-    explicit: str | None,
-    launch_dir: Path,
-    spelled: str = "tracking.uri",
-    store_dir: str = TrackingConfig.store_dir,
-) -> tuple[str, str]:
-    """(tracking URI, where it came from, as the user said it). One order everywhere (runs, compare,
-    recommend, sync): the explicit setting, then $MLFLOW_TRACKING_URI, then the default store."""
-    if explicit:
-        return explicit, f"{spelled}={explicit}"
-    if os.environ.get(URI_ENV):
-        return os.environ[URI_ENV], f"{URI_ENV}={os.environ[URI_ENV]}"
-    uri = default_uri(launch_dir, store_dir)
-    return uri, f"the default store {uri.removeprefix('sqlite:///')}"
-
-
-def point_mlflow_at(uri: str) -> None:
-    """mlflow.set_tracking_uri, without its side effect on $MLFLOW_TRACKING_URI (MLflow exports the
-    URI there for subprocesses): here that variable is the user's own setting, read by resolve_uri,
-    and must not turn one store's address into every later run's."""
-    import mlflow
-
-    before = os.environ.get(URI_ENV)
-    mlflow.set_tracking_uri(uri)
-    if before is None:
-        os.environ.pop(URI_ENV, None)
-    else:
-        os.environ[URI_ENV] = before
-
-
-def add_store_argument(parser: argparse.ArgumentParser, what: str) -> None:
-    """`tracking.uri=URI`, spelt as runs spell it (the CLI turns it into this option; --tracking-uri
-    works too), resolved as runs resolve it: see tracking.resolve_uri."""
-    parser.add_argument(
-        "--tracking-uri",
-        metavar="URI",
-        help=f"{what}; also spelt tracking.uri=URI, as for runs "
-        "(default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db in the current dir)",
-    )
-    parser.set_defaults(uri_spelling="--tracking-uri")
-
-
-def store_paths(tracking: TrackingConfig, launch_dir: Path) -> tuple[str, str | None]:
-    """(tracking URI, artifact root), the URI as resolve_uri finds it. The default store is absolute,
-    whatever the working dir, and made if missing."""
-    uri, _ = resolve_uri(tracking.uri, launch_dir, store_dir=tracking.store_dir)
-    if not uri.startswith("sqlite:///"):
-        return uri, None
-    store = Path(uri.removeprefix("sqlite:///")).parent  # artifacts beside the database, not in ./mlruns
-    if uri == default_uri(launch_dir, tracking.store_dir):
-        store.mkdir(parents=True, exist_ok=True)
-    return uri, (store / ARTIFACT_DIR).as_uri()
-
-
-def client_modules(uri: str) -> tuple[str, ...]:
-    """What MLflow's client imports to write to `uri`: its SQLAlchemy store for a database, its REST
-    store for a server (a sweep's tracking worker imports them first: kvpipe.record.worker)."""
-    store = "rest_store" if uri.startswith(("http://", "https://", "databricks")) else "sqlalchemy_store"
-    return ("mlflow.tracking", f"mlflow.store.tracking.{store}")
-
-
-class TrackingUnavailable(KvpipeError):
-    """The tracking store could not be reached; results stay on disk for `kvpipe sync`."""
-
-
-def writer_lock(tracking: TrackingConfig, launch_dir: Path):
-    """SQLite allows one writer at a time and answers others "database is locked"; parallel
-    jobs (joblib, submitit) therefore take turns through a file lock beside the database.
-    A tracking server serialises writes itself."""
-    uri, _ = store_paths(tracking, launch_dir)
-    if not uri.startswith("sqlite:///"):
-        return nullcontext()
-    from filelock import FileLock
-
-    return FileLock(uri.removeprefix("sqlite:///") + ".lock", timeout=600)
-
-
-def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
-    """Fail fast on a tracking server that does not answer, instead of MLflow's minutes of retries."""
-    if not uri.startswith(("http://", "https://")):
-        return
-    import urllib.error
-    import urllib.request
-
-    try:
-        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s).close()
-    except (urllib.error.URLError, OSError) as exc:
-        raise TrackingUnavailable(f"MLflow tracking server {uri} is unreachable ({exc})") from exc
-
-
-def setup(tracking: TrackingConfig, launch_dir: Path) -> str:
-    """Point MLflow at the store and make sure the experiment exists; return its id."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    uri, artifact_root = store_paths(tracking, launch_dir)
-    check_reachable(uri)
-    # MLflow's default is 7 retries with exponential backoff (minutes) for a server that went away
-    # mid-run; a few seconds is enough to ride out a blip, and the result is safe on disk anyway.
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
-    point_mlflow_at(uri)
-    experiment = mlflow.get_experiment_by_name(tracking.experiment)
-    if experiment is not None:
-        return experiment.experiment_id
-    try:
-        return mlflow.create_experiment(
-            tracking.experiment, artifact_location=artifact_root and f"{artifact_root}/{tracking.experiment}"
-        )
-    except MlflowException:  # another job created it a moment ago
-        return mlflow.get_experiment_by_name(tracking.experiment).experiment_id
-
-
-@contextmanager
-def recording(tracking: TrackingConfig, launch_dir: Path):
-    """Around every write: one writer at a time, an unreachable store as one clear error, and a
-    server's refusal (401, 403) as auth.TrackingRefused, one line naming the experiment."""
-    from mlflow.exceptions import MlflowException
-
-    from kvpipe.record.auth import refusals  # auth builds on this module
-
-    uri, said = resolve_uri(tracking.uri, launch_dir, store_dir=tracking.store_dir)
-    with writer_lock(tracking, launch_dir):
-        try:
-            with refusals(said, f"experiment {tracking.experiment!r}"):
-                yield setup(tracking, launch_dir)
-        except MlflowException as exc:
-            raise TrackingUnavailable(f"MLflow at {uri} failed: {first_line(exc)}") from exc
-
-
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag: the UI shows children under the parent
 KEY_TAG = "kvpipe.measurement_key"
+# A tag, not a module: built rather than spelt whole, as tests/test_layering.py takes a string that
+# spells a kvpipe module's name for an import of that module
+SWEEP_TAG = "kvpipe." + "sweep"
 
 
 @forwarded  # in a sweep's tracking worker, if it has one (kvpipe.record.worker)
@@ -258,9 +121,7 @@ def open_parent(
 ) -> str:
     """A sweep's parent run, once its credentials pass the door (auth.TrackingRefused if not): with
     `reopen`, the same sweep's latest parent, RUNNING again, if it ran here before; else a new one."""
-    from kvpipe.record import auth  # auth builds on this module
-
-    auth.check_at_door(tracking, launch_dir)
+    check_at_door(tracking, launch_dir)
     parent = reopen_parent(tracking, launch_dir, name, swept, tags) if reopen else None
     if parent:
         log.info("resume: the new jobs join parent run %s of %r", parent, name)
@@ -278,7 +139,7 @@ def start_parent(
 
     with recording(tracking, launch_dir) as experiment_id:
         client = MlflowClient()
-        tags = {"kvpipe.sweep": "true", SIGNATURE_TAG: sweep_signature(name, swept), **tags}
+        tags = {SWEEP_TAG: "true", SIGNATURE_TAG: sweep_signature(name, swept), **tags}
         run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
         _log_params(client, run_id, swept)
         return run_id
@@ -308,7 +169,7 @@ def reopen_parent(
             experiment_ids=[experiment_id],
             output_format="list",
             order_by=["attributes.start_time DESC"],
-            filter_string=f"tags.`kvpipe.sweep` = 'true' and tags.`{SIGNATURE_TAG}` = '{sweep_signature(name, swept)}'",
+            filter_string=f"tags.`{SWEEP_TAG}` = 'true' and tags.`{SIGNATURE_TAG}` = '{sweep_signature(name, swept)}'",
         )
         if not parents:
             return None

@@ -5,8 +5,9 @@ for the parent run, and at its end ~0.8 s to import pandas and matplotlib for th
 hold the interpreter's lock, so a thread cannot hide them; a second process can. A sweep whose jobs
 run in its own process starts this worker as it opens: the worker imports MLflow, opens the parent
 run and imports what the compare needs, while the sweep's process imports torch and transformers,
-which its first job needs anyway (kvpipe.orchestrate.sweep). Every later call is waited for, so the worker
-never runs while a job measures.
+which its first job needs anyway. Every later call is waited for, so the worker never runs while a
+job measures. What the worker imports ahead of its calls, the sweep names (import_modules): this
+module knows nothing above kvpipe.record.
 
 A call made in the worker gives back what it printed and logged, replayed here, so the sweep's
 output and its jobs' log files read as if the call had run in the sweep's process. Ctrl-C is the
@@ -33,16 +34,7 @@ from multiprocessing.connection import Connection
 
 from kvpipe._startup import collector_paused
 from kvpipe.errors import KvpipeError
-
-# What the worker imports before its calls need them, while the sweep's process imports torch:
-# MLflow's logging of a job (its datasets pull in pandas) and the compare at the sweep's end
-WARM_MODULES = (
-    "mlflow.data.pandas_dataset",
-    "git",  # MLflow tags each run with the source commit through GitPython
-    "kvpipe.decide.compare",
-    "matplotlib.figure",
-    "matplotlib.backends.backend_agg",
-)
+from kvpipe.record.store import TrackingUnavailable
 
 
 class WorkerFailed(RuntimeError):
@@ -152,8 +144,9 @@ def forwarded(fn):
 
 
 def import_modules(names: tuple[str, ...]) -> None:
-    """Run in the worker, so that a later call there finds them imported; with the collector off,
-    as kvpipe.model.import_libraries imports (the modules' objects live as long as the worker)."""
+    """Run in the worker, so that a later call there finds the modules its caller names imported
+    already; with the collector off, as kvpipe.model.import_libraries imports (the modules' objects
+    live as long as the worker)."""
     with collector_paused():
         for name in names:
             with contextlib.suppress(ImportError):  # a warm-up only: what needs it fails there, with its error
@@ -162,8 +155,6 @@ def import_modules(names: tuple[str, ...]) -> None:
 
 def _lost(exc: BaseException):
     """An outage, as a store that went away is: the caller's result waits on disk for `kvpipe sync`."""
-    from kvpipe.record.tracking import TrackingUnavailable
-
     stop()
     raise TrackingUnavailable(f"the sweep's tracking worker stopped ({exc!r}); later calls run in this process")
 

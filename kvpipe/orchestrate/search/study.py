@@ -99,7 +99,7 @@ class SearchStudy:
 
         from kvpipe import model
         from kvpipe.config import compose
-        from kvpipe.record.tracking import resolve_uri
+        from kvpipe.record.store import resolve_uri
         from kvpipe.spec import make_spec
 
         fixed, restrict = split_arguments(arguments)
