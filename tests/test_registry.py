@@ -128,3 +128,28 @@ def test_every_cache_and_backend_option_file_names_a_registered_class():
         for option in sorted(Path(REPO / "conf" / group).glob("*.yaml")):
             match = re.search(rf"^{key}: (\w+)", option.read_text(), re.MULTILINE)
             assert match and match.group(1) in registered, option
+
+
+def test_the_registry_helper_registers_by_subclassing_in_order_and_refuses_unknown_names_in_one_line():
+    from kvpipe.registry import Registered, Registry
+
+    class Kind(Registered):
+        registry = Registry("thing.kind")
+
+    class Shared(Kind):  # names nothing: a base for others, not a choice
+        order = 5
+
+    class Later(Shared):
+        name = "later"
+
+    class Early(Kind):
+        name, order = "early", 1
+
+    class Alpha(Kind):
+        name = "alpha"
+
+    assert Kind.registry.names() == ("early", "later", "alpha")  # by order (Later's is Shared's), then name
+    assert Kind.registry.get("later") is Later and Shared not in Kind.registry.registered()
+    with pytest.raises(ConfigError, match=r"^thing.kind='nope' is not valid: expected one of: early, later, alpha$"):
+        Kind.registry.get("nope")
+    assert cache.REGISTRY is cache.CacheStrategy.registry.classes and "dynamic" in cache.REGISTRY  # the stages' own

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 from kvpipe.cache import accounting
-from kvpipe.errors import ConfigError, require_choice
+from kvpipe.errors import ConfigError
+from kvpipe.registry import Registered, Registry
 from kvpipe.units import param_text
 
 if TYPE_CHECKING:
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from kvpipe.model.shape import ModelShape
     from kvpipe.spec import Spec
 
-REGISTRY: dict[str, type[CacheStrategy]] = {}
 # What recommend weighs a strategy as (the KV-cache guide's rules are written for these four):
 # grows as needed, preallocated, offloaded to the host, or quantized.
 FAMILIES = ("dynamic", "static", "offloaded", "quantized")
@@ -50,10 +50,10 @@ class NoSettings:
     """A strategy that reads no `cache.*` field beyond `cache.strategy`."""
 
 
-class CacheStrategy:
+class CacheStrategy(Registered):
     """Base class: subclass it, set `name`, `family` and `Settings`, and override `build`."""
 
-    name: ClassVar[str]
+    registry: ClassVar[Registry[CacheStrategy]] = Registry("cache.strategy")
     family: ClassVar[str]  # what recommend weighs it as: dynamic, static, offloaded or quantized
     lossless: ClassVar[bool] = True  # keeps keys and values exactly: no quality pass needed to trust it
     order: ClassVar[int] = 100  # row order in `kvpipe plan`
@@ -69,11 +69,9 @@ class CacheStrategy:
     search_variants: ClassVar[tuple[dict[str, str], ...]] = ({},)
 
     def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__:
-            if cls.family not in FAMILIES:
-                raise TypeError(f"{cls.__name__}.family={cls.family!r}; expected one of {FAMILIES}")
-            REGISTRY[cls.name] = cls
+        if "name" in cls.__dict__ and cls.family not in FAMILIES:
+            raise TypeError(f"{cls.__name__}.family={cls.family!r}; expected one of {FAMILIES}")
+        super().__init_subclass__(**kwargs)  # registers it
 
     def __init__(self, spec: Spec):
         self.spec = spec
@@ -273,18 +271,10 @@ class CacheStrategy:
         return []
 
 
-def registered() -> list[type[CacheStrategy]]:
-    """Every registered strategy, in table order."""
-    return sorted(REGISTRY.values(), key=lambda s: (s.order, s.name))
-
-
-def names() -> tuple[str, ...]:
-    return tuple(s.name for s in registered())
-
-
-def get(name: str) -> type[CacheStrategy]:
-    require_choice("cache.strategy", name, names())
-    return REGISTRY[name]
+REGISTRY = CacheStrategy.registry.classes  # name -> strategy class
+registered = CacheStrategy.registry.registered  # every strategy, in table order
+names = CacheStrategy.registry.names
+get = CacheStrategy.registry.get  # raises a one-line ConfigError naming the registered ones
 
 
 def _settings_fields() -> dict[str, tuple[Any, type[CacheStrategy]]]:
