@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvpipe import workload
-from kvpipe.catalogue import Metric, catalogue
+from kvpipe.catalogue import Metric
 from kvpipe.config import register_schemas
 from kvpipe.decide import compare
 from kvpipe.decide.recommend import Limits, choose
@@ -101,7 +101,7 @@ def test_a_new_workload_runs_records_and_is_compared_and_recommended(countdown, 
         path = recorder.record(spec, result, tmp_path / strategy, tmp_path)
         runs.append(Result.load(path))
     assert runs[0].answers and runs[0].mlflow_run_id  # its rows in result.json, its run in MLflow
-    assert "countdown_digits" in catalogue()
+    assert "countdown_digits" in workload.metrics()
     table, _ = load_runs("kvpipe", None, f"sqlite:///{db}", whole_experiment=True)
     assert set(table["params.workload.start"]) == {"4"}
     shown = compare.display_table(table)

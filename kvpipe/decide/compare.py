@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvpipe import catalogue
+from kvpipe import workload
 from kvpipe.decide import plots
 from kvpipe.decide.closing import Shown, print_shown
 from kvpipe.decide.runs import (
@@ -48,7 +48,7 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
     stars = [("★" if p else "") + (" ⚠ contended" if c else " ⚠" if n else "") for p, n, c in marks]
     table = {"★": stars, "cache": list(runs["label"])}
     table.update({p: param_values(runs, p) for p in varying_params(runs)})
-    for metric in catalogue.catalogue().values():
+    for metric in workload.metrics().values():
         values = figure_column(runs, metric.name)
         if metric.compare and values.notna().any():
             spreads = column(runs, f"metrics.{metric.name}_std")

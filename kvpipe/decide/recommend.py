@@ -16,6 +16,7 @@ import shlex
 from dataclasses import dataclass
 
 from kvpipe import cache, catalogue
+from kvpipe import workload as workloads
 from kvpipe.decide.runs import (  # mlflow only once limits are valid
     add_source_arguments,
     is_lossless,
@@ -92,7 +93,7 @@ LIMIT_METRICS = {
 
 
 def _figure(name: str, value: float) -> str:
-    return catalogue.get(LIMIT_METRICS[name]).show(value)
+    return workloads.metrics()[LIMIT_METRICS[name]].show(value)
 
 
 def _miss_text(run, name: str, overshoot: float, limits: Limits) -> str:

@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
+from kvpipe import catalogue
 from kvpipe.errors import ConfigError
 from kvpipe.registry import Registered, Registry
 from kvpipe.workload import _encoding
@@ -85,7 +86,7 @@ class Workload(Registered):
     chat_style: ClassVar[bool] = False  # renders prompts through the model's chat template
     context_fields: ClassVar[tuple[str, ...]] = ()  # settings that set its prompt length (compare's x axis)
     compares_greedy_path: ClassVar[bool] = True  # quality's first_divergence means something for it
-    metrics: ClassVar[tuple] = ()  # kvpipe.metrics.Metric: what its own scoring adds to a run
+    metrics: ClassVar[tuple[catalogue.Metric, ...]] = ()  # what its own scoring adds to a run (metrics())
 
     def __init__(self, config):
         """`config` is the workload group (kvpipe.config.WorkloadConfig, or a dict from result.json)."""
@@ -239,6 +240,12 @@ REGISTRY = Workload.registry.classes  # name -> workload class
 registered = Workload.registry.registered  # every workload, in listing order
 names = Workload.registry.names
 get = Workload.registry.get  # raises a one-line ConfigError naming the registered ones
+
+
+def metrics() -> dict[str, catalogue.Metric]:
+    """Every metric a run may report, by name: the catalogue's core ones, then each registered
+    workload's own (what a run's table and compare list)."""
+    return catalogue.catalogue(metric for kind in registered() for metric in kind.metrics)
 
 
 def reads(kind: str | None, param: str) -> bool:
