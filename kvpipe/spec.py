@@ -45,9 +45,14 @@ class Spec:
         return data
 
     @property
+    def cache_choice(self) -> cache_strategies.CacheChoice:
+        """What its cache strategy reads of it: the cache, backend and axis groups and the new tokens."""
+        return cache_strategies.CacheChoice(self.cache, self.backend, self.axis, self.workload.max_new_tokens)
+
+    @property
     def strategy(self) -> cache_strategies.CacheStrategy:
-        """The cache strategy this spec names, bound to it."""
-        return cache_strategies.get(self.cache.strategy)(self)
+        """The cache strategy this spec names, bound to its choice."""
+        return self.cache_choice.strategy
 
     @property
     def workload_kind(self) -> workloads.Workload:
@@ -60,10 +65,14 @@ class Spec:
         cache = schema.CacheConfig(strategy=name) if defaults else replace(self.cache, strategy=name)
         return replace(self, cache=cache, **groups)
 
+    def with_choice(self, choice: cache_strategies.CacheChoice) -> "Spec":
+        """This spec with a choice's cache, backend and axis groups (`kvpipe plan`'s rows)."""
+        return replace(self, cache=choice.cache, backend=choice.backend, axis=choice.axis)
+
     def read_fields(self) -> tuple[str, ...]:
         """The cache, backend and axis fields this job's strategy reads (from the registry); with
         every other group except tracking and the fallback chain, they define what it measures."""
-        return cache_strategies.get(self.cache.strategy).read_fields(self.backend.name)
+        return self.cache_choice.read_fields()
 
     def measurement_key(self) -> str:
         """Hash of what is measured: equal for configs that measure the same thing (settings the
@@ -97,18 +106,17 @@ class Spec:
 
     def params(self) -> dict[str, str]:
         """The settings this job reads, as plain-text MLflow params: the cache, backend and axis
-        fields its strategy reads (the registry's read_fields), the workload fields its kind reads,
+        fields its strategy reads (its CacheChoice's params), the workload fields its kind reads,
         the model fields its source reads, quality's when on; never tracking, never a setting with
         no value. The runner adds what it resolved (dtype, device, the model's architecture)."""
-        read, data = self.read_fields(), self.as_dict()
-        late = cache_strategies.get(self.cache.strategy).late_defaults
+        data = self.as_dict()
         owned = {"model": (schema.SOURCE_FIELDS, self.model.source)}
         params = {}
-        for group in ("model", *STRATEGY_GROUPS, "workload", "quality"):
+        for group in ("model", "workload", "quality"):
+            if group == "workload":  # after the model's: the cache, backend and axis fields its strategy reads
+                params.update(self.cache_choice.params())
             for key, value in data[group].items():
                 name = f"{group}.{key}"
-                if group in STRATEGY_GROUPS and name not in read and f"{group}.*" not in read:
-                    continue
                 if group in owned and not schema.reads(*owned[group], key):
                     continue
                 if group == "workload" and not workloads.reads(self.workload.kind, key):
@@ -117,8 +125,6 @@ class Spec:
                     continue
                 if isinstance(value, dict):  # model.architecture: the runner logs the real config's
                     continue
-                if group == "cache" and value is None:  # a late setting unset: what it means here
-                    value = late.get(key)
                 text = param_text(value)
                 if text is not None:
                     params[name] = text
@@ -126,7 +132,7 @@ class Spec:
 
 
 # The groups whose fields a strategy reads; the measurement key keeps only those it reads.
-STRATEGY_GROUPS = ("cache", "backend", "axis")
+STRATEGY_GROUPS = cache_strategies.CacheChoice.GROUPS
 # model.* fields added since runs were first keyed: left unset, they stay out of the key
 LATE_MODEL_FIELDS = ("layer_types", "threads")
 

@@ -48,7 +48,7 @@ def toy():
         def build(self, loaded, longest_prompt):
             from transformers import StaticCache
 
-            length = longest_prompt + self.spec.workload.max_new_tokens + self.settings.headroom
+            length = longest_prompt + self.choice.max_new_tokens + self.settings.headroom
 
             def make(capacity=0):
                 return StaticCache(config=loaded.model.config, max_cache_len=max(length, capacity))
