@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from kvpipe import disk_cache
-from kvpipe.config import compose
+from kvpipe.spec import compose
 
 PRESET = "cache_shootout"
 

@@ -22,13 +22,13 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from kvpipe.config import from_hydra, register_schemas
+from kvpipe.config import from_hydra
 from kvpipe.errors import KvpipeError, fail
 from kvpipe.orchestrate.pipeline import run_pipeline
 from kvpipe.orchestrate.sweep import run_sweep_job
 from kvpipe.record import worker
 from kvpipe.record.result import COMMAND_ENV
-from kvpipe.spec import make_spec
+from kvpipe.spec import make_spec, register_schemas
 
 log = logging.getLogger("kvpipe")
 

@@ -13,14 +13,13 @@ import pytest
 from kvpipe import cache, cli
 from kvpipe.cache.accounting import dense_bytes, kv_shape
 from kvpipe.cache.base import REGISTRY, CacheSetup, CacheStrategy
-from kvpipe.config import register_schemas
 from kvpipe.decide import recommend
 from kvpipe.decide import runs as recorded
 from kvpipe.decide.recommend import Limits, choose
 from kvpipe.errors import ConfigError
 from kvpipe.job.runner import run_job
 from kvpipe.model import describe
-from kvpipe.spec import make_spec
+from kvpipe.spec import make_spec, register_schemas
 
 from conftest import REPO, TINY, compose_config, quoted_outside
 from test_compare import fake_runs

@@ -14,7 +14,6 @@ import pytest
 
 from kvpipe import workload
 from kvpipe.catalogue import Metric
-from kvpipe.config import register_schemas
 from kvpipe.decide import compare
 from kvpipe.decide.recommend import Limits, choose
 from kvpipe.decide.runs import load_runs
@@ -22,7 +21,7 @@ from kvpipe.errors import ConfigError
 from kvpipe.job.runner import run_job
 from kvpipe.record import recorder
 from kvpipe.record.result import Result
-from kvpipe.spec import make_spec
+from kvpipe.spec import make_spec, register_schemas
 from kvpipe.workload._encoding import encode
 from kvpipe.workload.base import REGISTRY, Window, Workload, padded_batch
 

@@ -21,12 +21,12 @@ import json
 
 from kvpipe import cache, model
 from kvpipe.cache.accounting import UnpredictableLayers, kv_shape
-from kvpipe.config import compose, from_hydra
+from kvpipe.config import from_hydra
 from kvpipe.errors import ConfigError, KvpipeError, first_line, require_choice
 from kvpipe.model.weights import weights
 from kvpipe.predict import calibration, hardware, speed
 from kvpipe.predict.floors import model_costs, split
-from kvpipe.spec import make_spec
+from kvpipe.spec import compose, make_spec
 from kvpipe.units import human_bytes, parse_bytes
 
 

@@ -101,9 +101,8 @@ class Search:
         import optuna
 
         from kvpipe import model
-        from kvpipe.config import compose
         from kvpipe.record.tracking import resolve_uri
-        from kvpipe.spec import make_spec
+        from kvpipe.spec import compose, make_spec
 
         fixed, restrict = split_arguments(arguments)
         spec = make_spec(compose(fixed), fixed)
@@ -323,9 +322,8 @@ class Search:
         """Weights plus the KV cache that `kvpipe plan` predicts for this point and the workload."""
         from kvpipe import model
         from kvpipe.cache.accounting import kv_shape
-        from kvpipe.config import compose
         from kvpipe.model.weights import weights
-        from kvpipe.spec import make_spec
+        from kvpipe.spec import compose, make_spec
 
         if self._bytes is None:
             dtype = model.dtype_name(self.spec.model.dtype, self.device)
