@@ -89,7 +89,7 @@ class Workload(Registered):
     metrics: ClassVar[tuple[catalogue.Metric, ...]] = ()  # what its own scoring adds to a run (metrics())
 
     def __init__(self, config):
-        """`config` is the workload group (kvpipe.config.WorkloadConfig, or a dict from result.json)."""
+        """`config` is the workload group (kvpipe.spec.schema.WorkloadConfig, or a dict from result.json)."""
         get_value = config.get if isinstance(config, Mapping) else lambda name, default: getattr(config, name, default)
         self.config = config
         self.common = Common(**{f.name: get_value(f.name, f.default) for f in dataclasses.fields(Common)})
