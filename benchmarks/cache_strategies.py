@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvpipe.config import compose
 from kvpipe.job.runner import run_job
-from kvpipe.spec import make_spec
+from kvpipe.spec import compose, make_spec
 from kvpipe.units import human_bytes
 
 STRATEGIES = [

@@ -16,10 +16,9 @@ import multiprocessing
 import time
 from pathlib import Path
 
-from kvpipe.config import compose
 from kvpipe.job.runner import run_job
 from kvpipe.measure import contention
-from kvpipe.spec import make_spec
+from kvpipe.spec import compose, make_spec
 
 
 def spin(seconds: float) -> None:

@@ -20,9 +20,8 @@ from pathlib import Path
 import pandas as pd
 
 from kvpipe import model
-from kvpipe.config import compose
 from kvpipe.job.generate import measured_generate
-from kvpipe.spec import make_spec
+from kvpipe.spec import compose, make_spec
 
 STRATEGIES = {
     "dynamic": ["cache=dynamic"],

@@ -235,9 +235,8 @@ def _kept_grid(out: Path, overrides: list[str]) -> tuple[float, dict[str, pd.Ser
 
 def _space_size(overrides: list[str]) -> int:
     from kvpipe import model
-    from kvpipe.config import compose
     from kvpipe.orchestrate.search.study import split_arguments
-    from kvpipe.spec import make_spec
+    from kvpipe.spec import compose, make_spec
 
     fixed, restrict = split_arguments(overrides)
     spec = make_spec(compose(fixed), fixed)

@@ -1,7 +1,7 @@
 """The cache_shootout preset as one sweep against the same jobs as separate processes.
 
 A sweep imports torch, transformers and MLflow, loads the model and compiles graphs once; separate
-processes pay for them every time. The quality references are kept on disk (kvpipe.measure.references),
+processes pay for them every time. The quality references are kept on disk (kvpipe.disk_cache),
 so the first separate process makes them and the rest read them, as the sweep's first job makes them
 and its later jobs reuse them: each side starts with a reference folder of its own, empty, so that
 neither finds the other's. Both write to their own throwaway MLflow store. Target: >= 1.5x.
@@ -20,14 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvpipe.config import compose
-from kvpipe.measure import references
+from kvpipe import disk_cache
+from kvpipe.spec import compose
 
 PRESET = "cache_shootout"
 
 
 def timed(args: list[str], cwd: Path) -> float:
-    env = {**os.environ, references.FOLDER_ENV: str(cwd / "references")}  # this side's own, made empty
+    env = {**os.environ, disk_cache.FOLDER_ENV: str(cwd / "references")}  # this side's own, made empty
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "kvpipe", *args], cwd=cwd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvpipe.measure import references
+from kvpipe import disk_cache
 from kvpipe.model.embedded import embedded_folder
 
 SWEEP = [
@@ -108,7 +108,7 @@ def main() -> None:
         commands = {"first run": args.overrides, "second run": args.overrides}
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        env = {**os.environ, references.FOLDER_ENV: str(scratch / "references")}
+        env = {**os.environ, disk_cache.FOLDER_ENV: str(scratch / "references")}
         runs = {}
         launch = scratch / "launch"
         launch.mkdir()

@@ -1,7 +1,8 @@
 """The metric catalogue: every figure a run reports, once, with its unit, format, direction and label.
 
 The run's terminal table, `compare` and `recommend` all read it, so a figure reads the same
-everywhere; a workload's own scoring adds its metrics through its class (`Workload.metrics`).
+everywhere. A workload's own scoring declares its metrics on its class (`Workload.metrics`), above
+this module: `kvpipe.workload.metrics()` is this catalogue with every registered workload's added.
 README's metrics table is the public contract: a test checks every name here appears in it.
 Pure Python.
 """
@@ -9,6 +10,7 @@ Pure Python.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable, Mapping
 
 from kvpipe.units import human_bytes
 
@@ -114,24 +116,25 @@ CORE = (
 )
 
 
-def catalogue() -> dict[str, Metric]:
-    """Every metric by name: the core ones, then each registered workload's own."""
-    from kvpipe import workload  # its classes declare their metrics; imported here, as it imports this module
-
+def catalogue(extra: Iterable[Metric] = ()) -> dict[str, Metric]:
+    """Every metric by name: the core ones, then `extra` (the workloads' own, which
+    kvpipe.workload.metrics() passes), a name's first kept."""
     found = {metric.name: metric for metric in CORE}
-    for kind in workload.registered():
-        for metric in kind.metrics:
-            found.setdefault(metric.name, metric)
+    for metric in extra:
+        found.setdefault(metric.name, metric)
     return found
 
 
 def get(name: str) -> Metric:
+    """A core metric."""
     return catalogue()[name]
 
 
-def base_name(name: str) -> str:
-    """A companion's metric: tpot_ms_std and tpot_ms_cv belong to tpot_ms."""
+def base_name(name: str, known: Mapping[str, Metric] | None = None) -> str:
+    """A companion's metric: tpot_ms_std and tpot_ms_cv belong to tpot_ms (among `known`, by
+    default the core metrics)."""
+    known = catalogue() if known is None else known
     for suffix in ("_std", "_cv"):
-        if name.endswith(suffix) and name.removesuffix(suffix) in catalogue():
+        if name.endswith(suffix) and name.removesuffix(suffix) in known:
             return name.removesuffix(suffix)
     return name

@@ -1,12 +1,12 @@
-"""Typed schemas for every config group, registered in Hydra's ConfigStore.
+"""Typed schemas for the config groups that no plugin extends: model, axis, quality, tracking.
 
-The schema is the first entry of `conf/config.yaml`'s defaults list, so a misspelt key or a wrong
-type in any group file or override fails at composition, not silently. The `cache`, `backend` and
-`workload` schemas are the union of what the registered strategies, backends and workloads read (each declares its own
-`Settings`), so adding one never edits this file. Composition errors from Hydra and OmegaConf
-become one line here (`from_hydra`). The `workload` schema is assembled the same way, from the common
-settings and each registered workload's own. Pure Python: importing this module must not import torch,
-transformers or mlflow.
+The `cache`, `backend` and `workload` schemas are the union of what the registered strategies,
+backends and workloads read (each declares its own `Settings`): `union` makes one, and
+kvpipe.spec.schema, above the registries, assembles them with these into the whole config and
+stores it in Hydra's ConfigStore (the first entry of `conf/config.yaml`'s defaults list), so a
+misspelt key or a wrong type in any group file or override fails at composition, not silently.
+Composition errors from Hydra and OmegaConf become one line here (`from_hydra`). Imports no
+registry; pure Python: importing this module must not import torch, transformers or mlflow.
 """
 
 from __future__ import annotations
@@ -17,10 +17,6 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from hydra.core.config_store import ConfigStore
-
-from kvpipe import cache, workload
-from kvpipe.cache import backends
 from kvpipe.errors import choices
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -106,10 +102,24 @@ class TrackingConfig:
     run_name: Optional[str] = None
 
 
-def _union(name: str, key: str, options: list, common: type | None = None) -> type:
+# Every schema by class name, for from_hydra to name a misspelt key's valid ones: these, and those
+# assembled above this module (the unions, kvpipe.spec.schema.KvpipeConfig), which `known` adds.
+SCHEMAS: dict[str, type] = {
+    schema.__name__: schema for schema in (ModelConfig, AxisConfig, QualityConfig, TrackingConfig)
+}
+
+
+def known(schema: type) -> type:
+    """Let from_hydra find a schema defined elsewhere by its class name (a decorator: returns it)."""
+    SCHEMAS[schema.__name__] = schema
+    return schema
+
+
+def union(name: str, key: str, options: list, module: str, common: type | None = None) -> type:
     """A dataclass with `key` (the option's name, defaulting to the first option), the `common`
     settings every option reads, and every field any option's Settings declares, with the first
-    declaring option's type and default."""
+    declaring option's type and default. `module` is where it is kept, by `name`: launchers pickle
+    configs by reference to ship them to other processes."""
     found: dict[str, tuple] = {}
     for settings in [*([common] if common else []), *(option.Settings for option in options)]:
         hints = typing.get_type_hints(settings)
@@ -121,58 +131,8 @@ def _union(name: str, key: str, options: list, common: type | None = None) -> ty
             )
             found.setdefault(setting.name, (setting.name, hints[setting.name], default))
     schema = dataclasses.make_dataclass(name, [(key, str, field(default=options[0].name)), *found.values()])
-    schema.__module__ = __name__  # picklable by reference: launchers ship configs to other processes
-    return schema
-
-
-def _build_unions() -> None:
-    global CacheConfig, BackendConfig, WorkloadConfig
-    CacheConfig = _union("CacheConfig", "strategy", cache.registered())
-    BackendConfig = _union("BackendConfig", "name", backends.registered())
-    WorkloadConfig = _union("WorkloadConfig", "kind", workload.registered(), common=workload.Common)
-
-
-CacheConfig: type
-BackendConfig: type
-WorkloadConfig: type
-_build_unions()
-
-
-@dataclass
-class KvpipeConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    cache: CacheConfig = field(default_factory=lambda: CacheConfig())
-    backend: BackendConfig = field(default_factory=lambda: BackendConfig())
-    axis: AxisConfig = field(default_factory=AxisConfig)
-    workload: WorkloadConfig = field(default_factory=lambda: WorkloadConfig())
-    quality: QualityConfig = field(default_factory=QualityConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    print_table: bool = True
-    fallback: List[str] = field(default_factory=list)  # retried in order after out-of-memory (conf/config.yaml)
-    resume: bool = False  # multirun: skip jobs already FINISHED in the experiment
-    sweep_name: Optional[str] = None  # multirun: the MLflow parent run's name
-
-
-def register_schemas() -> None:
-    """Store the schema under `kvpipe_schema`, the first entry of conf/config.yaml's defaults; the
-    cache, backend and workload unions are rebuilt first, so plugins registered since import count."""
-    _build_unions()
-    ConfigStore.instance().store(name="kvpipe_schema", node=KvpipeConfig)
-
-
-def compose(overrides: list[str] | tuple[str, ...] = (), with_hydra: bool = False):
-    """Compose conf/config.yaml with overrides, as `python -m kvpipe` would (for tests and benchmarks)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-
-    register_schemas()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_module(config_module="kvpipe.conf", version_base="1.3"):
-            return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=with_hydra)
-    finally:
-        GlobalHydra.instance().clear()
+    schema.__module__ = module
+    return known(schema)
 
 
 # ---- composition errors -------------------------------------------------------------------------
@@ -223,5 +183,5 @@ def from_hydra(exc: BaseException) -> Optional[str]:
 
 
 def _schema_fields(class_name: str) -> list[str]:
-    schema = globals().get(class_name)
+    schema = SCHEMAS.get(class_name)
     return [f.name for f in dataclasses.fields(schema)] if schema else []

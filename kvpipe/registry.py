@@ -1,9 +1,50 @@
-"""Import every plugin module of a package, so that its classes register themselves by subclassing."""
+"""Plugins by name: cache strategies (kvpipe.cache), quantization backends (kvpipe.cache.backends)
+and workloads (kvpipe.workload) each keep one `Registry`, which their classes join by subclassing,
+and `import_plugins` imports every module of their package so that they do."""
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import ClassVar, Generic, TypeVar
+
+from kvpipe.errors import require_choice
+
+T = TypeVar("T", bound="Registered")
+
+
+class Registry(Generic[T]):
+    """The classes of one kind, by name. `field` is the config field that chooses one (cache.strategy):
+    an unknown name is a one-line ConfigError naming it and the registered ones."""
+
+    def __init__(self, field: str):
+        self.field = field
+        self.classes: dict[str, type[T]] = {}
+
+    def registered(self) -> list[type[T]]:
+        """Every registered class, by `order`, then name: table and listing order."""
+        return sorted(self.classes.values(), key=lambda c: (c.order, c.name))
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.registered())
+
+    def get(self, name: str) -> type[T]:
+        require_choice(self.field, name, self.names())
+        return self.classes[name]
+
+
+class Registered:
+    """A base class whose subclasses register themselves: one that sets `name` in its own body joins
+    the base's `registry` as it is defined (one that does not, e.g. GroupedBackend, is a shared base)."""
+
+    registry: ClassVar[Registry]
+    name: ClassVar[str]
+    order: ClassVar[int] = 100
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            cls.registry.classes[cls.name] = cls
 
 
 def import_plugins(package: str, path, packages: bool = False) -> None:

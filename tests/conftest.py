@@ -36,14 +36,13 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # kvpipe honours MLFLOW_TRACKING_URI like MLflow does; the tests choose their stores themselves.
 os.environ.pop("MLFLOW_TRACKING_URI", None)
-# Quality references on disk (kvpipe.measure.references): one folder per test session, shared by the
+# Quality references on disk (kvpipe.disk_cache): one folder per test session, shared by the
 # kvpipe processes the tests start, so no test reads what an earlier session or the user stored.
 os.environ["KVPIPE_REFERENCE_DIR"] = tempfile.mkdtemp(prefix="kvpipe-references-")
 atexit.register(shutil.rmtree, os.environ["KVPIPE_REFERENCE_DIR"], ignore_errors=True)
 
-from kvpipe.config import compose, register_schemas  # noqa: E402
 from kvpipe.measure.memory import freeze_long_lived_objects  # noqa: E402
-from kvpipe.spec import Spec, make_spec  # noqa: E402
+from kvpipe.spec import Spec, compose, make_spec, register_schemas  # noqa: E402
 
 register_schemas()
 

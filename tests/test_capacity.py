@@ -322,7 +322,7 @@ def test_context_scaling_preset_composes_and_every_point_fits_the_embedded_model
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    from kvpipe.config import register_schemas
+    from kvpipe.spec import register_schemas
 
     register_schemas()
     GlobalHydra.instance().clear()

@@ -9,9 +9,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from kvpipe import cli
-from kvpipe.decide import closing, compare
+from kvpipe.decide import compare
 from kvpipe.decide import runs as recorded
 from kvpipe.errors import KvpipeError
+from kvpipe.orchestrate import closing
 
 from conftest import run_cli
 
@@ -242,7 +243,7 @@ def test_summarise_sweep_of_an_empty_sweep_logs_and_returns(sweep_dir, tmp_path,
     empty = TrackingConfig(experiment="empty sweeps")  # beside, not in, the experiment other tests read
     parent = tracking.start_parent(empty, sweep_dir, "nothing ran", {}, {})
     config = OmegaConf.create({"tracking": OmegaConf.structured(empty), "hydra": {"runtime": {"cwd": str(sweep_dir)}}})
-    with caplog.at_level("INFO", logger="kvpipe.decide.closing"):
+    with caplog.at_level("INFO", logger="kvpipe.orchestrate.closing"):
         closing.summarise_sweep(config, parent, tmp_path / "sweep")
     assert not (tmp_path / "sweep").exists()
     assert f"sweep {parent} has no FINISHED runs" in caplog.text

@@ -76,8 +76,8 @@ def test_conf_ships_inside_the_package():
 def test_a_presets_sweep_is_named_and_counted_from_its_own_params_and_the_command_line():
     from omegaconf import OmegaConf, open_dict
 
-    from kvpipe.config import compose
     from kvpipe.orchestrate.sweep import count_jobs, sweep_name, swept_values
+    from kvpipe.spec import compose
 
     config = compose(["+experiment=cache_shootout", "model=tiny_random"], with_hydra=True)
     with open_dict(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvpipe import disk_cache
 from kvpipe import model as models
 from kvpipe.config import ModelConfig
 from kvpipe.model import embedded, loading
@@ -26,7 +27,7 @@ def test_tiny_random_is_seeded():
 
 
 def test_cache_dir_follows_the_environment_variable(monkeypatch, tmp_path):
-    monkeypatch.setenv(embedded.CACHE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(disk_cache.CACHE_DIR_ENV, str(tmp_path))
     assert models.cache_dir() == tmp_path
 
 

@@ -14,14 +14,13 @@ import pytest
 
 from kvpipe import cli
 from kvpipe import model as models
-from kvpipe.config import compose
 from kvpipe.decide import compare
 from kvpipe.decide import runs as recorded
 from kvpipe.model import compute
 from kvpipe.model.shape import Layer, ModelShape
 from kvpipe.predict import calibration, hardware, plan
 from kvpipe.predict.floors import ModelCosts
-from kvpipe.spec import make_spec
+from kvpipe.spec import compose, make_spec
 
 from conftest import REPO, spec_for
 

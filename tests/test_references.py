@@ -9,9 +9,9 @@ import os
 import pytest
 import torch
 
-from kvpipe import model
+from kvpipe import disk_cache, model
 from kvpipe.job.runner import run_job
-from kvpipe.measure import quality, references
+from kvpipe.measure import quality
 from kvpipe.model.fingerprint import fingerprint
 
 from conftest import spec_for
@@ -23,7 +23,7 @@ TINY = ("model=tiny_random", "tracking=off", "workload.max_new_tokens=4", "workl
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     """An empty reference folder, and no references in this process."""
-    monkeypatch.setenv(references.FOLDER_ENV, str(tmp_path / "references"))
+    monkeypatch.setenv(disk_cache.FOLDER_ENV, str(tmp_path / "references"))
     monkeypatch.setattr(quality, "_REFERENCES", {})
     return tmp_path / "references"
 
@@ -59,12 +59,12 @@ def test_an_unusable_entry_is_recomputed_never_trusted(store, monkeypatch, damag
         elif damage == "truncated":
             path.write_bytes(path.read_bytes()[:100])
         else:
-            torch.save({"format": references.FORMAT, "key": "something else", "value": [1]}, path)
+            torch.save({"format": disk_cache.FORMAT, "key": "something else", "value": [1]}, path)
     monkeypatch.setattr(quality, "_REFERENCES", {})
     rows = count_scoring(monkeypatch)
     run_job(spec)
     assert sum(rows) == 4  # the reference's 2 windows again, then the job's own 2
-    assert all(references.load(key) is not None for key in _keys(spec))  # rewritten whole
+    assert all(disk_cache.load(key) is not None for key in _keys(spec))  # rewritten whole
 
 
 def _keys(spec) -> list[str]:
@@ -76,34 +76,34 @@ def _keys(spec) -> list[str]:
 
 
 def _writer(folder: str, key: str, seed: int) -> None:
-    os.environ[references.FOLDER_ENV] = folder
+    os.environ[disk_cache.FOLDER_ENV] = folder
     for _ in range(5):
-        references.save(key, [torch.full((256, 1024), float(seed))])
+        disk_cache.save(key, [torch.full((256, 1024), float(seed))])
 
 
 @pytest.mark.slow  # starts two Python processes
 def test_two_processes_writing_one_entry_leave_it_whole(tmp_path, monkeypatch):
-    monkeypatch.setenv(references.FOLDER_ENV, str(tmp_path / "references"))
+    monkeypatch.setenv(disk_cache.FOLDER_ENV, str(tmp_path / "references"))
     context = multiprocessing.get_context("spawn")
     writers = [context.Process(target=_writer, args=(str(tmp_path / "references"), "same key", s)) for s in (1, 2)]
     for writer in writers:
         writer.start()
     for writer in writers:
         writer.join(timeout=120)
-    value = references.load("same key")
+    value = disk_cache.load("same key")
     assert value is not None and value[0].unique().numel() == 1  # one writer's tensor, whole
     assert not list((tmp_path / "references").glob(".writing-*"))
 
 
 def test_the_folder_is_kept_under_its_limit_least_recently_used_first(tmp_path, monkeypatch):
-    monkeypatch.setenv(references.FOLDER_ENV, str(tmp_path / "references"))
+    monkeypatch.setenv(disk_cache.FOLDER_ENV, str(tmp_path / "references"))
     for name in ("a", "b", "c"):  # 256 KiB each, and a little
-        references.save(name, [torch.zeros(64, 1024)])
-        os.utime(references.path_for(name), (1, {"a": 100, "b": 200, "c": 300}[name]))
-    references.load("a")  # used again: now the most recent
-    monkeypatch.setenv(references.LIMIT_ENV, "0.6")  # room for two
-    references.prune(references.limit_bytes())
-    assert references.load("b") is None and references.load("a") is not None and references.load("c") is not None
+        disk_cache.save(name, [torch.zeros(64, 1024)])
+        os.utime(disk_cache.path_for(name), (1, {"a": 100, "b": 200, "c": 300}[name]))
+    disk_cache.load("a")  # used again: now the most recent
+    monkeypatch.setenv(disk_cache.LIMIT_ENV, "0.6")  # room for two
+    disk_cache.prune(disk_cache.limit_bytes())
+    assert disk_cache.load("b") is None and disk_cache.load("a") is not None and disk_cache.load("c") is not None
 
 
 def test_the_fingerprint_changes_with_the_weights_and_not_otherwise(tmp_path):

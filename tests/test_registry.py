@@ -13,7 +13,6 @@ import pytest
 from kvpipe import cache, cli
 from kvpipe.cache.accounting import dense_bytes, kv_shape
 from kvpipe.cache.base import REGISTRY, CacheSetup, CacheStrategy
-from kvpipe.config import register_schemas
 from kvpipe.decide import recommend
 from kvpipe.decide import runs as recorded
 from kvpipe.decide.limits import Limits
@@ -21,7 +20,7 @@ from kvpipe.decide.recommend import choose
 from kvpipe.errors import ConfigError
 from kvpipe.job.runner import run_job
 from kvpipe.model import describe
-from kvpipe.spec import make_spec
+from kvpipe.spec import make_spec, register_schemas
 
 from conftest import REPO, TINY, compose_config, quoted_outside
 from test_compare import fake_runs
@@ -49,7 +48,7 @@ def toy():
         def build(self, loaded, longest_prompt):
             from transformers import StaticCache
 
-            length = longest_prompt + self.spec.workload.max_new_tokens + self.settings.headroom
+            length = longest_prompt + self.choice.max_new_tokens + self.settings.headroom
 
             def make(capacity=0):
                 return StaticCache(config=loaded.model.config, max_cache_len=max(length, capacity))
@@ -129,3 +128,28 @@ def test_every_cache_and_backend_option_file_names_a_registered_class():
         for option in sorted(Path(REPO / "conf" / group).glob("*.yaml")):
             match = re.search(rf"^{key}: (\w+)", option.read_text(), re.MULTILINE)
             assert match and match.group(1) in registered, option
+
+
+def test_the_registry_helper_registers_by_subclassing_in_order_and_refuses_unknown_names_in_one_line():
+    from kvpipe.registry import Registered, Registry
+
+    class Kind(Registered):
+        registry = Registry("thing.kind")
+
+    class Shared(Kind):  # names nothing: a base for others, not a choice
+        order = 5
+
+    class Later(Shared):
+        name = "later"
+
+    class Early(Kind):
+        name, order = "early", 1
+
+    class Alpha(Kind):
+        name = "alpha"
+
+    assert Kind.registry.names() == ("early", "later", "alpha")  # by order (Later's is Shared's), then name
+    assert Kind.registry.get("later") is Later and Shared not in Kind.registry.registered()
+    with pytest.raises(ConfigError, match=r"^thing.kind='nope' is not valid: expected one of: early, later, alpha$"):
+        Kind.registry.get("nope")
+    assert cache.REGISTRY is cache.CacheStrategy.registry.classes and "dynamic" in cache.REGISTRY  # the stages' own

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvpipe import workload
-from kvpipe.catalogue import Metric, catalogue
-from kvpipe.config import register_schemas
+from kvpipe.catalogue import Metric
 from kvpipe.decide import compare
 from kvpipe.decide.limits import Limits
 from kvpipe.decide.recommend import choose
@@ -23,7 +22,7 @@ from kvpipe.errors import ConfigError
 from kvpipe.job.runner import run_job
 from kvpipe.record import recorder
 from kvpipe.record.result import Result
-from kvpipe.spec import make_spec
+from kvpipe.spec import make_spec, register_schemas
 from kvpipe.workload._encoding import encode
 from kvpipe.workload.base import REGISTRY, Window, Workload, padded_batch
 
@@ -102,7 +101,7 @@ def test_a_new_workload_runs_records_and_is_compared_and_recommended(countdown, 
         path = recorder.record(spec, result, tmp_path / strategy, tmp_path)
         runs.append(Result.load(path))
     assert runs[0].answers and runs[0].mlflow_run_id  # its rows in result.json, its run in MLflow
-    assert "countdown_digits" in catalogue()
+    assert "countdown_digits" in workload.metrics()
     table, _ = load_runs("kvpipe", None, f"sqlite:///{db}", whole_experiment=True)
     assert set(table["params.workload.start"]) == {"4"}
     shown = compare.display_table(table)

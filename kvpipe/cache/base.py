@@ -5,26 +5,27 @@ and against the model's shape), how it builds the transformers cache and the `ge
 its KV-byte prediction for `kvpipe plan`, the parameters that define what it measures, and what
 `recommend` should think of it (family, lossless). Subclassing registers it under `name`; every
 other module asks the registry (`kvpipe.cache.get`, `kvpipe.cache.registered`) and never spells a
-strategy's name. Pure Python at import: torch and transformers load inside `build`.
+strategy's name. A strategy is bound to a `CacheChoice`, what it reads of a job (kvpipe.spec's
+`Spec.cache_choice` makes one), never to the whole job. Pure Python at import: torch and
+transformers load inside `build`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 from kvpipe.cache import accounting
-from kvpipe.errors import ConfigError, require_choice
+from kvpipe.errors import ConfigError
+from kvpipe.registry import Registered, Registry
 from kvpipe.units import param_text
 
 if TYPE_CHECKING:
     from kvpipe.cache.accounting import KvShape
     from kvpipe.model.loading import LoadedModel
     from kvpipe.model.shape import ModelShape
-    from kvpipe.spec import Spec
 
-REGISTRY: dict[str, type[CacheStrategy]] = {}
 # What recommend weighs a strategy as (the KV-cache guide's rules are written for these four):
 # grows as needed, preallocated, offloaded to the host, or quantized.
 FAMILIES = ("dynamic", "static", "offloaded", "quantized")
@@ -50,10 +51,55 @@ class NoSettings:
     """A strategy that reads no `cache.*` field beyond `cache.strategy`."""
 
 
-class CacheStrategy:
+@dataclass(frozen=True)
+class CacheChoice:
+    """What a strategy reads of a job: the cache group (every strategy's settings; `strategy` names
+    the one chosen), the backend and axis groups (cache=quantized's), and the tokens each call
+    generates (what a static cache is sized for beyond the prompt)."""
+
+    cache: Any
+    backend: Any
+    axis: Any
+    max_new_tokens: int
+
+    GROUPS: ClassVar[tuple[str, ...]] = ("cache", "backend", "axis")  # config groups: what a strategy may read
+
+    @property
+    def strategy(self) -> CacheStrategy:
+        """The strategy `cache.strategy` names, bound to this choice."""
+        return get(self.cache.strategy)(self)
+
+    def with_strategy(self, name: str, **groups) -> CacheChoice:
+        """This choice with another strategy (the cache settings kept) and optionally other groups
+        replaced, e.g. backend=..."""
+        return replace(self, cache=replace(self.cache, strategy=name), **groups)
+
+    def read_fields(self) -> tuple[str, ...]:
+        """The cache, backend and axis fields its strategy reads."""
+        return get(self.cache.strategy).read_fields(self.backend.name)
+
+    def params(self) -> dict[str, str]:
+        """The fields its strategy reads, as plain-text params (a late setting left unset: what it
+        means), in group order; never one with no value."""
+        read, late = self.read_fields(), get(self.cache.strategy).late_defaults
+        params = {}
+        for group in self.GROUPS:
+            for key, value in dataclasses.asdict(getattr(self, group)).items():
+                name = f"{group}.{key}"
+                if name not in read and f"{group}.*" not in read:
+                    continue
+                if group == "cache" and value is None:
+                    value = late.get(key)
+                text = param_text(value)
+                if text is not None:
+                    params[name] = text
+        return params
+
+
+class CacheStrategy(Registered):
     """Base class: subclass it, set `name`, `family` and `Settings`, and override `build`."""
 
-    name: ClassVar[str]
+    registry: ClassVar[Registry[CacheStrategy]] = Registry("cache.strategy")
     family: ClassVar[str]  # what recommend weighs it as: dynamic, static, offloaded or quantized
     lossless: ClassVar[bool] = True  # keeps keys and values exactly: no quality pass needed to trust it
     order: ClassVar[int] = 100  # row order in `kvpipe plan`
@@ -69,16 +115,14 @@ class CacheStrategy:
     search_variants: ClassVar[tuple[dict[str, str], ...]] = ({},)
 
     def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__:
-            if cls.family not in FAMILIES:
-                raise TypeError(f"{cls.__name__}.family={cls.family!r}; expected one of {FAMILIES}")
-            REGISTRY[cls.name] = cls
+        if "name" in cls.__dict__ and cls.family not in FAMILIES:
+            raise TypeError(f"{cls.__name__}.family={cls.family!r}; expected one of {FAMILIES}")
+        super().__init_subclass__(**kwargs)  # registers it
 
-    def __init__(self, spec: Spec):
-        self.spec = spec
+    def __init__(self, choice: CacheChoice):
+        self.choice = choice
         self.settings = self.Settings(
-            **{f.name: getattr(spec.cache, f.name) for f in dataclasses.fields(self.Settings)}
+            **{f.name: getattr(choice.cache, f.name) for f in dataclasses.fields(self.Settings)}
         )
 
     # ---- what it reads ------------------------------------------------------------------------
@@ -114,10 +158,10 @@ class CacheStrategy:
 
     def describe(self) -> str:
         """Every setting this strategy reads, as overrides: the one-line name of a combination."""
-        params = self.spec.params()
+        params = self.choice.params()
         words = self.command_overrides(params)
         said = {word.split("=")[0] for word in words}
-        for name in self.read_fields(self.spec.backend.name):
+        for name in self.read_fields(self.choice.backend.name):
             group, _, key = name.partition(".")
             named_by_option = key in ("strategy", "name", "layout") and group in said
             if name not in said and not named_by_option and params.get(name, "None") != "None":
@@ -129,9 +173,9 @@ class CacheStrategy:
     def check(self, overridden: frozenset[str] = frozenset()) -> list[str]:
         """Checks against the config alone; raises ConfigError, returns warnings for ignored settings."""
         warnings = []
-        read = set(self.read_fields(self.spec.backend.name))
+        read = set(self.read_fields(self.choice.backend.name))
         for name, (default, owner) in _settings_fields().items():
-            dotted, value = f"cache.{name}", getattr(self.spec.cache, name)
+            dotted, value = f"cache.{name}", getattr(self.choice.cache, name)
             if dotted in read or value == default:
                 continue
             refusal = owner.refusal(name)
@@ -178,7 +222,7 @@ class CacheStrategy:
                 f"cache={self.name} offloads from an accelerator to the host; on {loaded.device} there is "
                 f"nothing to offload from, so it runs as cache={base} with offloading off"
             )
-            other = self.spec.with_strategy(base).strategy
+            other = self.choice.with_strategy(base).strategy
             built = other.build(loaded, longest_prompt)
             built.requested, built.notes = self.name, [note, *built.notes]
             return built
@@ -263,28 +307,20 @@ class CacheStrategy:
         return [{"cache": cls.name, **variant} for variant in cls.search_variants]
 
     @classmethod
-    def plan_variants(cls, spec: Spec, shape: ModelShape) -> list[tuple[str, Spec]]:
-        """(label, spec) rows `kvpipe plan` shows for this strategy."""
-        return [(cls.name, spec.with_strategy(cls.name))]
+    def plan_variants(cls, choice: CacheChoice, shape: ModelShape) -> list[tuple[str, CacheChoice]]:
+        """(label, choice) rows `kvpipe plan` shows for this strategy, from the job's choice."""
+        return [(cls.name, choice.with_strategy(cls.name))]
 
     @classmethod
-    def plan_notes(cls, spec: Spec, shape: ModelShape) -> list[str]:
+    def plan_notes(cls, choice: CacheChoice, shape: ModelShape) -> list[str]:
         """What `kvpipe plan` should say about this strategy's rows."""
         return []
 
 
-def registered() -> list[type[CacheStrategy]]:
-    """Every registered strategy, in table order."""
-    return sorted(REGISTRY.values(), key=lambda s: (s.order, s.name))
-
-
-def names() -> tuple[str, ...]:
-    return tuple(s.name for s in registered())
-
-
-def get(name: str) -> type[CacheStrategy]:
-    require_choice("cache.strategy", name, names())
-    return REGISTRY[name]
+REGISTRY = CacheStrategy.registry.classes  # name -> strategy class
+registered = CacheStrategy.registry.registered  # every strategy, in table order
+names = CacheStrategy.registry.names
+get = CacheStrategy.registry.get  # raises a one-line ConfigError naming the registered ones
 
 
 def _settings_fields() -> dict[str, tuple[Any, type[CacheStrategy]]]:

@@ -32,9 +32,9 @@ class Quantized(CacheStrategy):
         # false: sliding-window layers stay dense at their window; true: quantized too (quanto, hqq)
         quantize_sliding: bool = False
 
-    def __init__(self, spec):
-        super().__init__(spec)
-        self.backend = backends.get(spec.backend.name)(spec.backend, spec.axis)
+    def __init__(self, choice):
+        super().__init__(choice)
+        self.backend = backends.get(choice.backend.name)(choice.backend, choice.axis)
 
     @classmethod
     def read_fields(cls, backend_name: str | None = None) -> tuple[str, ...]:
@@ -155,12 +155,12 @@ class Quantized(CacheStrategy):
         return sum(self.backend.window_bytes(kv, window) for window in kv.sliding_windows)
 
     @classmethod
-    def plan_variants(cls, spec, shape):
+    def plan_variants(cls, choice, shape):
         """The configured backend, then each backend's usual bit widths (default axes), then the
         backends that read no axis; grouped backends only where q_group_size divides head_dim. On a
         model with sliding layers, the configured backend once more with quantize_sliding flipped."""
-        rows = cls._backend_variants(spec, shape.head_dim)
-        configured = backends.get(spec.backend.name)
+        rows = cls._backend_variants(choice, shape.head_dim)
+        configured = backends.get(choice.backend.name)
         if shape.has_sliding_layers and configured.quantizes_windows and rows:
             label, variant = rows[0]
             flipped = not variant.cache.quantize_sliding
@@ -169,15 +169,15 @@ class Quantized(CacheStrategy):
         return rows
 
     @classmethod
-    def _backend_variants(cls, spec, head_dim: int):
-        configured = backends.get(spec.backend.name)
-        default_axis = replace(spec.axis, key=None, value=None)
-        wanted = [(configured, spec.backend.nbits, spec.axis)] if configured.axes else []
+    def _backend_variants(cls, choice, head_dim: int):
+        configured = backends.get(choice.backend.name)
+        default_axis = replace(choice.axis, key=None, value=None)
+        wanted = [(configured, choice.backend.nbits, choice.axis)] if configured.axes else []
         wanted += [(backend, nbits, default_axis) for backend in backends.registered() for nbits in backend.plan_nbits]
         rows: dict[str, object] = {}
         for backend, nbits, axis in wanted:
-            variant = spec.with_strategy(
-                cls.name, backend=replace(spec.backend, name=backend.name, nbits=nbits), axis=axis
+            variant = choice.with_strategy(
+                cls.name, backend=replace(choice.backend, name=backend.name, nbits=nbits), axis=axis
             )
             raw = (axis.key, axis.value) != (None, None)
             label = f"{backend.name} int{nbits} {axis.layout}" + (" (raw axes)" if raw else "")
@@ -186,18 +186,18 @@ class Quantized(CacheStrategy):
         for backend in backends.registered():
             if not backend.axes:
                 nbits = backend.default_nbits()
-                rows[backend.name] = spec.with_strategy(
-                    cls.name, backend=replace(spec.backend, name=backend.name, nbits=nbits)
+                rows[backend.name] = choice.with_strategy(
+                    cls.name, backend=replace(choice.backend, name=backend.name, nbits=nbits)
                 )
         return list(rows.items())
 
     @classmethod
-    def plan_notes(cls, spec, shape) -> list[str]:
+    def plan_notes(cls, choice, shape) -> list[str]:
         notes = []
         if shape.has_sliding_layers:
             which = (
                 "quantized too"
-                if spec.cache.quantize_sliding
+                if choice.cache.quantize_sliding
                 else "dense at their windows (cache.quantize_sliding=false)"
             )
             notes.append(
@@ -205,13 +205,13 @@ class Quantized(CacheStrategy):
                 f"layers and keeps the sliding ones {which}"
             )
         grouped = [b for b in backends.registered() if b.axes]
-        if shape.head_dim % spec.backend.q_group_size:
+        if shape.head_dim % choice.backend.q_group_size:
             return notes + [
                 f"{' and '.join(b.name for b in grouped)} rows left out: backend.q_group_size="
-                f"{spec.backend.q_group_size} does not divide head_dim={shape.head_dim}"
+                f"{choice.backend.q_group_size} does not divide head_dim={shape.head_dim}"
             ]
         return notes + [
             f"quantized sizes include the full-precision residual (< backend.residual_length="
-            f"{spec.backend.residual_length} tokens) and token padding; KV B/token is the long-run cost. "
+            f"{choice.backend.residual_length} tokens) and token padding; KV B/token is the long-run cost. "
             "Decoding also dequantizes one layer's keys and values at a time (transient: counted by --hardware's fits)"
         ]

@@ -35,7 +35,7 @@ class Static(CacheStrategy):
 
     def check_for_model(self, shape, prompt_tokens: int) -> None:
         super().check_for_model(shape, prompt_tokens)
-        new_tokens = self.spec.workload.max_new_tokens
+        new_tokens = self.choice.max_new_tokens
         total = prompt_tokens + new_tokens
         if self.settings.max_cache_len is not None and self.settings.max_cache_len < total:
             raise ConfigError(
@@ -45,7 +45,7 @@ class Static(CacheStrategy):
             )
 
     def max_cache_len(self, prompt_tokens: int) -> int:
-        return self.settings.max_cache_len or prompt_tokens + self.spec.workload.max_new_tokens
+        return self.settings.max_cache_len or prompt_tokens + self.choice.max_new_tokens
 
     def build(self, loaded, longest_prompt: int) -> CacheSetup:
         """Sized once for the longest prompt, so every call of a job (and of later jobs with the same

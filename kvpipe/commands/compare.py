@@ -24,9 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the latest (or a named) sweep's table; write and log its files."""
-    from kvpipe.decide.closing import print_shown
     from kvpipe.decide.compare import publish
     from kvpipe.decide.runs import load_runs
+    from kvpipe.decide.shown import print_shown
 
     runs, parent_run = load_runs(args.experiment, args.parent, args.tracking_uri, spelled=args.uri_spelling)
     if args.predicted:

@@ -68,8 +68,8 @@ def spec_of(overrides: list[str]):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from kvpipe.config import compose, from_hydra
-    from kvpipe.spec import make_spec
+    from kvpipe.config import from_hydra
+    from kvpipe.spec import compose, make_spec
 
     try:
         return make_spec(compose(overrides), overrides)

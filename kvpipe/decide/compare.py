@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvpipe import catalogue
+from kvpipe import workload
 from kvpipe.decide import plots
-from kvpipe.decide.closing import Shown
 from kvpipe.decide.runs import (
     CACHE_PARAMS,
     column,
@@ -21,6 +20,7 @@ from kvpipe.decide.runs import (
     settings_text,
     varying_params,
 )
+from kvpipe.decide.shown import Shown
 from kvpipe.predict.calibration import PREDICTED
 from kvpipe.record.auth import TrackingRefused, refusals
 from kvpipe.units import human_bytes
@@ -45,7 +45,7 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
     stars = [("★" if p else "") + (" ⚠ contended" if c else " ⚠" if n else "") for p, n, c in marks]
     table = {"★": stars, "cache": list(runs["label"])}
     table.update({p: param_values(runs, p) for p in varying_params(runs)})
-    for metric in catalogue.catalogue().values():
+    for metric in workload.metrics().values():
         values = figure_column(runs, metric.name)
         if metric.compare and values.notna().any():
             spreads = column(runs, f"metrics.{metric.name}_std")
@@ -122,7 +122,7 @@ def write_outputs(runs: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
 
 
 def shown(runs: pd.DataFrame, title: str) -> Shown:
-    """The tables to print, as plain rows (kvpipe.decide.closing prints them)."""
+    """The tables to print, as plain rows (kvpipe.decide.shown prints them)."""
     frame = display_table(runs)
     by_length = retrieval_table(runs) if has_retrieval(runs) else pd.DataFrame()
     return Shown(
@@ -154,7 +154,7 @@ def publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> tuple[list[Path], 
 
 
 def publish_sweep(experiment: str, parent_run_id: str, uri: str, sweep_dir: Path) -> Shown:
-    """A sweep's end (kvpipe.decide.closing, in its tracking worker if it has one): its runs read from
+    """A sweep's end (kvpipe.orchestrate.closing, in its tracking worker if it has one): its runs read from
     MLflow, the files written in sweep_dir and logged on the parent; returns the table to print."""
     runs, parent_run = load_runs(experiment, parent_run_id, uri)
     return publish(runs, parent_run, sweep_dir)[1]

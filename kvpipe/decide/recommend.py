@@ -14,6 +14,7 @@ import math
 import shlex
 
 from kvpipe import cache, catalogue
+from kvpipe import workload as workloads
 from kvpipe.decide.limits import Limits, limit_named
 from kvpipe.decide.runs import is_lossless
 from kvpipe.units import human_bytes
@@ -29,7 +30,7 @@ def family(strategy: str) -> str | None:
 
 
 def _figure(name: str, value: float) -> str:
-    return catalogue.get(limit_named(name).metric).show(value)
+    return workloads.metrics()[limit_named(name).metric].show(value)
 
 
 def _miss_text(run, name: str, overshoot: float, limits: Limits) -> str:

@@ -18,7 +18,7 @@ the first step at which any sequence leaves the reference's path (-1: none does)
 
 References (the greedy tokens, the continuations and the reference's log-probabilities) are made
 once per model, dtype, workload and quality settings, and reused by every later job in the process:
-a sweep pays for them once. They are also kept on disk (`kvpipe.measure.references`), keyed by the
+a sweep pays for them once. They are also kept on disk (`kvpipe.disk_cache`), keyed by the
 weights' fingerprint, the dtype and device type, the versions that computed them, the workload and
 the quality settings, so a later process pays nothing. The workload's side of the key is its own
 defining fields, from the registry (`Workload.reference_key`), so two settings never share a reference.
@@ -29,8 +29,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from kvpipe import disk_cache
 from kvpipe.config import QualityConfig
-from kvpipe.measure import references
 from kvpipe.model.loading import LoadedModel, config_key
 
 _REFERENCES: dict[tuple, object] = {}
@@ -174,11 +174,11 @@ def stored(loaded: LoadedModel, spec, workload, what: str, make):
     key = reference_key(loaded, spec, workload, what)
     if key not in _REFERENCES:
         on_disk = disk_key(loaded, spec, key)
-        value = None if on_disk is None else references.load(on_disk, loaded.device)
+        value = None if on_disk is None else disk_cache.load(on_disk, loaded.device)
         if value is None:
             value = make()
             if on_disk is not None:
-                references.save(on_disk, value)
+                disk_cache.save(on_disk, value)
         _REFERENCES[key] = value
     return _REFERENCES[key]
 
@@ -200,7 +200,7 @@ def disk_key(loaded: LoadedModel, spec, key: tuple) -> str | None:
         return None
     what, _, dtype, workload_key, quality = key
     versions = (__version__, torch.__version__, transformers.__version__)
-    return repr((references.FORMAT, what, weights, dtype, loaded.device.split(":")[0], workload_key, quality,
+    return repr((disk_cache.FORMAT, what, weights, dtype, loaded.device.split(":")[0], workload_key, quality,
                  spec.model.attn_implementation, versions))  # fmt: skip
 
 

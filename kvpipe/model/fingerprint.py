@@ -1,5 +1,5 @@
 """What identifies a model's weights, cheaply enough to ask on every job: the key under which the
-quality references (measure/references.py) are kept on disk.
+quality references (kvpipe.disk_cache) are kept on disk.
 
 A local folder (the embedded model included): each weight file's name, size and modification time,
 and a digest of its first and last MiB (a safetensors header names every tensor and its offsets; the

@@ -21,9 +21,9 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from kvpipe.decide import closing
 from kvpipe.errors import ConfigError, KvpipeError, fail
 from kvpipe.model import loading
+from kvpipe.orchestrate import closing
 from kvpipe.orchestrate.pipeline import run_pipeline
 from kvpipe.record import auth, recorder, store, tracking, worker
 from kvpipe.record.result import Result, iter_results

@@ -375,8 +375,7 @@ _COSTS: dict[tuple, object] = {}
 
 def _job_spec(overrides: str):
     if overrides not in _SPECS:
-        from kvpipe.config import compose
-        from kvpipe.spec import make_spec
+        from kvpipe.spec import compose, make_spec
 
         words = [] if overrides in ("(defaults)", "None", "nan") else shlex.split(overrides)
         try:

@@ -34,8 +34,9 @@ def predict_kv_bytes(spec, kv, prompt_tokens: int, new_tokens: int) -> int:
 
 
 def variants(spec, shape) -> list[tuple[str, object]]:
-    """(label, spec) for every row: each registered strategy's variants, in table order."""
-    return [row for strategy in cache.registered() for row in strategy.plan_variants(spec, shape)]
+    """(label, spec) for every row: each registered strategy's variants of the spec's cache choice, in table order."""
+    rows = [row for strategy in cache.registered() for row in strategy.plan_variants(spec.cache_choice, shape)]
+    return [(label, spec.with_choice(choice)) for label, choice in rows]
 
 
 def largest_context(kv_bytes_at, available_bytes: int, cap: int) -> int:
@@ -218,5 +219,5 @@ def _notes(spec, shape, device: str, cap: int, contexts: list[int]) -> list[str]
     elif offloading and device != "cuda":
         notes.append("without CUDA, " + " and ".join(f"{s.name} runs as {s.runs_as_without_cuda}" for s in offloading))
     for strategy in cache.registered():
-        notes += strategy.plan_notes(spec, shape)
+        notes += strategy.plan_notes(spec.cache_choice, shape)
     return notes

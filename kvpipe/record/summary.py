@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvpipe import catalogue
+from kvpipe import catalogue, workload
 from kvpipe.record.result import Result
 
 
@@ -17,7 +17,7 @@ def print_summary(result: Result, result_path: Path) -> None:
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for metric in catalogue.catalogue().values():
+    for metric in workload.metrics().values():
         if metric.summary and metric.name in metrics:
             table.add_row(metric.label, metric.show(metrics[metric.name], metrics.get(metric.name + "_std")))
     console = Console()

@@ -2,6 +2,7 @@
 on import) and the registry callers ask.
 
 `get(kind)` gives a workload's class, `registered()` all of them; no other module names a kind.
+`metrics()` is the metric catalogue with every workload's own metrics added.
 `conf/workload/NAME.yaml` is each one's config file.
 """
 
@@ -14,6 +15,7 @@ from kvpipe.workload.base import (
     Workload,
     get,
     longest_prompt_of,
+    metrics,
     names,
     reads,
     registered,
@@ -29,6 +31,7 @@ __all__ = [
     "Workload",
     "get",
     "longest_prompt_of",
+    "metrics",
     "names",
     "reads",
     "registered",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pydoc_data.topics import topics
 
+from kvpipe import disk_cache
 from kvpipe.workload._encoding import raw_ids
 
 
@@ -34,7 +35,7 @@ def _reference_ids(tokenizer) -> list[int]:
 
 
 def _stored_ids(tokenizer, text: str) -> list[int]:
-    """raw_ids(tokenizer, text), kept on disk beside the quality references (kvpipe.measure.references:
+    """raw_ids(tokenizer, text), kept on disk beside the quality references (kvpipe.disk_cache:
     whole or absent, pruned with them): tokenizing the 465,000 characters takes a process 0.25-0.36 s
     on 2 cores, reading them back 0.04 s (most of it the tokenizer's digest). The key holds all the ids depend on: transformers' version, the
     tokenizer's class and settings, its whole tokenizers pipeline (vocabulary, merges, normalizer,
@@ -44,8 +45,6 @@ def _stored_ids(tokenizer, text: str) -> list[int]:
     import torch
     import transformers
 
-    from kvpipe.measure import references  # a store of reusable results, not a measurement
-
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return raw_ids(tokenizer, text)
@@ -54,9 +53,9 @@ def _stored_ids(tokenizer, text: str) -> list[int]:
                  backend.to_str(), text):  # fmt: skip
         digest.update(part.encode() + b"\0")
     key = f"token ids of a text without special tokens, {digest.hexdigest()}"
-    stored = references.load(key)
+    stored = disk_cache.load(key)
     if stored is not None:
         return stored.tolist()
     ids = raw_ids(tokenizer, text)
-    references.save(key, torch.tensor(ids, dtype=torch.int32))
+    disk_cache.save(key, torch.tensor(ids, dtype=torch.int32))
     return ids

@@ -15,10 +15,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
-from kvpipe.errors import ConfigError, require_choice
+from kvpipe import catalogue
+from kvpipe.errors import ConfigError
+from kvpipe.registry import Registered, Registry
 from kvpipe.workload import _encoding
-
-REGISTRY: dict[str, type[Workload]] = {}
 
 
 @dataclass
@@ -77,24 +77,19 @@ class NoSettings:
     """A workload that reads only the common settings."""
 
 
-class Workload:
+class Workload(Registered):
     """Base class: subclass it, set `name` and `Settings`, and override `batches` and `windows`."""
 
-    name: ClassVar[str]
+    registry: ClassVar[Registry[Workload]] = Registry("workload.kind")
     order: ClassVar[int] = 100  # listing order; the first registered is the default kind
     Settings: ClassVar[type] = NoSettings  # dataclass of the workload.* fields it alone reads
     chat_style: ClassVar[bool] = False  # renders prompts through the model's chat template
     context_fields: ClassVar[tuple[str, ...]] = ()  # settings that set its prompt length (compare's x axis)
     compares_greedy_path: ClassVar[bool] = True  # quality's first_divergence means something for it
-    metrics: ClassVar[tuple] = ()  # kvpipe.metrics.Metric: what its own scoring adds to a run
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__:
-            REGISTRY[cls.name] = cls
+    metrics: ClassVar[tuple[catalogue.Metric, ...]] = ()  # what its own scoring adds to a run (metrics())
 
     def __init__(self, config):
-        """`config` is the workload group (kvpipe.config.WorkloadConfig, or a dict from result.json)."""
+        """`config` is the workload group (kvpipe.spec.schema.WorkloadConfig, or a dict from result.json)."""
         get_value = config.get if isinstance(config, Mapping) else lambda name, default: getattr(config, name, default)
         self.config = config
         self.common = Common(**{f.name: get_value(f.name, f.default) for f in dataclasses.fields(Common)})
@@ -241,18 +236,16 @@ def _default(setting: dataclasses.Field):
     return setting.default
 
 
-def registered() -> list[type[Workload]]:
-    """Every registered workload, in listing order."""
-    return sorted(REGISTRY.values(), key=lambda w: (w.order, w.name))
+REGISTRY = Workload.registry.classes  # name -> workload class
+registered = Workload.registry.registered  # every workload, in listing order
+names = Workload.registry.names
+get = Workload.registry.get  # raises a one-line ConfigError naming the registered ones
 
 
-def names() -> tuple[str, ...]:
-    return tuple(w.name for w in registered())
-
-
-def get(name: str) -> type[Workload]:
-    require_choice("workload.kind", name, names())
-    return REGISTRY[name]
+def metrics() -> dict[str, catalogue.Metric]:
+    """Every metric a run may report, by name: the catalogue's core ones, then each registered
+    workload's own (what a run's table and compare list)."""
+    return catalogue.catalogue(metric for kind in registered() for metric in kind.metrics)
 
 
 def reads(kind: str | None, param: str) -> bool:

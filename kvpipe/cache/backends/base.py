@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, Optional
 
 from kvpipe.errors import ConfigError, KvpipeError, choices, first_line, require_choice
+from kvpipe.registry import Registered, Registry
 
-REGISTRY: dict[str, type[QuantBackend]] = {}
 LAYOUTS = ("per_token", "per_channel", "kivi")  # kivi: keys per-channel, values per-token
 # The layouts each one keeps at least as exact at equal bits (the search's prior, kvpipe.orchestrate.search.frontier):
 # keys' outliers sit in a few channels and values' in a few tokens (KIVI, Liu et al. 2024), so kivi's
@@ -24,11 +24,10 @@ LAYOUTS_SAFER_THAN = {"kivi": ("per_token", "per_channel")}
 AXIS_FIELDS = ("axis.layout", "axis.key", "axis.value")
 
 
-class QuantBackend:
+class QuantBackend(Registered):
     """Base class: subclass it with `name`, `nbits_choices` and `Settings`."""
 
-    name: ClassVar[str]
-    order: ClassVar[int] = 100
+    registry: ClassVar[Registry[QuantBackend]] = Registry("backend.name")
     nbits_choices: ClassVar[tuple[int, ...]]
     plan_nbits: ClassVar[tuple[int, ...]] = ()  # extra rows `kvpipe plan` shows, one per bit width
     Settings: ClassVar[type]  # dataclass of the backend.* fields it reads (nbits included)
@@ -36,11 +35,6 @@ class QuantBackend:
     axes: ClassVar[dict[str, tuple[int, int]]] = {}
     # kvpipe has a layer for it that keeps a sliding window quantized (cache.quantize_sliding=true)
     quantizes_windows: ClassVar[bool] = False
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__:
-            REGISTRY[cls.name] = cls
 
     def __init__(self, backend_cfg, axis_cfg):
         self.settings = self.Settings(
@@ -293,22 +287,15 @@ def _warm(backend: type[GroupedBackend], device: str, dtype) -> None:
         ) from exc
 
 
-def registered() -> list[type[QuantBackend]]:
-    return sorted(REGISTRY.values(), key=lambda b: (b.order, b.name))
-
-
-def names() -> tuple[str, ...]:
-    return tuple(b.name for b in registered())
+REGISTRY = QuantBackend.registry.classes  # name -> backend class
+registered = QuantBackend.registry.registered
+names = QuantBackend.registry.names
+get = QuantBackend.registry.get  # raises a one-line ConfigError naming the registered ones
 
 
 def alternatives(name: str) -> str:
     """'backend=hqq or backend=fp8': what to try instead of `name`."""
     return " or ".join(f"backend={other}" for other in names() if other != name)
-
-
-def get(name: str) -> type[QuantBackend]:
-    require_choice("backend.name", name, names())
-    return REGISTRY[name]
 
 
 def axis_numbers() -> dict[str, dict[str, tuple[Optional[int], Optional[int]]]]:

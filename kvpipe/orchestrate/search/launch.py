@@ -17,9 +17,9 @@ def launch_search(overrides: list[str], sweep_dir: Path, **settings) -> str:
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    from kvpipe.config import register_schemas
     from kvpipe.orchestrate.sweepers import register_search_sweeper
     from kvpipe.orchestrate.task import run_task, user_error
+    from kvpipe.spec import register_schemas
 
     register_schemas()
     register_search_sweeper()

@@ -98,9 +98,8 @@ class SearchStudy:
         import optuna
 
         from kvpipe import model
-        from kvpipe.config import compose
         from kvpipe.record.store import resolve_uri
-        from kvpipe.spec import make_spec
+        from kvpipe.spec import compose, make_spec
 
         fixed, restrict = split_arguments(arguments)
         spec = make_spec(compose(fixed), fixed)
@@ -194,9 +193,8 @@ class SearchStudy:
         """Weights plus the KV cache that `kvpipe plan` predicts for this point and the workload
         (kvpipe.predict.costs, as plan counts them), at the workload's longest prompt."""
         from kvpipe import model
-        from kvpipe.config import compose
         from kvpipe.predict.costs import costs_for
-        from kvpipe.spec import make_spec
+        from kvpipe.spec import compose, make_spec
 
         if self._bytes is None:
             tokenizer = model.load_tokenizer(self.spec.model)

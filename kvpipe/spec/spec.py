@@ -18,9 +18,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from kvpipe import cache as cache_strategies
-from kvpipe import config as schema
+from kvpipe import config
 from kvpipe import workload as workloads
 from kvpipe.errors import ConfigError, require_choice
+from kvpipe.spec import schema
 from kvpipe.units import param_text
 
 
@@ -28,13 +29,13 @@ from kvpipe.units import param_text
 class Spec:
     """What one job will do: the typed config, validated, plus notes for the user."""
 
-    model: schema.ModelConfig
+    model: config.ModelConfig
     cache: Any  # schema.CacheConfig, the union of every strategy's settings
     backend: Any  # schema.BackendConfig, likewise for backends
-    axis: schema.AxisConfig
+    axis: config.AxisConfig
     workload: Any  # schema.WorkloadConfig, likewise for workloads
-    quality: schema.QualityConfig
-    tracking: schema.TrackingConfig
+    quality: config.QualityConfig
+    tracking: config.TrackingConfig
     fallback: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default=())
     overrides: tuple[str, ...] = field(default=())  # the user's Hydra overrides that made this job
@@ -45,9 +46,14 @@ class Spec:
         return data
 
     @property
+    def cache_choice(self) -> cache_strategies.CacheChoice:
+        """What its cache strategy reads of it: the cache, backend and axis groups and the new tokens."""
+        return cache_strategies.CacheChoice(self.cache, self.backend, self.axis, self.workload.max_new_tokens)
+
+    @property
     def strategy(self) -> cache_strategies.CacheStrategy:
-        """The cache strategy this spec names, bound to it."""
-        return cache_strategies.get(self.cache.strategy)(self)
+        """The cache strategy this spec names, bound to its choice."""
+        return self.cache_choice.strategy
 
     @property
     def workload_kind(self) -> workloads.Workload:
@@ -60,10 +66,14 @@ class Spec:
         cache = schema.CacheConfig(strategy=name) if defaults else replace(self.cache, strategy=name)
         return replace(self, cache=cache, **groups)
 
+    def with_choice(self, choice: cache_strategies.CacheChoice) -> "Spec":
+        """This spec with a choice's cache, backend and axis groups (`kvpipe plan`'s rows)."""
+        return replace(self, cache=choice.cache, backend=choice.backend, axis=choice.axis)
+
     def read_fields(self) -> tuple[str, ...]:
         """The cache, backend and axis fields this job's strategy reads (from the registry); with
         every other group except tracking and the fallback chain, they define what it measures."""
-        return cache_strategies.get(self.cache.strategy).read_fields(self.backend.name)
+        return self.cache_choice.read_fields()
 
     def measurement_key(self) -> str:
         """Hash of what is measured: equal for configs that measure the same thing (settings the
@@ -76,7 +86,7 @@ class Spec:
         # a judgement of the timings, not part of what is measured: keyed as every run before it was calibrated
         data["workload"]["noise_threshold"] = 0.10
         # quality.scored_tokens set to what it defaults to measures what unset does (a search sets it)
-        if data["quality"]["scored_tokens"] == schema.QualityConfig.default_scored_tokens(self.backend.residual_length):
+        if data["quality"]["scored_tokens"] == config.QualityConfig.default_scored_tokens(self.backend.residual_length):
             data["quality"]["scored_tokens"] = None
         read, late = self.read_fields(), cache_strategies.get(self.cache.strategy).late_defaults
         for group in STRATEGY_GROUPS:
@@ -97,19 +107,18 @@ class Spec:
 
     def params(self) -> dict[str, str]:
         """The settings this job reads, as plain-text MLflow params: the cache, backend and axis
-        fields its strategy reads (the registry's read_fields), the workload fields its kind reads,
+        fields its strategy reads (its CacheChoice's params), the workload fields its kind reads,
         the model fields its source reads, quality's when on; never tracking, never a setting with
         no value. The runner adds what it resolved (dtype, device, the model's architecture)."""
-        read, data = self.read_fields(), self.as_dict()
-        late = cache_strategies.get(self.cache.strategy).late_defaults
-        owned = {"model": (schema.SOURCE_FIELDS, self.model.source)}
+        data = self.as_dict()
+        owned = {"model": (config.SOURCE_FIELDS, self.model.source)}
         params = {}
-        for group in ("model", *STRATEGY_GROUPS, "workload", "quality"):
+        for group in ("model", "workload", "quality"):
+            if group == "workload":  # after the model's: the cache, backend and axis fields its strategy reads
+                params.update(self.cache_choice.params())
             for key, value in data[group].items():
                 name = f"{group}.{key}"
-                if group in STRATEGY_GROUPS and name not in read and f"{group}.*" not in read:
-                    continue
-                if group in owned and not schema.reads(*owned[group], key):
+                if group in owned and not config.reads(*owned[group], key):
                     continue
                 if group == "workload" and not workloads.reads(self.workload.kind, key):
                     continue
@@ -117,8 +126,6 @@ class Spec:
                     continue
                 if isinstance(value, dict):  # model.architecture: the runner logs the real config's
                     continue
-                if group == "cache" and value is None:  # a late setting unset: what it means here
-                    value = late.get(key)
                 text = param_text(value)
                 if text is not None:
                     params[name] = text
@@ -126,7 +133,7 @@ class Spec:
 
 
 # The groups whose fields a strategy reads; the measurement key keeps only those it reads.
-STRATEGY_GROUPS = ("cache", "backend", "axis")
+STRATEGY_GROUPS = cache_strategies.CacheChoice.GROUPS
 # model.* fields added since runs were first keyed: left unset, they stay out of the key
 LATE_MODEL_FIELDS = ("layer_types", "threads")
 
@@ -181,17 +188,17 @@ def _reject_unknown_keys(cfg: DictConfig) -> None:
                 )
 
 
-def _check_model(model: schema.ModelConfig) -> None:
-    require_choice("model.source", model.source, schema.MODEL_SOURCES)
-    require_choice("model.dtype", model.dtype, schema.DTYPES)
-    require_choice("model.device", model.device, schema.DEVICES)
-    require_choice("model.attn_implementation", model.attn_implementation, schema.ATTN_IMPLEMENTATIONS)
+def _check_model(model: config.ModelConfig) -> None:
+    require_choice("model.source", model.source, config.MODEL_SOURCES)
+    require_choice("model.dtype", model.dtype, config.DTYPES)
+    require_choice("model.device", model.device, config.DEVICES)
+    require_choice("model.attn_implementation", model.attn_implementation, config.ATTN_IMPLEMENTATIONS)
     if model.threads is not None and model.threads <= 0:
         raise ConfigError("model.threads", model.threads, "expected a positive number of torch threads, or null")
     if model.source == "hf":
         _check_model_location(model.name_or_path)
     if model.device_map is not None:
-        require_choice("model.device_map", model.device_map, schema.DEVICE_MAPS)
+        require_choice("model.device_map", model.device_map, config.DEVICE_MAPS)
         if model.source != "hf":
             raise ConfigError("model.device_map", model.device_map, "only for model=hf (a model too big for one GPU)")
     if model.source == "random":
@@ -210,7 +217,7 @@ def _check_model(model: schema.ModelConfig) -> None:
 RANDOM_LAYER_TYPES = ("full_attention", "sliding_attention")  # what a random Gemma 3 text model builds
 
 
-def _check_layer_types(model: schema.ModelConfig) -> None:
+def _check_layer_types(model: config.ModelConfig) -> None:
     """A random model's layer_types: one per layer, each a type Gemma 3 builds, a window for sliding ones."""
     if model.layer_types is None:
         return
@@ -270,7 +277,7 @@ def _check_workload(workload):
     return replace(workload, **normalised)
 
 
-def _check_quality(quality: schema.QualityConfig) -> None:
+def _check_quality(quality: config.QualityConfig) -> None:
     if quality.windows < 1:
         raise ConfigError("quality.windows", quality.windows, "expected a positive integer (3 or more for a spread)")
     if quality.scored_tokens is not None and quality.scored_tokens < 2:

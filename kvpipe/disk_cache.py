@@ -1,4 +1,7 @@
-"""Quality references kept on disk, so that a later process (or a launcher's worker) reuses them.
+"""Results kept on disk, so that a later process (or a launcher's worker) reuses them: the quality
+references (kvpipe.measure.quality) and the token ids of the workloads' long text
+(kvpipe.workload._texts). Also where kvpipe's per-user cache is (`cache_dir`), which holds this
+folder and the embedded model's conversion (kvpipe.model.embedded).
 
 An entry is one torch file under `<kvpipe cache>/references/`, named by the digest of its key and
 holding the key itself: an entry whose stored key differs, or that does not load (partial, corrupt,
@@ -17,13 +20,19 @@ import os
 import tempfile
 from pathlib import Path
 
-from kvpipe.model.embedded import cache_dir
-
 log = logging.getLogger(__name__)
+CACHE_DIR_ENV = "KVPIPE_CACHE_DIR"
 LIMIT_ENV = "KVPIPE_REFERENCE_CACHE_MB"
 FOLDER_ENV = "KVPIPE_REFERENCE_DIR"
 DEFAULT_LIMIT_MB = 2048
 FORMAT = 1  # bump when what a reference holds, or how it is made, changes
+
+
+def cache_dir() -> Path:
+    """Per-user cache: $KVPIPE_CACHE_DIR, else $XDG_CACHE_HOME/kvpipe, else ~/.cache/kvpipe."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvpipe"
 
 
 def folder() -> Path:

@@ -1,0 +1,73 @@
+"""The whole config's typed schema, assembled from the registries and stored in Hydra's ConfigStore.
+
+The `cache`, `backend` and `workload` schemas are the union of what the registered strategies,
+backends and workloads read (each declares its own `Settings`; kvpipe.config.union), so adding one
+never edits a schema; the other groups' schemas are kvpipe.config's. `KvpipeConfig` is the first
+entry of `conf/config.yaml`'s defaults list (`register_schemas`), so a misspelt key or a wrong type
+in any group file or override fails at composition. Pure Python: no torch, transformers or mlflow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+from kvpipe import cache, workload
+from kvpipe.cache import backends
+
+# OmegaConf reads KvpipeConfig's field types by name in this module's namespace: the plain schemas by
+# import, the unions as rebuilt by register_schemas.
+from kvpipe.config import AxisConfig, ModelConfig, QualityConfig, TrackingConfig, known, union
+
+
+def _build_unions() -> None:
+    global CacheConfig, BackendConfig, WorkloadConfig
+    CacheConfig = union("CacheConfig", "strategy", cache.registered(), __name__)
+    BackendConfig = union("BackendConfig", "name", backends.registered(), __name__)
+    WorkloadConfig = union("WorkloadConfig", "kind", workload.registered(), __name__, common=workload.Common)
+
+
+CacheConfig: type
+BackendConfig: type
+WorkloadConfig: type
+_build_unions()
+
+
+@known
+@dataclass
+class KvpipeConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=lambda: CacheConfig())
+    backend: BackendConfig = field(default_factory=lambda: BackendConfig())
+    axis: AxisConfig = field(default_factory=AxisConfig)
+    workload: WorkloadConfig = field(default_factory=lambda: WorkloadConfig())
+    quality: QualityConfig = field(default_factory=QualityConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    print_table: bool = True
+    fallback: List[str] = field(default_factory=list)  # retried in order after out-of-memory (conf/config.yaml)
+    resume: bool = False  # multirun: skip jobs already FINISHED in the experiment
+    sweep_name: Optional[str] = None  # multirun: the MLflow parent run's name
+
+
+def register_schemas() -> None:
+    """Store the schema under `kvpipe_schema`, the first entry of conf/config.yaml's defaults; the
+    cache, backend and workload unions are rebuilt first, so plugins registered since import count."""
+    _build_unions()
+    ConfigStore.instance().store(name="kvpipe_schema", node=KvpipeConfig)
+
+
+def compose(overrides: list[str] | tuple[str, ...] = (), with_hydra: bool = False):
+    """Compose conf/config.yaml with overrides, as `python -m kvpipe` would (for tests and benchmarks)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_schemas()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="kvpipe.conf", version_base="1.3"):
+            return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=with_hydra)
+    finally:
+        GlobalHydra.instance().clear()
