@@ -236,10 +236,10 @@ def _kept_grid(out: Path, overrides: list[str]) -> tuple[float, dict[str, pd.Ser
 def _space_size(overrides: list[str]) -> int:
     from kvpipe import model
     from kvpipe.orchestrate.search.study import split_arguments
-    from kvpipe.spec import compose, make_spec
+    from kvpipe.spec import spec_from
 
     fixed, restrict = split_arguments(overrides)
-    spec = make_spec(compose(fixed), fixed)
+    spec = spec_from(fixed)
     return len(build(model.describe(spec.model).head_dim, "cpu", restrict).points)
 
 

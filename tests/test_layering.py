@@ -66,7 +66,7 @@ def imports(root: Path = REPO) -> dict[str, set[str]]:
                 targets = [f"{base}.{alias.name}" for alias in node.names]
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 text = node.value.split(":")[0]  # "kvpipe.x.y:attr" as entry points write it
-                if text.startswith("kvpipe.") and text.replace(".", "").replace("_", "").isalnum():
+                if text in known:  # a module named whole (a tag such as "kvpipe.cache.requested" is not one)
                     targets = [text]
             for target in targets:
                 if target.split(".")[0] != "kvpipe":

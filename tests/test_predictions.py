@@ -324,6 +324,7 @@ def test_a_calibration_reads_every_repeat_of_a_measurement_where_compare_shows_t
     from mlflow.tracking import MlflowClient
 
     from kvpipe.decide.runs import load_runs
+    from kvpipe.record.runs import read_runs
 
     uri = f"sqlite:///{existing_store(tmp_path)}"
     client = MlflowClient(uri)
@@ -333,6 +334,6 @@ def test_a_calibration_reads_every_repeat_of_a_measurement_where_compare_shows_t
         client.log_metric(run.info.run_id, "tpot_ms", tpot)
         client.set_terminated(run.info.run_id)
     latest, _ = load_runs("repeats", None, uri, whole_experiment=True)
-    every, _ = load_runs("repeats", None, uri, whole_experiment=True, every_repeat=True)
+    every, _ = read_runs("repeats", None, uri, whole_experiment=True, every_repeat=True)
     assert list(latest["metrics.tpot_ms"]) == [6.0]
     assert sorted(every["metrics.tpot_ms"]) == [5.0, 6.0]

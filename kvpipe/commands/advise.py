@@ -22,6 +22,7 @@ from pathlib import Path
 from kvpipe.decide.limits import add_limit_arguments, limits_of, settings
 from kvpipe.errors import ConfigError
 from kvpipe.orchestrate.search.sweeper import SearchSettings
+from kvpipe.record import tags as mlflow_tags
 from kvpipe.units import duration_text, human_bytes
 
 HELP = "plan, search the cache space under your limits, and recommend, in one command"
@@ -52,11 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpipe.commands.plan import show, spec_of
+    from kvpipe.commands.plan import show
     from kvpipe.orchestrate.search.launch import launch_search
     from kvpipe.orchestrate.search.study import split_arguments
     from kvpipe.predict.plan import make_plan
     from kvpipe.record import auth
+    from kvpipe.spec import spec_from
 
     started = time.monotonic()
     limits = _limits(args)
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             "tracking", "off", "advise reads its trials back from MLflow; expected tracking=sqlite or server"
         )
     fixed, _ = split_arguments(args.overrides)  # the plan shows every strategy: the model and workload matter
-    spec = spec_of(fixed)
+    spec = spec_from(fixed)
     auth.check_credentials(spec.tracking, Path.cwd())  # a refusal: one line, before the plan and the search
     show(make_plan(spec, limits.memory_bytes))
     sweep_dir = Path(ADVISE_DIR) / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
@@ -106,7 +108,9 @@ def print_front(parent: str, args, limits) -> None:
 
     experiment, uri = _source(args)
     runs, _ = load_runs(experiment, parent, uri)
-    device = "cuda" if (runs.get("tags.kvpipe.device", pd.Series(dtype=str)) == "cuda").any() else "cpu"
+    device = (
+        "cuda" if (runs.get(mlflow_tags.column(mlflow_tags.DEVICE), pd.Series(dtype=str)) == "cuda").any() else "cpu"
+    )
     passkey = runs.get("metrics.retrieval_accuracy", pd.Series(dtype=float)).notna().any()
     rows = []
     for _, run in runs.iterrows():

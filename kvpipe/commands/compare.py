@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from kvpipe.commands._source import add_source_arguments
+from kvpipe.record import tags as mlflow_tags
 
 HELP = "a sweep's runs as one table, a Pareto front and plots"
 
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         from kvpipe.predict.calibration import with_predictions
 
         runs = with_predictions(runs)
-    sweep_dir = Path(parent_run.data.tags.get("kvpipe.sweep_dir", "/nonexistent"))
+    sweep_dir = Path(parent_run.data.tags.get(mlflow_tags.SWEEP_DIR, "/nonexistent"))
     out_dir = args.out or (sweep_dir if sweep_dir.is_dir() else Path("compare") / parent_run.info.run_id[:8])
     written, table = publish(runs, parent_run, out_dir)
     print_shown(table)

@@ -47,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """KV cache and weights from the model's config; loads no weights."""
     from kvpipe.predict.plan import make_plan
+    from kvpipe.spec import spec_from
 
     for override in args.overrides:
         if "=" not in override:
@@ -55,26 +56,12 @@ def run(args: argparse.Namespace) -> int:
     contexts = parse_contexts(args.context) if args.context else None
     if args.hardware is not None:
         require_choice("--hardware", args.hardware, hardware.names())  # before the config is even composed
-    plan = make_plan(spec_of(args.overrides), budget, contexts, args.device, args.hardware)
+    plan = make_plan(spec_from(args.overrides), budget, contexts, args.device, args.hardware)
     if args.json:
         print(json.dumps(plan.as_dict(), indent=2))
     else:
         show(plan)
     return 0
-
-
-def spec_of(overrides: list[str]):
-    """The validated spec of these overrides; a composition error as one line."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from kvpipe.config import from_hydra
-    from kvpipe.spec import compose, make_spec
-
-    try:
-        return make_spec(compose(overrides), overrides)
-    except (HydraException, OmegaConfBaseException) as exc:
-        raise KvpipeError(from_hydra(exc) or str(exc)) from exc
 
 
 def show(plan) -> None:

@@ -17,6 +17,7 @@ from kvpipe import cache, catalogue
 from kvpipe import workload as workloads
 from kvpipe.decide.limits import Limits, limit_named
 from kvpipe.decide.runs import is_lossless
+from kvpipe.record import tags as mlflow_tags
 from kvpipe.units import human_bytes
 
 PAYS_OFF = 0.10  # static must beat dynamic's TPOT by this much to be worth a fixed, preallocated cache
@@ -144,7 +145,7 @@ def use_command(run) -> str:
     """The command that measures this run again: its own recorded Hydra overrides (model, workload
     and strategy settings as given), or, for runs recorded before kvpipe kept them, the strategy's
     overrides from the registry."""
-    recorded = run.get("tags.kvpipe.overrides")
+    recorded = run.get(mlflow_tags.column(mlflow_tags.OVERRIDES))
     if isinstance(recorded, str):
         words = [] if recorded == "(defaults)" else shlex.split(recorded)
         return shlex.join(["python", "-m", "kvpipe", *(w for w in words if not w.startswith(NOT_REPRODUCED))])

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from kvpipe import cache, workload
+from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.runs import column, read_runs, retrieval_history
 
 NOT_MEASURED = ("tracking.", "print_table", "resume", "sweep_name", "fallback")
@@ -40,21 +41,23 @@ def load_runs(
 def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
     """Add label, strategy, memory_bytes, quality_loss, context_tokens, workload and pareto columns."""
     runs = runs.copy()
-    requested = column(runs, "tags.kvpipe.cache.requested", None).fillna(column(runs, "params.cache.strategy", ""))
-    effective = column(runs, "tags.kvpipe.cache.effective", None).fillna(requested)
+    requested = column(runs, mlflow_tags.column(mlflow_tags.CACHE_REQUESTED), None).fillna(
+        column(runs, "params.cache.strategy", "")
+    )
+    effective = column(runs, mlflow_tags.column(mlflow_tags.CACHE_EFFECTIVE), None).fillna(requested)
     runs["strategy"] = effective.str.split(r"[:+]", regex=True).str[0]  # a label starts with its strategy
     # Offloaded on a CPU runs as dynamic: say both, so the row is not mistaken for either.
     runs["label"] = [e if e.startswith(r) else f"{r} (as {e})" for r, e in zip(requested, effective)]
     # peak_memory_bytes is absolute, weights included, on every device. Runs recorded before it was
     # (CPU sources named *_growth measured RSS growth only) get their weights added, once.
-    growth = column(runs, "tags.kvpipe.peak_memory_source", "").fillna("").str.endswith("_growth")
+    growth = column(runs, mlflow_tags.column(mlflow_tags.PEAK_MEMORY_SOURCE), "").fillna("").str.endswith("_growth")
     weights = column(runs, "metrics.weights_bytes").fillna(0)
     runs["memory_bytes"] = column(runs, "metrics.peak_memory_bytes") + weights.where(growth, 0)
     # A figure that varied (between calls of one shape, or between a call's tokens) by more than the
     # run's workload.noise_threshold.
-    runs["noisy"] = column(runs, "tags.kvpipe.noisy", "").fillna("") == "true"
+    runs["noisy"] = column(runs, mlflow_tags.column(mlflow_tags.NOISY), "").fillna("") == "true"
     # Other processes held cores the job counted on while it measured: every timing is slow alike.
-    runs["contended"] = column(runs, "tags.kvpipe.contended", "").fillna("") == "true"
+    runs["contended"] = column(runs, mlflow_tags.column(mlflow_tags.CONTENDED), "").fillna("") == "true"
     # Without a quality pass only a lossless strategy has a known loss.
     lossless = pd.Series(0.0, index=runs.index).where(runs["strategy"].map(is_lossless))
     runs["quality_loss"] = column(runs, "metrics.kl_vs_reference").fillna(lossless)
@@ -82,7 +85,7 @@ def environments(runs: pd.DataFrame) -> list[str]:
     """The distinct environments (host, CPU, GPU, versions, threads) the runs were measured in."""
     from kvpipe.measure.environment import ENVIRONMENT_TAGS
 
-    tags = [f"tags.kvpipe.{name}" for name in ENVIRONMENT_TAGS]
+    tags = [mlflow_tags.column(mlflow_tags.of(name)) for name in ENVIRONMENT_TAGS]
     described = [
         " · ".join(f"{name}={value}" for name, value in zip(ENVIRONMENT_TAGS, row) if isinstance(value, str))
         for row in zip(*(column(runs, tag, None) for tag in tags))

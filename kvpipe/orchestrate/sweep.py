@@ -26,6 +26,7 @@ from kvpipe.model import loading
 from kvpipe.orchestrate import closing
 from kvpipe.orchestrate.pipeline import run_pipeline
 from kvpipe.record import auth, recorder, store, tracking, worker
+from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.result import Result, iter_results
 from kvpipe.record.summary import print_sweep_summary
 from kvpipe.spec import make_spec
@@ -106,7 +107,7 @@ class SweepCallback(Callback):
         swept = {key: ",".join(values) for key, values in swept_values(config).items()}
         tracking_cfg = OmegaConf.to_object(config.tracking)
         parent = None
-        tags = {"kvpipe.sweep_dir": str(sweep_dir.resolve()), "kvpipe.total_jobs": str(total)}
+        tags = {mlflow_tags.SWEEP_DIR: str(sweep_dir.resolve()), mlflow_tags.TOTAL_JOBS: str(total)}
         try:
             if tracking_cfg.enabled:  # credentials checked before any job loads a model
                 # a search asked again (or resumed after a kill) continues its study: its parent too

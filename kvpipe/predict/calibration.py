@@ -32,6 +32,7 @@ import statistics
 from dataclasses import dataclass
 
 from kvpipe.errors import KvpipeError
+from kvpipe.record import tags as mlflow_tags
 from kvpipe.spec import override_group
 
 MIN_PROMPT_LENGTHS = 2
@@ -257,15 +258,15 @@ def read_local_runs(spec, dtype: str, device: str, threads: int) -> LocalRuns:
                             every_repeat=True)  # fmt: skip
     except KvpipeError as exc:
         return LocalRuns(None, f"no runs to calibrate with: {exc}", store)
-    wanted = {"params.model.name": spec.model.name, "params.model.dtype": dtype, "tags.kvpipe.host": host,
-              "tags.kvpipe.device": device}  # fmt: skip
+    wanted = {"params.model.name": spec.model.name, "params.model.dtype": dtype, mlflow_tags.column(mlflow_tags.HOST): host,
+              mlflow_tags.column(mlflow_tags.DEVICE): device}  # fmt: skip
     if device == "cpu":
-        wanted["tags.kvpipe.torch_threads"] = str(threads)
+        wanted[mlflow_tags.column(mlflow_tags.TORCH_THREADS)] = str(threads)
     keep = column(runs, "metrics.batch_size") == batch
     for name, value in wanted.items():
         keep &= column(runs, name, None) == value
-    contended = column(runs, "tags.kvpipe.contended", "").fillna("") == "true"
-    keep &= ~contended & column(runs, "tags.kvpipe.fallback_to", None).isna()
+    contended = column(runs, mlflow_tags.column(mlflow_tags.CONTENDED), "").fillna("") == "true"
+    keep &= ~contended & column(runs, mlflow_tags.column(mlflow_tags.FALLBACK_TO), None).isna()
     keep &= column(runs, "metrics.tpot_ms").notna() & column(runs, "metrics.ttft_ms").notna()
     what = " · ".join([spec.model.name, dtype, device, f"host {host}"] + ([f"{threads} torch threads"] if device == "cpu"
                       else []) + [f"batch {batch}"])  # fmt: skip
@@ -349,17 +350,21 @@ def with_predictions(runs):
     return runs
 
 
-_GROUP_COLUMNS = ("params.model.name", "params.model.dtype", "tags.kvpipe.host", "tags.kvpipe.device",
-                  "tags.kvpipe.torch_threads", "metrics.batch_size")  # fmt: skip
+_GROUP_COLUMNS = ("params.model.name", "params.model.dtype", mlflow_tags.column(mlflow_tags.HOST), mlflow_tags.column(mlflow_tags.DEVICE),
+                  mlflow_tags.column(mlflow_tags.TORCH_THREADS), "metrics.batch_size")  # fmt: skip
 
 
 def _sample_of(run) -> tuple[str, Sample] | None:
     """(the run's cache settings, its Sample), from its job composed again; None where it cannot be."""
-    spec = _job_spec(str(run.get("tags.kvpipe.overrides")))
+    spec = _job_spec(str(run.get(mlflow_tags.column(mlflow_tags.OVERRIDES))))
     needed = ("metrics.prompt_tokens", "metrics.new_tokens", "metrics.batch_size", "metrics.tpot_ms", "metrics.ttft_ms")
     if spec is None or any(not isinstance(run.get(n), float) or math.isnan(run.get(n)) for n in needed):
         return None
-    dtype, device, batch = run.get("params.model.dtype"), run.get("tags.kvpipe.device"), int(run["metrics.batch_size"])
+    dtype, device, batch = (
+        run.get("params.model.dtype"),
+        run.get(mlflow_tags.column(mlflow_tags.DEVICE)),
+        int(run["metrics.batch_size"]),
+    )
     costs = _costs(spec, str(dtype), batch, str(device))
     if costs is None:
         return None
@@ -375,11 +380,11 @@ _COSTS: dict[tuple, object] = {}
 
 def _job_spec(overrides: str):
     if overrides not in _SPECS:
-        from kvpipe.spec import compose, make_spec
+        from kvpipe.spec import spec_from
 
         words = [] if overrides in ("(defaults)", "None", "nan") else shlex.split(overrides)
         try:
-            _SPECS[overrides] = make_spec(compose(words), words)
+            _SPECS[overrides] = spec_from(words)
         except Exception:  # noqa: BLE001 - a config that no longer composes (a renamed option, a moved file)
             _SPECS[overrides] = None
     return _SPECS[overrides]

@@ -10,12 +10,13 @@ from pathlib import Path
 import pandas as pd
 
 from kvpipe.errors import ConfigError, KvpipeError
+from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.auth import check_uri, refusals, status_of
 from kvpipe.record.result import iter_results
 from kvpipe.record.store import point_mlflow_at, resolve_uri
 
-FINISHED = "attributes.status = 'FINISHED' and tags.`kvpipe.status` = 'FINISHED'"
-KEY = "tags.kvpipe.measurement_key"
+FINISHED = f"attributes.status = 'FINISHED' and {mlflow_tags.equals(mlflow_tags.STATUS, 'FINISHED')}"
+KEY = mlflow_tags.column(mlflow_tags.KEY)
 
 
 def read_runs(
@@ -58,7 +59,7 @@ def _read_runs(experiment: str, parent: str | None, uri: str, whole_experiment: 
                 parent,
                 f"no such run in {uri}; expected a sweep's parent run id, or no --parent for the latest sweep",
             ) from None
-        if parent_run.data.tags.get("kvpipe.sweep") != "true":
+        if parent_run.data.tags.get(mlflow_tags.SWEEP) != "true":
             raise ConfigError("--parent", parent, "that run is one job, not a sweep; expected a sweep's parent run")
         experiment_id = parent_run.info.experiment_id
     else:
@@ -70,7 +71,7 @@ def _read_runs(experiment: str, parent: str | None, uri: str, whole_experiment: 
         if not whole_experiment:
             sweeps = mlflow.search_runs(
                 [experiment_id],
-                "tags.`kvpipe.sweep` = 'true'",
+                mlflow_tags.equals(mlflow_tags.SWEEP, "true"),
                 max_results=1,
                 order_by=["attributes.start_time DESC"],
                 output_format="list",
@@ -97,8 +98,8 @@ def _search(experiment_id: str, filter_string: str) -> pd.DataFrame:
 
 def _sweep_runs(experiment_id: str, parent_run) -> pd.DataFrame:
     """The sweep's children, plus the earlier runs its jobs were skipped for under resume=true."""
-    runs = _search(experiment_id, f"tags.`mlflow.parentRunId` = '{parent_run.info.run_id}' and {FINISHED}")
-    sweep_dir = Path(parent_run.data.tags.get("kvpipe.sweep_dir", "/nonexistent"))
+    runs = _search(experiment_id, f"{mlflow_tags.equals(mlflow_tags.PARENT, parent_run.info.run_id)} and {FINISHED}")
+    sweep_dir = Path(parent_run.data.tags.get(mlflow_tags.SWEEP_DIR, "/nonexistent"))
     skipped = {result.measurement_key for _, result in iter_results(sweep_dir) if result.status == "SKIPPED"}
     skipped -= set(runs.get(KEY, ())) | {None}  # a duplicate within the sweep is a child already
     if skipped:

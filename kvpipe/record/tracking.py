@@ -13,17 +13,18 @@ import shlex
 from pathlib import Path
 
 from kvpipe.config import TrackingConfig
+from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.auth import check_at_door, recording
 from kvpipe.record.result import RESULT_FILE, Result
 from kvpipe.record.worker import forwarded
 
 log = logging.getLogger(__name__)
 
-PARENT_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag: the UI shows children under the parent
-KEY_TAG = "kvpipe.measurement_key"
+PARENT_TAG = mlflow_tags.PARENT
+KEY_TAG = mlflow_tags.KEY
 # A tag, not a module: built rather than spelt whole, as tests/test_layering.py takes a string that
 # spells a kvpipe module's name for an import of that module
-SWEEP_TAG = "kvpipe." + "sweep"
+SWEEP_TAG = mlflow_tags.SWEEP
 
 
 @forwarded  # in a sweep's tracking worker, if it has one (kvpipe.record.worker)
@@ -47,13 +48,13 @@ def log_job(
 def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_yaml, parent_run_id) -> str:
     import mlflow
 
-    tags = {f"kvpipe.{k}": v for k, v in result.tags.items()}
+    tags = {mlflow_tags.of(k): v for k, v in result.tags.items()}
     if parent_run_id:
         tags[PARENT_TAG] = parent_run_id
     if result.measurement_key:
         tags[KEY_TAG] = result.measurement_key
     if result.reason:
-        tags["kvpipe.error"] = result.reason[:5000]
+        tags[mlflow_tags.ERROR] = result.reason[:5000]
     tags.update(origin_tags(result))
     metrics = {k: float(v) for k, v in result.metrics.items() if v is not None}
     with mlflow.start_run(
@@ -71,7 +72,7 @@ def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_ya
             result.workload().log_mlflow(run.info.run_id, run_dir, result.answers)
         mlflow.log_artifact(str(run_dir / RESULT_FILE))
         # Last: a run killed while logging never claims to hold a complete result
-        mlflow.set_tag("kvpipe.status", result.status)
+        mlflow.set_tag(mlflow_tags.STATUS, result.status)
         run_id = run.info.run_id
     if result.status != "FINISHED":  # kvpipe's FAILED and KILLED are MLflow's own terminal statuses
         mlflow.tracking.MlflowClient().set_terminated(run_id, status=result.status)
@@ -94,8 +95,8 @@ def run_name(result: Result) -> str:
 
 def origin_tags(result: Result) -> dict[str, str]:
     """What produced the run: the command line as typed, and the job's own Hydra overrides."""
-    tags = {"kvpipe.command": (result.command or "")[:5000]}
-    tags["kvpipe.overrides"] = shlex.join(result.overrides)[:5000] or "(defaults)"
+    tags = {mlflow_tags.COMMAND: (result.command or "")[:5000]}
+    tags[mlflow_tags.OVERRIDES] = shlex.join(result.overrides)[:5000] or "(defaults)"
     return tags
 
 
@@ -145,7 +146,7 @@ def start_parent(
         return run_id
 
 
-SIGNATURE_TAG = "kvpipe.sweep_signature"
+SIGNATURE_TAG = mlflow_tags.SIGNATURE
 
 
 def sweep_signature(name: str, swept: dict[str, str]) -> str:
@@ -199,7 +200,7 @@ def log_skipped(tracking: TrackingConfig, launch_dir: Path, result: Result, pare
 
     with recording(tracking, launch_dir) as experiment_id:
         client = MlflowClient()
-        tags = {PARENT_TAG: parent_run_id, "kvpipe.status": "SKIPPED", "kvpipe.skipped": result.reason[:5000]}
+        tags = {PARENT_TAG: parent_run_id, mlflow_tags.STATUS: "SKIPPED", mlflow_tags.SKIPPED: result.reason[:5000]}
         name = "skipped · " + (shlex.join(result.overrides) or "(defaults)")
         run_id = client.create_run(experiment_id, run_name=name, tags={**tags, **origin_tags(result)}).info.run_id
         _log_params(client, run_id, result.params)
@@ -235,6 +236,6 @@ def finished_run_with_key(tracking: TrackingConfig, launch_dir: Path, key: str):
             output_format="list",
             max_results=1,
             filter_string=f"tags.`{KEY_TAG}` = '{key}' and attributes.status = 'FINISHED' "
-            "and tags.`kvpipe.status` = 'FINISHED'",
+            f"and {mlflow_tags.equals(mlflow_tags.STATUS, 'FINISHED')}",
         )
     return runs[0] if runs else None

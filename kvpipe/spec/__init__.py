@@ -2,23 +2,16 @@
 
 `schema.py` assembles the whole config's typed schema from kvpipe.config's plain schemas and the
 cache, backend and workload registries, and composes conf/ with it (`compose`); `spec.py` validates
-a composed config into a `Spec` (`make_spec`), whose strategy, measurement key and params every
-later stage reads. Pure Python: no torch, transformers or mlflow.
+a composed config into a `Spec` (`make_spec`, or `spec_from(overrides)` for both steps), whose
+strategy, measurement key (`key.py`, with its rules for older runs) and params every later stage reads. Pure Python: no torch, transformers or mlflow.
 """
 
+from kvpipe.spec.key import LATE_MODEL_FIELDS
+from kvpipe.spec.names import hf_model_name, looks_local
 from kvpipe.spec.schema import KvpipeConfig, compose, register_schemas
-from kvpipe.spec.spec import (
-    LATE_MODEL_FIELDS,
-    RANDOM_LAYER_TYPES,
-    STRATEGY_GROUPS,
-    Spec,
-    hf_model_name,
-    looks_local,
-    make_spec,
-    override_group,
-)
+from kvpipe.spec.spec import RANDOM_LAYER_TYPES, STRATEGY_GROUPS, Spec, make_spec, override_group, spec_from
 
 __all__ = [
     "LATE_MODEL_FIELDS", "RANDOM_LAYER_TYPES", "STRATEGY_GROUPS", "KvpipeConfig", "Spec", "compose", "hf_model_name",
-    "looks_local", "make_spec", "override_group", "register_schemas",
+    "looks_local", "make_spec", "override_group", "register_schemas", "spec_from",
 ]  # fmt: skip

@@ -8,20 +8,19 @@ layers) are the strategy's `check_for_model`, run before the weights load.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
 from kvpipe import cache as cache_strategies
 from kvpipe import config
 from kvpipe import workload as workloads
-from kvpipe.errors import ConfigError, require_choice
+from kvpipe.errors import ConfigError, KvpipeError, require_choice
 from kvpipe.spec import schema
+from kvpipe.spec.key import measurement_key
+from kvpipe.spec.names import hf_model_name, looks_local
 from kvpipe.units import param_text
 
 
@@ -76,34 +75,9 @@ class Spec:
         return self.cache_choice.read_fields()
 
     def measurement_key(self) -> str:
-        """Hash of what is measured: equal for configs that measure the same thing (settings the
-        strategy or the workload's kind ignores, and tracking, are left out). Used to skip duplicates and to resume."""
-        data = self.as_dict()
-        data.pop("tracking"), data.pop("fallback")
-        # what the workload reads, and what that points at (a dataset file's digest): a chat job's
-        # passkey depths measure nothing, a changed file is a new measurement
-        data["workload"] = self.workload_kind.identity()
-        # a judgement of the timings, not part of what is measured: keyed as every run before it was calibrated
-        data["workload"]["noise_threshold"] = 0.10
-        # quality.scored_tokens set to what it defaults to measures what unset does (a search sets it)
-        if data["quality"]["scored_tokens"] == config.QualityConfig.default_scored_tokens(self.backend.residual_length):
-            data["quality"]["scored_tokens"] = None
-        read, late = self.read_fields(), cache_strategies.get(self.cache.strategy).late_defaults
-        for group in STRATEGY_GROUPS:
-            kept = {k: v for k, v in data[group].items() if f"{group}.{k}" in read or f"{group}.*" in read}
-            data[group] = kept
-            if not kept:
-                data.pop(group)
-        # settings added since runs were first keyed leave the key alone at what they mean unset
-        for key in late:
-            if key in data.get("cache", {}) and data["cache"][key] in (None, late[key]):
-                data["cache"].pop(key)
-        for key in LATE_MODEL_FIELDS:
-            if data["model"].get(key) is None:
-                data["model"].pop(key, None)
-        if self.model.source == "hf" and self.model.name == hf_model_name(self.model.name_or_path):
-            data["model"]["name"] = "hf"  # the name model=hf runs were keyed with before they took the folder's
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+        """Hash of what is measured: equal for configs that measure the same thing (kvpipe.spec.key).
+        Used to skip duplicates and to resume."""
+        return measurement_key(self)
 
     def params(self) -> dict[str, str]:
         """The settings this job reads, as plain-text MLflow params: the cache, backend and axis
@@ -134,8 +108,6 @@ class Spec:
 
 # The groups whose fields a strategy reads; the measurement key keeps only those it reads.
 STRATEGY_GROUPS = cache_strategies.CacheChoice.GROUPS
-# model.* fields added since runs were first keyed: left unset, they stay out of the key
-LATE_MODEL_FIELDS = ("layer_types", "threads")
 
 
 def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) -> Spec:
@@ -165,6 +137,19 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
     )
     overridden = frozenset(override_group(o) for o in overrides)
     return replace(spec, warnings=tuple(spec.strategy.check(overridden)), overrides=tuple(overrides))
+
+
+def spec_from(overrides: Sequence[str]) -> Spec:
+    """The validated spec of these overrides, composed as `kvpipe OVERRIDES` composes them; a
+    composition error is one line, as every user mistake is."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    words = list(overrides)
+    try:
+        return make_spec(schema.compose(words), words)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise KvpipeError(config.from_hydra(exc) or str(exc)) from exc
 
 
 def override_group(override: str) -> str:
@@ -233,24 +218,6 @@ def _check_layer_types(model: config.ModelConfig) -> None:
         raise ConfigError(
             "model.sliding_window", model.sliding_window, "expected a window in tokens for the sliding_attention layers"
         )
-
-
-def hf_model_name(name_or_path: str) -> str:
-    """What names a model=hf run: a local folder's name, or the hub id as written."""
-    if looks_local(name_or_path):
-        return Path(name_or_path.rstrip("/\\")).expanduser().name or name_or_path
-    return name_or_path
-
-
-def looks_local(name_or_path: str) -> bool:
-    """A hub id is exactly 'org/name' or 'name'; anything path-like is a local folder."""
-    return (
-        name_or_path.startswith(("/", ".", "~"))
-        or name_or_path.count("/") > 1
-        or os.sep != "/"
-        and os.sep in name_or_path
-        or Path(name_or_path).exists()
-    )
 
 
 def _check_model_location(name_or_path: str | None) -> None:

@@ -16,6 +16,7 @@ import pandas as pd
 
 from kvpipe.decide.limits import Limits
 from kvpipe.decide.runs import with_derived
+from kvpipe.record import tags as mlflow_tags
 
 INFEASIBLE = 1.0  # the constraint value of a figure that was not measured: as bad as twice the limit
 
@@ -38,7 +39,7 @@ def row(metrics: dict, params: dict, tags: dict) -> pd.Series:
                 **{f"metrics.{k}": (math.nan if v is None else v) for k, v in metrics.items()},
                 **{f"params.{k}": v for k, v in params.items()},
                 **{f"tags.{k}": v for k, v in tags.items()},
-                "run_id": tags.get("mlflow.runId", ""),
+                "run_id": tags.get(mlflow_tags.RUN_ID, ""),
             }
         ]
     )

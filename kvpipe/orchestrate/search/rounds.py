@@ -28,6 +28,7 @@ from kvpipe.orchestrate.search.study import (
     SearchStudy,
     Seen,
 )
+from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.result import Result
 from kvpipe.units import human_bytes
 
@@ -132,7 +133,7 @@ class Search(SearchStudy):
         except (OSError, ValueError) as exc:
             return Seen(FAILED, detail=f"no result.json in {run_dir}: {exc}")
         if result.status == "FINISHED":
-            tags = {f"kvpipe.{k}": v for k, v in result.tags.items()}
+            tags = {mlflow_tags.of(k): v for k, v in result.tags.items()}
             return self._seen_from(MEASURED, result.metrics, result.params, tags, f"job {run_dir.name}")
         if result.status == "SKIPPED" and result.measurement_key and "already FINISHED" in (result.reason or ""):
             run = self._finished_run(result.measurement_key)

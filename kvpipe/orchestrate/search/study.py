@@ -99,10 +99,10 @@ class SearchStudy:
 
         from kvpipe import model
         from kvpipe.record.store import resolve_uri
-        from kvpipe.spec import compose, make_spec
+        from kvpipe.spec import spec_from
 
         fixed, restrict = split_arguments(arguments)
-        spec = make_spec(compose(fixed), fixed)
+        spec = spec_from(fixed)
         shape = model.describe(spec.model)
         device = model.resolve_device(spec.model.device) if spec.model.device == "auto" else spec.model.device
         space = build(shape.head_dim, device, restrict, settings.group_sizes, settings.residual_lengths)
@@ -194,7 +194,7 @@ class SearchStudy:
         (kvpipe.predict.costs, as plan counts them), at the workload's longest prompt."""
         from kvpipe import model
         from kvpipe.predict.costs import costs_for
-        from kvpipe.spec import compose, make_spec
+        from kvpipe.spec import spec_from
 
         if self._bytes is None:
             tokenizer = model.load_tokenizer(self.spec.model)
@@ -204,7 +204,7 @@ class SearchStudy:
             self._bytes = (costs.weights_bytes, costs, longest)
         _, costs, longest = self._bytes
         overrides = [*self.fixed, *point.overrides()]
-        cost = costs.at(make_spec(compose(overrides), overrides).strategy, longest, self.spec.workload.max_new_tokens)
+        cost = costs.at(spec_from(overrides).strategy, longest, self.spec.workload.max_new_tokens)
         return cost.weights_bytes + cost.kv_cache_bytes
 
 
