@@ -136,7 +136,7 @@ def predicted_kv_bytes(spec, result) -> dict:
     metrics = result.metrics
     prompt, batch = int(metrics["prompt_tokens"]), int(metrics["batch_size"])
     new = int(metrics["kv_cache_tokens"]) - prompt + 1
-    kv = kv_shape(model.describe(spec.model), batch, result.tags["dtype"])
+    kv = kv_shape(model.read_shape(spec.model), batch, result.tags["dtype"])
     sliding = kv.with_layers(kv.sliding_windows)
     return {
         "predicted_kv_bytes": spec.strategy.predict_kv_bytes(kv, prompt, new),

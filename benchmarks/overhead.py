@@ -53,7 +53,7 @@ def bare_e2e_s(loaded, setup, batch, new_tokens: int) -> float:
 
 def compare(label: str, spec, rounds: int) -> dict:
     loaded = model.load(spec.model)
-    batch = spec.workload_kind.batches(model.load_tokenizer(spec.model), loaded.device)[0]
+    batch = spec.bound_workload.batches(model.load_tokenizer(spec.model), loaded.device)[0]
     setup = spec.strategy.setup(loaded, batch.prompt_tokens)
     new = spec.workload.max_new_tokens
     for _ in range(2):  # warm-up both paths (and compile, for static+compile)

@@ -240,7 +240,7 @@ def _space_size(overrides: list[str]) -> int:
 
     fixed, restrict = split_arguments(overrides)
     spec = spec_from(fixed)
-    return len(build(model.describe(spec.model).head_dim, "cpu", restrict).points)
+    return len(build(model.read_shape(spec.model).head_dim, "cpu", restrict).points)
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def main() -> None:
         "tracking=off",
     ]
     specs = [(label, make_spec(compose(base + overrides))) for label, overrides in STRATEGIES]
-    shape = models.describe(specs[0][1].model)
+    shape = models.read_shape(specs[0][1].model)
     print(f"{shape.layer_summary()}; prompt {args.prompt_tokens} + {args.new_tokens} new", flush=True)
     rows = []
     for label, spec in specs:

@@ -25,7 +25,7 @@ def test_a_users_generate_with_the_api_cache_makes_the_runners_tokens(tiny, sett
     loaded, _ = tiny
     spec = spec_for(*TINY, *settings.split(), "workload.prompts=[Explain a KV cache.]", "workload.repeats=1")
     runner = run_job(spec)
-    (batch,) = spec.workload_kind.batches(loaded.tokenizer, "cpu")  # the prompt as the runner sends it
+    (batch,) = spec.bound_workload.batches(loaded.tokenizer, "cpu")  # the prompt as the runner sends it
     inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
     kwargs = api.cache_kwargs(loaded.model, settings, prompt_tokens=batch.prompt_tokens, max_new_tokens=6)
     output = loaded.model.generate(**inputs, max_new_tokens=6, min_new_tokens=6, do_sample=False, **kwargs)

@@ -150,7 +150,7 @@ def test_invalid_backend_settings_name_the_field_and_valid_choices(overrides, fi
 def test_group_size_must_divide_head_dim():
     spec = spec_for(*TINY, "cache=quantized", "backend.q_group_size=48")
     with pytest.raises(ConfigError, match=r"backend.q_group_size=48 .*head_dim=64.*16, 32, 64"):
-        spec.strategy.check_for_model(models.describe(spec.model), 40)
+        spec.strategy.check_for_model(models.read_shape(spec.model), 40)
 
 
 def test_static_max_cache_len_must_hold_prompt_and_new_tokens():

@@ -29,7 +29,7 @@ TINY_LLAMA = REPO / "tests" / "data" / "tiny_llama"
 
 
 def predicted(spec, prompt_tokens: int, new_tokens: int) -> int:
-    shape = models.describe(spec.model)
+    shape = models.read_shape(spec.model)
     kv = accounting.kv_shape(shape, spec.workload.batch_size, spec.model.dtype)
     return plan.predict_kv_bytes(spec, kv, prompt_tokens, new_tokens)
 
@@ -109,7 +109,7 @@ def drive(spec, prompt_tokens: int, new_tokens: int, dtype: torch.dtype):
         device="cpu",
     )
     cache = spec.strategy.setup(loaded, prompt_tokens).make_cache()
-    shape = models.describe(spec.model)
+    shape = models.read_shape(spec.model)
     for tokens in [prompt_tokens] + [1] * (new_tokens - 1):
         for layer in range(shape.num_layers):
             keys = torch.randn(spec.workload.batch_size, shape.num_kv_heads, tokens, shape.head_dim, dtype=dtype)
@@ -358,7 +358,7 @@ def test_predictions_equal_measured_bytes_of_context_scaling_jobs_on_the_embedde
         spec = spec_for(*common, *cache)
         new_tokens = spec.workload.max_new_tokens
         metrics = run_job(spec).metrics
-        kv = accounting.kv_shape(models.describe(spec.model), 1, models.load(spec.model).dtype)
+        kv = accounting.kv_shape(models.read_shape(spec.model), 1, models.load(spec.model).dtype)
         assert plan.predict_kv_bytes(spec, kv, prompt_tokens, new_tokens) == metrics["kv_cache_bytes"], cache
     # weights from the safetensors headers alone = the loaded parameters (buffers such as RoPE's are not weights)
     loaded = models.load(spec.model)

@@ -93,7 +93,7 @@ def test_csv_parquet_and_a_saved_dataset_read_the_same_prompts(tmp_path):
         (tmp_path / "p.parquet", ()),
         (tmp_path / "saved", ("workload.split=test",)),
     ):
-        found = dataset_spec(path, *extra).workload_kind.rows()
+        found = dataset_spec(path, *extra).bound_workload.rows()
         assert [(r.messages[0]["content"], r.max_new_tokens) for r in found] == [("one two", 3), ("three", 5)]
     with pytest.raises(ConfigError, match=r"workload.split=None .*expected one of the folder's splits: test, train"):
         dataset_spec(tmp_path / "saved")
@@ -101,9 +101,9 @@ def test_csv_parquet_and_a_saved_dataset_read_the_same_prompts(tmp_path):
 
 def test_limit_is_a_seeded_sample_that_keeps_row_numbers(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"row {i}"} for i in range(20)])
-    first = dataset_spec(path, "workload.limit=5").workload_kind.rows()
-    again = dataset_spec(path, "workload.limit=5").workload_kind.rows()
-    other = dataset_spec(path, "workload.limit=5", "workload.seed=1").workload_kind.rows()
+    first = dataset_spec(path, "workload.limit=5").bound_workload.rows()
+    again = dataset_spec(path, "workload.limit=5").bound_workload.rows()
+    other = dataset_spec(path, "workload.limit=5", "workload.seed=1").bound_workload.rows()
     assert first == again and first != other and len(first) == 5
     assert all(row.messages[0]["content"] == f"row {row.number}" for row in first)
 
@@ -120,7 +120,7 @@ def test_batches_group_similar_lengths_and_each_row_runs_once_per_repeat(tmp_pat
 
     rows = [{"prompt": "word " * n} for n in (1, 30, 2, 31, 3, 32)]
     spec = dataset_spec(write_jsonl(tmp_path / "p.jsonl", rows), "workload.batch_size=3", "workload.repeats=2")
-    batches = spec.workload_kind.batches(model.load_tokenizer(spec.model), "cpu")
+    batches = spec.bound_workload.batches(model.load_tokenizer(spec.model), "cpu")
     assert [sorted(r.number for r in b.rows) for b in batches] == [[0, 2, 4], [1, 3, 5]]
     assert all(max(b.row_tokens) - min(b.row_tokens) <= 2 for b in batches)  # little padding
     job = run_job(spec)

@@ -18,7 +18,7 @@ from kvpipe.measure.memory import PeakMemory, release_freed_memory
 from kvpipe.measure.metrics import repeat_noise, robust_cv, weights_read_per_step
 from kvpipe.measure.quality import first_divergence, window_scores
 from kvpipe.measure.roofline import roofline_fraction
-from kvpipe.model import describe
+from kvpipe.model import read_shape
 
 from conftest import spec_for
 
@@ -73,7 +73,7 @@ def test_decode_traffic_counts_what_each_strategy_moves():
     dynamic = spec_for("model=tiny_random").strategy
     quantized = spec_for("model=tiny_random", "cache=quantized").strategy
     offloaded = spec_for("model=tiny_random", "cache=offloaded").strategy
-    kv = kv_shape(describe(spec_for("model=tiny_random").model), 1, "float32")  # 2 layers, 1,024 B a token
+    kv = kv_shape(read_shape(spec_for("model=tiny_random").model), 1, "float32")  # 2 layers, 1,024 B a token
     assert dynamic.decode_kv_traffic_bytes(kv, 100, prompt_tokens=40, new_tokens=11, device="cpu") == 100
     # packed read + dequantized copy written + that copy read by attention: with the default
     # residual_length=128, all 40 + 10 cached tokens are the prompt's quantized ones or the residual

@@ -40,7 +40,7 @@ def test_embedded_gguf_is_found_without_importing_the_package():
 
 
 def test_describe_reads_the_shape_without_weights():
-    shape = models.describe(ModelConfig())
+    shape = models.read_shape(ModelConfig())
     assert (shape.num_layers, shape.num_kv_heads, shape.head_dim) == (30, 3, 64)
     assert shape.has_sliding_layers is False
 

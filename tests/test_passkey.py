@@ -106,7 +106,7 @@ def test_settings_a_workload_kind_does_not_read_do_not_change_what_it_measures(t
 
 def test_batches_hold_every_length_depth_and_trial_once_with_its_needle(tiny_spec, tokenizer):
     spec = tiny_spec(*PASSKEY, "workload.batch_size=3")
-    batches = spec.workload_kind.batches(tokenizer, "cpu")
+    batches = spec.bound_workload.batches(tokenizer, "cpu")
     # 4 prompts per length in batches of 3: a full batch and a batch of one, never a repeated prompt
     assert [tuple(b.input_ids.shape) for b in batches] == [(3, 200), (1, 200), (3, 400), (1, 400)]
     needles = [n for b in batches for n in b.rows]
@@ -130,9 +130,9 @@ def test_a_passkey_prompt_past_the_models_positions_names_context_tokens(tiny_sp
 
 def test_quality_scores_the_longest_prompts_one_depth_after_another(tiny_spec, tokenizer):
     spec = tiny_spec(*PASSKEY)
-    windows = spec.workload_kind.windows(tokenizer, 3, 64)
+    windows = spec.bound_workload.windows(tokenizer, 3, 64)
     assert [len(w.prefix) for w in windows] == [400, 400, 400] and all(w.continuation is None for w in windows)
-    longest = [p for p in spec.workload_kind.prompts(tokenizer) if p.context_tokens == 400]
+    longest = [p for p in spec.bound_workload.prompts(tokenizer) if p.context_tokens == 400]
     by_cell = {(p.depth, p.trial): p.input_ids for p in longest}
     assert [w.prefix for w in windows] == [by_cell[0.25, 0], by_cell[0.75, 0], by_cell[0.25, 1]]
 

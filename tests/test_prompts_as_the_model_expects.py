@@ -67,7 +67,7 @@ def test_bos_once_where_the_tokenizer_adds_it_and_lengths_stay_exact(case, kind)
         "passkey": ["workload=passkey", "workload.context_tokens=60", "workload.depths=[0.5]", "workload.trials=1"],
     }[kind]
     spec = spec_for(*TINY, *overrides)
-    for batch in spec.workload_kind.batches(tokenizer, "cpu"):
+    for batch in spec.bound_workload.batches(tokenizer, "cpu"):
         for ids, mask in zip(batch.input_ids.tolist(), batch.attention_mask.tolist()):
             real = [token for token, keep in zip(ids, mask) if keep]
             assert leading_bos(real) == (1 if wants_bos else 0), tokenizer.decode(real)
@@ -76,13 +76,13 @@ def test_bos_once_where_the_tokenizer_adds_it_and_lengths_stay_exact(case, kind)
                 assert len(real) == 40
             if kind == "passkey":
                 assert len(real) == 60
-    window = spec.workload_kind.windows(tokenizer, 1, 8)[0]
+    window = spec.bound_workload.windows(tokenizer, 1, 8)[0]
     assert leading_bos(window.prefix) == (1 if wants_bos else 0)
 
 
 def test_a_chat_workload_without_a_template_says_so_once_and_is_tagged(caplog):
     tokenizer = build_tokenizer(True)
-    workload = spec_for(*TINY, "workload.prompts=[hello world, python docs]").workload_kind
+    workload = spec_for(*TINY, "workload.prompts=[hello world, python docs]").bound_workload
     with caplog.at_level(logging.WARNING, logger=_encoding.__name__):
         workload.batches(tokenizer, "cpu")
         workload.windows(tokenizer, 2, 8)
@@ -90,7 +90,9 @@ def test_a_chat_workload_without_a_template_says_so_once_and_is_tagged(caplog):
     assert len(said) == 1 and "workload=chat" in said[0].getMessage()
     assert workload.tags(tokenizer) == {"chat_template": "none"}
     assert workload.tags(build_tokenizer(True, BOS_TEMPLATE)) == {"chat_template": "model"}
-    assert spec_for(*TINY, "workload=long_context").workload_kind.tags(tokenizer) == {}  # plain text: no template asked
+    assert (
+        spec_for(*TINY, "workload=long_context").bound_workload.tags(tokenizer) == {}
+    )  # plain text: no template asked
 
 
 def test_a_model_whose_tokenizer_adds_bos_runs_with_it_counted(tmp_path):

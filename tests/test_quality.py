@@ -34,21 +34,21 @@ def test_kl_is_positive_for_a_different_distribution():
 def test_long_context_quality_scores_windows_of_the_workloads_own_text_at_its_prompt_length():
     spec = spec_for(*TINY)
     tokenizer = model.load_tokenizer(spec.model)
-    windows = spec.workload_kind.windows(tokenizer, 3, 32)
+    windows = spec.bound_workload.windows(tokenizer, 3, 32)
     assert (
         len(windows) == 3
         and {len(w.prefix) for w in windows} == {41}
         and {len(w.continuation) for w in windows} == {32}
     )
     assert len({tuple(w.prefix) for w in windows}) == 3  # three different texts
-    first_prompt = spec.workload_kind.batches(tokenizer, "cpu")[0].input_ids[0].tolist()
+    first_prompt = spec.bound_workload.batches(tokenizer, "cpu")[0].input_ids[0].tolist()
     assert windows[0].prefix == first_prompt  # the workload's own prompt
 
 
 @pytest.mark.slow  # a real job with its quality pass
 def test_chat_quality_scores_the_workloads_prompts_continued_by_the_reference():
     spec = spec_for("model=tiny_random", "tracking=off", "quality.windows=3", "quality.scored_tokens=8")
-    windows = spec.workload_kind.windows(model.load_tokenizer(spec.model), 3, 8)
+    windows = spec.bound_workload.windows(model.load_tokenizer(spec.model), 3, 8)
     assert len(windows) == 3 and all(w.continuation is None for w in windows)
     metrics = run_job(spec_for("model=tiny_random", "tracking=off", "workload.warmup=0", "workload.repeats=1",
                                "workload.max_new_tokens=3", "quality.windows=3", "quality.scored_tokens=8")).metrics  # fmt: skip
@@ -76,8 +76,8 @@ def test_a_compiled_cache_is_scored_through_its_compiled_decode_call(monkeypatch
         return lambda **kwargs: steps.append(kwargs["input_ids"].shape[0]) or loaded.model(**kwargs)
 
     monkeypatch.setattr(loaded.model, "get_compiled_call", compiled_call)
-    batches = spec.workload_kind.batches(loaded.tokenizer, "cpu")
-    metrics = quality.measure(loaded, spec, spec.workload_kind, batches, [torch.zeros(1, 8, dtype=torch.long)], setup)
+    batches = spec.bound_workload.batches(loaded.tokenizer, "cpu")
+    metrics = quality.measure(loaded, spec, spec.bound_workload, batches, [torch.zeros(1, 8, dtype=torch.long)], setup)
     # every single-token step of both windows (one prefix length: stepped together, unpadded); prefill is
     # eager, as in generate
     assert steps == [2] * (32 - 1)
@@ -153,7 +153,7 @@ def test_the_reference_key_is_the_workloads_defining_fields_plus_model_dtype_and
 
     loaded = SimpleNamespace(dtype="float32")
     key = lambda *extra: quality.reference_key(  # noqa: E731
-        loaded, s := spec_for(*TINY, "workload=chat", *extra), s.workload_kind, "windows"
+        loaded, s := spec_for(*TINY, "workload=chat", *extra), s.bound_workload, "windows"
     )
     base = key()
     assert key("workload.repeats=7") == base  # how often calls are timed: not what is scored
@@ -196,7 +196,7 @@ def test_windows_scored_together_score_as_windows_scored_one_at_a_time(cache, wo
                     "quality.scored_tokens=24", *BATCHING[cache])  # fmt: skip
     loaded = model.load(spec.model)
     setup = spec.strategy.setup(loaded, 200)
-    windows = quality._reference_windows(loaded, spec, spec.workload_kind)
+    windows = quality._reference_windows(loaded, spec, spec.bound_workload)
     batching = spec.strategy.quality_batching()
     together = quality.scored_rows(loaded, setup.make_cache, windows, batching)
     apart = [
@@ -224,12 +224,12 @@ def test_a_plain_dynamic_cache_scores_exactly_as_the_reference_so_it_is_not_scor
     loaded = model.load(spec.model)
     setup = spec.strategy.setup(loaded, 200)
     assert setup.is_reference and not spec_for("cache=static").strategy.setup(loaded, 200).is_reference
-    windows = quality._reference_windows(loaded, spec, spec.workload_kind)
+    windows = quality._reference_windows(loaded, spec, spec.bound_workload)
     scored = quality.scored_rows(loaded, setup.make_cache, windows, spec.strategy.quality_batching())
     assert all(torch.equal(ours, reference) for ours, (_, _, reference) in zip(scored, windows))  # bit for bit
     calls = []
     monkeypatch.setattr(quality, "scored_rows", lambda *a, **k: calls.append(1))
-    batches = spec.workload_kind.batches(loaded.tokenizer, "cpu")
-    generated = quality._reference_tokens(loaded, spec, spec.workload_kind, batches)
-    metrics = quality.measure(loaded, spec, spec.workload_kind, batches, generated, setup)
+    batches = spec.bound_workload.batches(loaded.tokenizer, "cpu")
+    generated = quality._reference_tokens(loaded, spec, spec.bound_workload, batches)
+    metrics = quality.measure(loaded, spec, spec.bound_workload, batches, generated, setup)
     assert calls == [] and metrics["kl_vs_reference"] == 0 and metrics["token_agreement"] == 1

@@ -69,7 +69,7 @@ def test_an_unusable_entry_is_recomputed_never_trusted(store, monkeypatch, damag
 
 def _keys(spec) -> list[str]:
     loaded = model.load(spec.model)
-    workload = spec.workload_kind
+    workload = spec.bound_workload
     return [
         quality.disk_key(loaded, spec, quality.reference_key(loaded, spec, workload, w)) for w in ("tokens", "windows")
     ]

@@ -19,7 +19,7 @@ from kvpipe.decide.limits import Limits
 from kvpipe.decide.recommend import choose
 from kvpipe.errors import ConfigError
 from kvpipe.job.runner import run_job
-from kvpipe.model import describe
+from kvpipe.model import read_shape
 from kvpipe.spec import make_spec, register_schemas
 
 from conftest import REPO, TINY, compose_config, quoted_outside
@@ -84,7 +84,7 @@ def test_a_new_strategy_runs_and_its_prediction_equals_the_measured_bytes(toy):
     spec = toy_spec("cache.headroom=4", "workload=long_context", "workload.prompt_tokens=30")
     result = run_job(spec)
     assert result.tags["cache.effective"] == "headroom"
-    kv = kv_shape(describe(spec.model), 1, "float32")
+    kv = kv_shape(read_shape(spec.model), 1, "float32")
     assert result.metrics["kv_cache_bytes"] == spec.strategy.predict_kv_bytes(kv, 30, 6) == dense_bytes(kv, 40)
 
 

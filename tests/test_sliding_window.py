@@ -53,7 +53,7 @@ CACHES = {
 
 
 def predicted(spec, prompt_tokens: int, new_tokens: int) -> int:
-    kv = accounting.kv_shape(models.describe(spec.model), spec.workload.batch_size, spec.model.dtype)
+    kv = accounting.kv_shape(models.read_shape(spec.model), spec.workload.batch_size, spec.model.dtype)
     return plan.predict_kv_bytes(spec, kv, prompt_tokens, new_tokens)
 
 
@@ -64,17 +64,17 @@ def predicted(spec, prompt_tokens: int, new_tokens: int) -> int:
 def test_the_shape_records_each_layers_type_and_window_as_the_loaded_model_builds_its_cache():
     for model in (GEMMA, MISTRAL):
         spec = spec_for(*model)
-        described = models.describe(spec.model)  # from the config alone
+        described = models.read_shape(spec.model)  # from the config alone
         loaded = models.load(spec.model)
         assert described == loaded.shape
         from transformers import DynamicCache
 
         built = DynamicCache(config=loaded.model.config).layers
         assert [layer.slides for layer in described.layers] == [layer.is_sliding for layer in built]
-    gemma = models.describe(spec_for(*GEMMA).model)
+    gemma = models.read_shape(spec_for(*GEMMA).model)
     assert gemma.layers == (Layer("sliding_attention", WINDOW),) * 2 + (Layer("full_attention"),)
     assert gemma.layer_summary() == "2 sliding_attention (window 16) + 1 full_attention"
-    assert models.describe(spec_for(*MISTRAL).model).full_layers == 0
+    assert models.read_shape(spec_for(*MISTRAL).model).full_layers == 0
 
 
 @pytest.mark.parametrize(
@@ -215,7 +215,7 @@ def test_offload_only_non_sliding_takes_transformers_defaults_and_is_recorded():
 
 
 def test_plan_counts_what_stays_on_the_device_when_offloading():
-    shape = models.describe(spec_for(*GEMMA).model)
+    shape = models.read_shape(spec_for(*GEMMA).model)
     kv = accounting.kv_shape(shape, 1, "float32")
     only_full = spec_for(*GEMMA, "cache=offloaded", "cache.offload_only_non_sliding=true").strategy
     every = spec_for(*GEMMA, "cache=offloaded").strategy
@@ -230,9 +230,9 @@ def test_offloading_nothing_is_refused_before_the_model_loads():
     with pytest.raises(
         ConfigError, match=r"cache.offload_only_non_sliding=True is not valid: every layer of this model slides"
     ):
-        spec.strategy.check_for_model(models.describe(spec.model), 40)
+        spec.strategy.check_for_model(models.read_shape(spec.model), 40)
     spec_for(*MISTRAL, "cache=offloaded_static", "cache.offload_only_non_sliding=false").strategy.check_for_model(
-        models.describe(spec.model), 40
+        models.read_shape(spec.model), 40
     )
 
 

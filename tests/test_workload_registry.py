@@ -72,7 +72,7 @@ def countdown_spec(*overrides: str):
 
 @pytest.mark.slow  # real jobs
 def test_a_new_workload_is_validated_from_its_own_settings(countdown):
-    assert countdown_spec("workload.start=3").workload_kind.settings.start == 3
+    assert countdown_spec("workload.start=3").bound_workload.settings.start == 3
     with pytest.raises(ConfigError, match=r"workload.start=0 .*expected 1 or more"):
         countdown_spec("workload.start=0")
     assert countdown_spec("workload.start=3").measurement_key() != countdown_spec("workload.start=4").measurement_key()

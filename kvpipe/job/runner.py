@@ -40,10 +40,10 @@ def run_job(spec: Spec) -> JobResult:
     """Load (or reuse) the model, build the cache, generate with warm-up and repeats, measure."""
     job_started = time.perf_counter()
     model.import_libraries()  # once per process, with the collector off
-    shape = model.describe(spec.model)
+    shape = model.read_shape(spec.model)
     tokenizer = model.load_tokenizer(spec.model)
     device = model.resolve_device(spec.model.device)
-    workload = spec.workload_kind
+    workload = spec.bound_workload
     batches = workload.batches(tokenizer, device)
     workload.check_fits(shape, batches)
     new_tokens = spec.workload.max_new_tokens

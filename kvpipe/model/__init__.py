@@ -10,9 +10,10 @@ from kvpipe.model.loading import (
     resolve_device,
     resolve_dtype,
 )
-from kvpipe.model.shape import ModelShape, architecture_params, describe, local_folder, random_config_dict
+from kvpipe.model.shape import ModelShape, architecture_params, local_folder, random_config_dict, read_shape
 
 __all__ = [
-    "LoadedModel", "ModelShape", "architecture_params", "cache_dir", "describe", "dtype_name", "embedded_folder",
-    "embedded_gguf", "import_libraries", "load", "load_tokenizer", "local_folder", "random_config_dict", "resolve_device", "resolve_dtype",
+    "LoadedModel", "ModelShape", "architecture_params", "cache_dir", "dtype_name", "embedded_folder",
+    "embedded_gguf", "import_libraries", "load", "load_tokenizer", "local_folder", "random_config_dict", "read_shape",
+    "resolve_device", "resolve_dtype",
 ]  # fmt: skip

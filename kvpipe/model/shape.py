@@ -68,7 +68,7 @@ def text_config(config: dict) -> dict:
     return config.get("text_config", config)
 
 
-def describe(model_cfg: ModelConfig) -> ModelShape:
+def read_shape(model_cfg: ModelConfig) -> ModelShape:
     """The model's KV-relevant shape from its config alone, without loading weights."""
     return shape_from_config(config_dict(model_cfg)[0])
 

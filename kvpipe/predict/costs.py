@@ -15,5 +15,5 @@ def costs_for(spec, device: str, dtype: str | None = None, batch_size: int | Non
 
     dtype = dtype or model.dtype_name(spec.model.dtype, device)
     batch_size = batch_size or spec.workload.batch_size
-    shape = model.describe(spec.model)
+    shape = model.read_shape(spec.model)
     return model_costs(spec.model, shape, weights(spec.model, dtype).bytes, dtype, batch_size, device)

@@ -117,7 +117,7 @@ def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None
     """The plan for a spec: every strategy variant at each context (default: 1024, 4096 and the
     model's maximum); with a hardware, the floors there (and on local hardware, the calibration)."""
     try:
-        shape = model.describe(spec.model)
+        shape = model.read_shape(spec.model)
     except OSError as exc:  # a hub id with neither network nor a local copy
         raise KvpipeError(
             f"model.name_or_path={spec.model.name_or_path!r} has no readable config: {first_line(exc)}"

@@ -26,7 +26,7 @@ def measurement_key(spec) -> str:
     data.pop("tracking"), data.pop("fallback")
     # what the workload reads, and what that points at (a dataset file's digest): a chat job's
     # passkey depths measure nothing, a changed file is a new measurement
-    data["workload"] = spec.workload_kind.identity()
+    data["workload"] = spec.bound_workload.identity()
     data["workload"]["noise_threshold"] = KEYED_NOISE_THRESHOLD
     # quality.scored_tokens set to what it defaults to measures what unset does (a search sets it)
     if data["quality"]["scored_tokens"] == config.QualityConfig.default_scored_tokens(spec.backend.residual_length):

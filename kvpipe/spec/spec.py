@@ -55,7 +55,7 @@ class Spec:
         return self.cache_choice.strategy
 
     @property
-    def workload_kind(self) -> workloads.Workload:
+    def bound_workload(self) -> workloads.Workload:
         """The workload this spec names, bound to its settings."""
         return workloads.get(self.workload.kind)(self.workload)
 

@@ -86,7 +86,7 @@ class SearchStudy:
         self.limits, self.device, self.study = limits, device, study
         self.launch_dir, self.sweep_dir = launch_dir, sweep_dir
         # a workload that scores retrieval: its quality objective is 1 - accuracy (objectives.values)
-        self.passkey = any(m.name == "retrieval_accuracy" for m in spec.workload_kind.metrics)
+        self.passkey = any(m.name == "retrieval_accuracy" for m in spec.bound_workload.metrics)
         self.seen: dict[Point, Seen] = self._seen_before() if study is not None else {}
         self._bytes = None  # (weights bytes, the model's costs, longest prompt): made on the first prediction
         self.started = time.monotonic()
@@ -103,7 +103,7 @@ class SearchStudy:
 
         fixed, restrict = split_arguments(arguments)
         spec = spec_from(fixed)
-        shape = model.describe(spec.model)
+        shape = model.read_shape(spec.model)
         device = model.resolve_device(spec.model.device) if spec.model.device == "auto" else spec.model.device
         space = build(shape.head_dim, device, restrict, settings.group_sizes, settings.residual_lengths)
         if not space.points:
@@ -198,7 +198,7 @@ class SearchStudy:
 
         if self._bytes is None:
             tokenizer = model.load_tokenizer(self.spec.model)
-            batches = self.spec.workload_kind.batches(tokenizer, "cpu")
+            batches = self.spec.bound_workload.batches(tokenizer, "cpu")
             longest = longest_prompt_of(batches, self.spec.workload.max_new_tokens)
             costs = costs_for(self.spec, self.device)
             self._bytes = (costs.weights_bytes, costs, longest)
