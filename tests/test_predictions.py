@@ -18,7 +18,7 @@ from kvpipe.decide import compare
 from kvpipe.decide import runs as recorded
 from kvpipe.model import compute
 from kvpipe.model.shape import Layer, ModelShape
-from kvpipe.predict import calibration, hardware, plan
+from kvpipe.predict import calibration, hardware, local_runs, plan, predicted_runs
 from kvpipe.predict.floors import ModelCosts
 from kvpipe.spec import compose, make_spec
 
@@ -220,8 +220,8 @@ def test_a_calibration_reads_only_the_runs_of_the_rows_own_cache_settings(specs)
         {"params": quantized, "prompt": 100, "tpot_ms": 7.0, "ttft_ms": 12.0},
         {"params": {**quantized, "backend.residual_length": "128"}, "prompt": 400, "tpot_ms": 8.0, "ttft_ms": 30.0},
     )
-    assert list(calibration.matching(runs, specs["dynamic"])["run_id"]) == ["run000"]
-    assert list(calibration.matching(runs, specs["quantized"])["run_id"]) == ["run001"]  # not residual 128's
+    assert list(local_runs.matching(runs, specs["dynamic"])["run_id"]) == ["run000"]
+    assert list(local_runs.matching(runs, specs["quantized"])["run_id"]) == ["run001"]  # not residual 128's
 
 
 def test_too_few_runs_show_the_floor_and_the_command_that_would_calibrate(specs, monkeypatch, capsys):
@@ -234,7 +234,7 @@ def test_too_few_runs_show_the_floor_and_the_command_that_would_calibrate(specs,
     monkeypatch.setattr(hardware, "local", lambda device, dtype: local)
     monkeypatch.setattr(models, "resolve_device", lambda device: "cpu")
     monkeypatch.setattr(runner, "use_threads", lambda model_cfg, device: 2)
-    monkeypatch.setattr(calibration, "read_local_runs", lambda *a: calibration.LocalRuns(runs, "3 runs"))
+    monkeypatch.setattr(local_runs, "read_local_runs", lambda *a: local_runs.LocalRuns(runs, "3 runs"))
     overrides = ["model=tiny_random", "backend.q_group_size=16", "backend.residual_length=4",
                  "workload.max_new_tokens=28"]  # fmt: skip
     document = plan.make_plan(make_spec(compose(overrides), overrides), None, [128, 528], "cpu", "local").as_dict()
@@ -276,10 +276,10 @@ def test_json_holds_each_rows_contexts_with_their_floors_and_nothing_else_is_pri
 
 
 def test_compare_predicted_shows_what_a_calibration_on_the_runs_predicts(specs, monkeypatch):
-    monkeypatch.setattr(calibration, "_job_spec", lambda overrides: specs["dynamic"])
+    monkeypatch.setattr(predicted_runs, "_job_spec", lambda overrides: specs["dynamic"])
     runs = recorded_runs(*({"params": specs["dynamic"].params(), "prompt": p, "tpot_ms": t, "ttft_ms": f}
                            for p, t, f in ((100, 5.0, 9.0), (400, 6.0, 20.0), (1600, 9.0, 80.0))))  # fmt: skip
-    table = compare.display_table(calibration.with_predictions(runs))
+    table = compare.display_table(predicted_runs.with_predictions(runs))
     assert list(table.columns[-3:]) == ["TPOT predicted ms", "TTFT ms", "TTFT predicted ms"]
     predicted = [float(v) for v in table["TPOT predicted ms"]]
     assert predicted != [5.0, 6.0, 9.0] and sum(predicted) == pytest.approx(20.0, abs=0.2)  # least squares

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     runs, parent_run = load_runs(args.experiment, args.parent, args.tracking_uri, spelled=args.uri_spelling)
     if args.predicted:
-        from kvpipe.predict.calibration import with_predictions
+        from kvpipe.predict.predicted_runs import with_predictions
 
         runs = with_predictions(runs)
     sweep_dir = Path(parent_run.data.tags.get(mlflow_tags.SWEEP_DIR, "/nonexistent"))

@@ -21,7 +21,7 @@ from kvpipe.decide.runs import (
     varying_params,
 )
 from kvpipe.decide.shown import Shown
-from kvpipe.predict.calibration import PREDICTED
+from kvpipe.predict.predicted_runs import PREDICTED
 from kvpipe.record.auth import TrackingRefused, refusals
 from kvpipe.units import human_bytes
 
@@ -50,7 +50,7 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
         if metric.compare and values.notna().any():
             spreads = column(runs, f"metrics.{metric.name}_std")
             table[metric.header()] = [metric.cell(v, s if pd.notna(s) else None) for v, s in zip(values, spreads)]
-    for name, header in PREDICTED.items():  # compare --predicted (kvpipe.predict.calibration)
+    for name, header in PREDICTED.items():  # compare --predicted (kvpipe.predict.predicted_runs)
         if name in runs:
             table[header] = [f"{value:.1f}" if pd.notna(value) else "–" for value in runs[name]]
     return pd.DataFrame(table)

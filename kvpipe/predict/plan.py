@@ -23,7 +23,8 @@ from kvpipe import cache, model
 from kvpipe.cache.accounting import KvShape, UnpredictableLayers, kv_shape
 from kvpipe.errors import ConfigError, KvpipeError, first_line
 from kvpipe.model.weights import weights
-from kvpipe.predict import calibration, hardware, speed
+from kvpipe.predict import hardware, speed
+from kvpipe.predict import local_runs as machine_runs
 from kvpipe.predict.costs import costs_for
 from kvpipe.predict.floors import ModelCosts, split
 
@@ -79,7 +80,7 @@ class Plan:
     memory: int | None  # the budget, else the accelerator's memory
     hardware_name: str | None
     accelerator: object | None  # hardware.Hardware
-    local_runs: object | None  # calibration.LocalRuns
+    local_runs: object | None  # machine_runs.LocalRuns
     rows: list[PlanRow]
     notes: list[str]
 
@@ -158,7 +159,7 @@ def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None
             ) from exc
         threads = use_threads(spec.model, device)  # measured with the threads a run would use
         accelerator = hardware.local(device, dtype)
-        local_runs = calibration.read_local_runs(spec, dtype, device, threads)
+        local_runs = machine_runs.read_local_runs(spec, dtype, device, threads)
     if accelerator is not None:
         accelerator.peak_flops(dtype)  # an entry without this dtype: one line, before any table
     memory = budget if budget is not None or accelerator is None else accelerator.memory_bytes

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvpipe.predict import calibration
+from kvpipe.predict import local_runs as machine_runs
 from kvpipe.predict.calibration import Calibration
 from kvpipe.predict.floors import Cost, split
 
@@ -90,11 +91,11 @@ def build_row(label, variant, spec, costs, contexts, cap, accelerator, dtype, me
     strategy, new_tokens = variant.strategy, spec.workload.max_new_tokens
     built = Row(label, variant)
     if local_runs is not None:
-        found = calibration.samples(local_runs.runs, variant, costs) if local_runs.runs is not None else []
+        found = machine_runs.samples(local_runs.runs, variant, costs) if local_runs.runs is not None else []
         built.calibration = calibration.calibrate(label, found)
         built.measured_prompts = sorted({p.prompt_tokens for p in found})
         if built.calibration is None:
-            built.command = calibration.calibrating_command(spec, variant, built.measured_prompts, new_tokens, cap)
+            built.command = machine_runs.calibrating_command(spec, variant, built.measured_prompts, new_tokens, cap)
     for context in contexts:
         cost = costs.at(strategy, *split(context, new_tokens))
         built.contexts.append(
