@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from kvpipe import model as models
-from kvpipe.cache import accounting
-from kvpipe.cache.backends import base as backend_base
+from kvpipe.cache import accounting, backends
+from kvpipe.cache.backends import grouped
 from kvpipe.config import ModelConfig
 from kvpipe.errors import ConfigError
 from kvpipe.job.runner import run_job
@@ -218,7 +218,7 @@ def test_a_backend_failure_names_the_combination_and_shape(monkeypatch):
         raise ValueError("Group size (64) must be a divisor of (111)")
 
     # the backend's one-off warm-up quantizes too: done first, as any earlier quanto job in the process does
-    backend_base.REGISTRY["quanto"].warm("cpu", torch.float32)
+    backends.get("quanto").warm("cpu", torch.float32)
     monkeypatch.setattr(QuantoKVLayer, "_quantize", broken)
     with pytest.raises(
         KvpipeError,
@@ -236,9 +236,9 @@ def test_a_backend_that_cannot_start_says_so_in_one_line(monkeypatch):
         raise OSError("Error building extension 'quanto_cuda': nvcc not found")
 
     monkeypatch.setattr(QuantoKVLayer, "update", no_compiler)
-    backend_base._warm.cache_clear()
+    grouped._warm.cache_clear()
     try:
         with pytest.raises(KvpipeError, match=r"backend=quanto cannot run on cpu: OSError: .*nvcc.*try backend=hqq"):
             run_job(spec_for(*TINY, "workload.prompt_tokens=40", "cache=quantized", "backend=quanto"))
     finally:
-        backend_base._warm.cache_clear()
+        grouped._warm.cache_clear()

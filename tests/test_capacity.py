@@ -14,8 +14,7 @@ import torch
 from kvpipe import cli
 from kvpipe import model as models
 from kvpipe.cache import accounting
-from kvpipe.cache.backends import base as backend_base
-from kvpipe.cache.backends import hqq
+from kvpipe.cache.backends import grouped, hqq
 from kvpipe.job.runner import run_job
 from kvpipe.model import weights
 from kvpipe.model.shape import shape_from_model_config
@@ -167,14 +166,14 @@ def test_hqq_one_and_eight_bit_predictions_equal_cache_bytes(base_specs, nbits):
 
 def test_flush_schedule_follows_quantized_layer_update():
     # residual_length=4: steps 1-3 accumulate, step 4 re-quantizes everything, 5-7 accumulate again
-    assert [backend_base.flush_schedule(10, new, 4) for new in (1, 2, 4, 5, 8)] == [
+    assert [grouped.flush_schedule(10, new, 4) for new in (1, 2, 4, 5, 8)] == [
         (10, 0),
         (10, 1),
         (10, 3),
         (14, 0),
         (14, 3),
     ]
-    assert backend_base.flush_schedule(10, 6, 0) == backend_base.flush_schedule(10, 6, 1) == (15, 0)
+    assert grouped.flush_schedule(10, 6, 0) == grouped.flush_schedule(10, 6, 1) == (15, 0)
 
 
 def test_hqq_token_padding_matches_quant_layers():

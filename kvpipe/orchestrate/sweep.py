@@ -3,7 +3,8 @@
 A Hydra callback opens the sweep (parent run, job count, start time, written to kvpipe_sweep.json
 in the sweep dir so that jobs in other processes find it too) and closes it (summary, compare,
 exit status). Each job runs through `run_sweep_job`, which turns every outcome into a record:
-FINISHED, SKIPPED (invalid combination, duplicate, or already done with resume=true) or FAILED.
+FINISHED, SKIPPED (invalid combination, or a rule of kvpipe.orchestrate.skips: a duplicate, or
+already done with resume=true) or FAILED.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvpipe.errors import ConfigError, KvpipeError, fail
 from kvpipe.model import loading
-from kvpipe.orchestrate import closing
+from kvpipe.orchestrate import closing, skips
 from kvpipe.orchestrate.pipeline import run_pipeline
 from kvpipe.record import auth, recorder, store, tracking, worker
 from kvpipe.record import tags as mlflow_tags
@@ -213,23 +214,16 @@ def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str:
     _announce(hydra_cfg.job.num, state, overrides)
     config = OmegaConf.to_container(cfg, resolve=True)
     parent = state.parent_run_id if state else None
-    skip = _Skipper(run_dir, launch_dir, parent, overrides, cfg)
+    skip = skips.Skipper(run_dir, launch_dir, parent, overrides, cfg)
     try:
         spec = make_spec(cfg, overrides)
     except KvpipeError as exc:
         return skip(config, str(exc))
     key = spec.measurement_key()
-    earlier = _earlier_job_with_key(sweep_dir, run_dir, key)
-    if earlier:
-        reason = f"measures the same as job {earlier} (settings this strategy ignores differ)"
-        return skip(spec.as_dict(), reason, key, spec)
-    if cfg.get("resume") and spec.tracking.enabled:
-        done = tracking.finished_run_with_key(spec.tracking, launch_dir, key)
-        if done:
-            # under this parent already (a resumed sweep): no second entry for it in the UI
-            visible = done.data.tags.get(tracking.PARENT_TAG) != parent
-            reason = f"already FINISHED as MLflow run {done.info.run_id} (resume=true)"
-            return skip(spec.as_dict(), reason, key, spec, log_to_mlflow=visible)
+    skipped = skips.reason_to_skip(spec, key, bool(cfg.get("resume")), sweep_dir, run_dir, launch_dir, parent)
+    if skipped:
+        reason, shown = skipped
+        return skip(spec.as_dict(), reason, key, spec, log_to_mlflow=shown)
     try:
         run_pipeline(spec, run_dir, launch_dir, print_table=False, parent_run_id=parent, check_store=False)
         return "FINISHED"
@@ -251,46 +245,6 @@ def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str:
         )
         recorder.record(spec, failed, run_dir, launch_dir, parent)
         return "FAILED"
-
-
-@dataclass
-class _Skipper:
-    """Records a skipped job: result.json, and a child run of the sweep's parent tagged with why,
-    so that the MLflow UI lists it among the jobs (the parent's count alone does not say which)."""
-
-    run_dir: Path
-    launch_dir: Path
-    parent: str | None
-    overrides: list[str]
-    cfg: DictConfig
-
-    def __call__(self, config: dict, reason: str, key=None, spec=None, log_to_mlflow: bool = True) -> str:
-        log.warning("skipped: %s", reason)
-        result = Result.unfinished(config, "SKIPPED", reason, measurement_key=key, spec=spec, overrides=self.overrides)
-        result.save(self.run_dir)
-        tracking_cfg = spec.tracking if spec else _tracking_config(self.cfg)
-        if log_to_mlflow and self.parent and tracking_cfg and tracking_cfg.enabled:
-            try:
-                result.mlflow_run_id = tracking.log_skipped(tracking_cfg, self.launch_dir, result, self.parent)
-                result.save(self.run_dir)
-            except store.TrackingUnavailable as exc:  # the skip is on disk; the UI just misses it
-                log.warning("%s; skipped job not shown in MLflow", exc)
-        return "SKIPPED"
-
-
-def _tracking_config(cfg: DictConfig):
-    """The job's tracking settings, even when another group made its config invalid."""
-    try:
-        return OmegaConf.to_object(cfg.tracking)
-    except Exception:  # noqa: BLE001 - an invalid tracking group: nothing to log to
-        return None
-
-
-def _earlier_job_with_key(sweep_dir: Path, run_dir: Path, key: str) -> str | None:
-    for path, result in iter_results(sweep_dir):
-        if path.parent != run_dir and result.measurement_key == key and result.status == "FINISHED":
-            return path.parent.name
-    return None
 
 
 def _announce(index: int, state: SweepState | None, overrides: list[str]) -> None:

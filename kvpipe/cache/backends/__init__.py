@@ -1,8 +1,8 @@
-"""Quantization backends for cache=quantized: one module per backend, registered on import."""
+"""Quantization backends for cache=quantized: one module per backend, registered on import
+(grouped.py is the base quanto and hqq share)."""
 
 from kvpipe.cache.backends.base import (
     LAYOUTS,
-    GroupedBackend,
     QuantBackend,
     alternatives,
     axis_numbers,
@@ -11,6 +11,7 @@ from kvpipe.cache.backends.base import (
     names,
     registered,
 )
+from kvpipe.cache.backends.grouped import GroupedBackend
 from kvpipe.registry import import_plugins
 
 import_plugins(__name__, __path__)

@@ -17,7 +17,7 @@ to 8 tokens for bit packing). tests/test_axis_semantics.py proves each line on t
 
 from __future__ import annotations
 
-from kvpipe.cache.backends.base import GroupedBackend
+from kvpipe.cache.backends.grouped import GroupedBackend
 
 
 class HQQ(GroupedBackend):

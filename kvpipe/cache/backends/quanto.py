@@ -23,7 +23,7 @@ import time
 from importlib.util import find_spec
 from pathlib import Path
 
-from kvpipe.cache.backends.base import GroupedBackend
+from kvpipe.cache.backends.grouped import GroupedBackend
 
 log = logging.getLogger(__name__)
 # quanto's C++ build takes ~30 s on 2 cores; a build lock older than this was left by a killed process
