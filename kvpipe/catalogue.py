@@ -25,7 +25,7 @@ class Metric:
     unit: str = ""
     spec: str = ".1f"
     lower_is_better: bool | None = None
-    summary: bool = False  # a row of the run's terminal table
+    in_run_table: bool = False  # a row of the run's terminal table (kvpipe.record.report)
     compare: bool = False  # a column of compare's table (where some run has it)
 
     def number(self, value: float, std: float | None = None) -> str:
@@ -59,40 +59,40 @@ class Metric:
         return bool(self.unit) and self.unit != "×" and self.spec != "bytes"
 
 
-def _m(name, label, unit="", spec=".1f", lower=None, summary=False, compare=False) -> Metric:
-    return Metric(name, label, unit, spec, lower, summary, compare)
+def _m(name, label, unit="", spec=".1f", lower=None, in_run_table=False, compare=False) -> Metric:
+    return Metric(name, label, unit, spec, lower, in_run_table, compare)
 
 
 LOWER, HIGHER = True, False
 # In table order: the run's terminal table and compare's columns follow it.
 CORE = (
-    _m("ttft_ms", "TTFT", "ms", lower=LOWER, summary=True),
-    _m("tpot_ms", "TPOT", "ms", lower=LOWER, summary=True, compare=True),
-    _m("timing_noise_cv", "timing noise", "", ".0%", LOWER, summary=True, compare=True),
-    _m("decode_tokens_per_s", "decode", "tok/s", lower=HIGHER, summary=True, compare=True),
-    _m("e2e_ms", "end-to-end", "ms", lower=LOWER, summary=True),
+    _m("ttft_ms", "TTFT", "ms", lower=LOWER, in_run_table=True),
+    _m("tpot_ms", "TPOT", "ms", lower=LOWER, in_run_table=True, compare=True),
+    _m("timing_noise_cv", "timing noise", "", ".0%", LOWER, in_run_table=True, compare=True),
+    _m("decode_tokens_per_s", "decode", "tok/s", lower=HIGHER, in_run_table=True, compare=True),
+    _m("e2e_ms", "end-to-end", "ms", lower=LOWER, in_run_table=True),
     _m("prefill_tokens_per_s", "prefill", "tok/s", lower=HIGHER),
     _m("itl_p50_ms", "ITL p50", "ms", lower=LOWER),
     _m("itl_p90_ms", "ITL p90", "ms", lower=LOWER),
     _m("itl_p99_ms", "ITL p99", "ms", lower=LOWER),
-    _m("peak_memory_bytes", "peak memory", spec="bytes", lower=LOWER, summary=True, compare=True),
-    _m("peak_over_baseline_bytes", "peak over baseline", spec="bytes", lower=LOWER, summary=True),
+    _m("peak_memory_bytes", "peak memory", spec="bytes", lower=LOWER, in_run_table=True, compare=True),
+    _m("peak_over_baseline_bytes", "peak over baseline", spec="bytes", lower=LOWER, in_run_table=True),
     _m("peak_reserved_bytes", "peak reserved", spec="bytes", lower=LOWER),
-    _m("kv_cache_bytes", "KV cache", spec="bytes", lower=LOWER, summary=True, compare=True),
+    _m("kv_cache_bytes", "KV cache", spec="bytes", lower=LOWER, in_run_table=True, compare=True),
     _m("kv_cache_host_bytes", "KV cache in host memory", spec="bytes"),
     _m("kv_cache_tokens", "KV cache tokens", "tokens", ".0f"),
     _m("kv_cache_bytes_fp16", "KV cache at fp16", spec="bytes"),
-    _m("kv_compression", "vs fp16 KV", "×", ".2f", HIGHER, summary=True, compare=True),
-    _m("compile_ms", "compile", "ms", lower=LOWER, summary=True),
-    _m("roofline_fraction", "of memory roofline", "", ".2f", HIGHER, summary=True),
+    _m("kv_compression", "vs fp16 KV", "×", ".2f", HIGHER, in_run_table=True, compare=True),
+    _m("compile_ms", "compile", "ms", lower=LOWER, in_run_table=True),
+    _m("roofline_fraction", "of memory roofline", "", ".2f", HIGHER, in_run_table=True),
     _m("weights_bytes", "weights", spec="bytes"),
     _m("weights_read_bytes_per_step", "weight bytes read per step", spec="bytes"),
     _m("kv_read_bytes_per_step", "KV bytes read per step", spec="bytes"),
     _m("decode_bytes_per_step", "bytes read per step", spec="bytes"),
     _m("memory_bandwidth_bytes_per_s", "memory bandwidth", "B/s", ".3g"),
-    _m("token_agreement", "token agreement", "", ".2f", HIGHER, summary=True, compare=True),
-    _m("kl_vs_reference", "KL", "nats", ".2g", LOWER, summary=True, compare=True),
-    _m("ppl", "perplexity", "", ".2f", LOWER, summary=True),
+    _m("token_agreement", "token agreement", "", ".2f", HIGHER, in_run_table=True, compare=True),
+    _m("kl_vs_reference", "KL", "nats", ".2g", LOWER, in_run_table=True, compare=True),
+    _m("ppl", "perplexity", "", ".2f", LOWER, in_run_table=True),
     _m("first_divergence", "first divergence", "step", ".0f"),
     _m("quality_windows", "quality windows", "", ".0f"),
     _m("quality_scored_tokens", "scored tokens", "tokens", ".0f"),

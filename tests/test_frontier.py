@@ -151,7 +151,7 @@ def test_the_sweeper_takes_either_sampler_and_refuses_others_in_one_line(sampler
 def test_the_search_skips_what_it_infers_unless_every_point_is_measured(tmp_path, capsys):
     from test_search import JOB, SPACE  # dynamic, and hqq per-token at 2 and 4 bits
 
-    from kvpipe.orchestrate.search.progress import print_summary
+    from kvpipe.orchestrate.search.progress import print_closing_line
     from kvpipe.orchestrate.search.rounds import Search
     from kvpipe.orchestrate.search.study import MEASURED, Seen
     from kvpipe.orchestrate.search.sweeper import SearchSettings
@@ -164,7 +164,7 @@ def test_the_search_skips_what_it_infers_unless_every_point_is_measured(tmp_path
     budget.seen[four_bits] = Seen(MEASURED, [1e4, 5.0, 0.5], [9.0])  # missed the default KL limit of 0.05
     assert budget._left() == [dense]  # 2 bits lies below it: inferred to miss, not measured
     assert two_bits in budget._inferred()
-    print_summary(budget, budget._inferred())
+    print_closing_line(budget, budget._inferred())
     assert "1 measured, 0 reused, 0 pruned, 0 failed, 1 inferred" in capsys.readouterr().err
     exhaustive = search(trials=3)
     exhaustive.seen[four_bits] = Seen(MEASURED, [1e4, 5.0, 0.5], [9.0])

@@ -36,7 +36,7 @@ def countdown():
     class Countdown(Workload):
         name = "countdown"
         order = 90
-        metrics = (Metric("countdown_digits", "digits written", "", ".2f", False, summary=True, compare=True),)
+        metrics = (Metric("countdown_digits", "digits written", "", ".2f", False, in_run_table=True, compare=True),)
 
         @dataclass
         class Settings:

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from kvpipe.job import runner
-from kvpipe.record import auth, recorder, summary
+from kvpipe.record import auth, recorder, report
 from kvpipe.record.result import Result
 from kvpipe.spec import Spec
 
@@ -39,5 +39,5 @@ def run_pipeline(
     result = Result.finished(spec, job)
     path = recorder.record(spec, result, run_dir, launch_dir, parent_run_id)
     if print_table:
-        summary.print_summary(result, path)
+        report.print_run(result, path)
     return result

@@ -28,8 +28,8 @@ from kvpipe.orchestrate import closing, skips
 from kvpipe.orchestrate.pipeline import run_pipeline
 from kvpipe.record import auth, recorder, store, tracking, worker
 from kvpipe.record import tags as mlflow_tags
+from kvpipe.record.report import print_sweep_end
 from kvpipe.record.result import Result, iter_results
-from kvpipe.record.summary import print_sweep_summary
 from kvpipe.spec import make_spec
 from kvpipe.units import eta_text
 
@@ -147,7 +147,7 @@ class SweepCallback(Callback):
                 )
         # refused or unreachable while the sweep ran: measured, on disk, not in MLflow
         kept = [result for _, result in iter_results(sweep_dir) if result.mlflow_error and not result.mlflow_run_id]
-        print_sweep_summary(counts, sweep_dir, state.parent_run_id if state else None, len(kept))
+        print_sweep_end(counts, sweep_dir, state.parent_run_id if state else None, len(kept))
         if kept:
             log.error("%s; the results are safe on disk: kvpipe sync %s", kept[-1].mlflow_error, sweep_dir)
         worker.stop()

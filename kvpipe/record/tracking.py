@@ -216,12 +216,12 @@ def _log_params(client, run_id: str, params: dict[str, str]) -> None:
 
 
 @forwarded  # in a sweep's tracking worker, if it has one (kvpipe.record.worker)
-def end_parent(tracking: TrackingConfig, launch_dir: Path, run_id: str, status: str, summary: dict) -> None:
+def end_parent(tracking: TrackingConfig, launch_dir: Path, run_id: str, status: str, counts: dict) -> None:
     from mlflow.tracking import MlflowClient
 
     with recording(tracking, launch_dir):
         client = MlflowClient()
-        for name, value in summary.items():
+        for name, value in counts.items():
             client.log_metric(run_id, f"jobs_{name}", value)
         client.set_terminated(run_id, status=status)
 

@@ -207,7 +207,7 @@ class Workload(Registered):
     def log_mlflow(self, run_id: str, run_dir, answers: list[dict]) -> None:
         """Inside the run's MLflow context: what its scoring adds (stepped metrics, tables, files)."""
 
-    def summary_tables(self, answers: list[dict]) -> list:
+    def run_tables(self, answers: list[dict]) -> list:
         """rich renderables the run's terminal summary prints after its metrics."""
         return []
 

@@ -50,7 +50,7 @@ def front(seen: dict[Point, Seen]) -> list[tuple[Point, Seen]]:
     return [item for item, kept in zip(ok, non_dominated([s.values for _, s in ok])) if kept]
 
 
-def print_summary(search: SearchStudy, inferred: dict) -> None:
+def print_closing_line(search: SearchStudy, inferred: dict) -> None:
     """The closing line: the points seen, by outcome (`inferred`: the points inferred to miss the
     quality limit), and how many of them make the Pareto front within the limits."""
     counts = {o: sum(s.outcome == o for s in search.seen.values()) for o in (MEASURED, REUSED, PRUNED, FAILED)}

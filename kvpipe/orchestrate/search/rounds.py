@@ -59,7 +59,7 @@ class Search(SearchStudy):
             returns.append(results)
             for (trial, point), job in zip(batch, results, strict=True):
                 self._tell(trial, point, self._outcome(point, job))
-        progress.print_summary(self, {} if self.exhaustive else self._inferred())
+        progress.print_closing_line(self, {} if self.exhaustive else self._inferred())
         return returns
 
     def _left(self) -> list[Point]:

@@ -25,7 +25,7 @@ class Passkey(Workload):
     # they left the reference's greedy path.
     compares_greedy_path = False
     metrics = (
-        Metric("retrieval_accuracy", "passkey retrieval", "", ".0%", False, summary=True, compare=True),
+        Metric("retrieval_accuracy", "passkey retrieval", "", ".0%", False, in_run_table=True, compare=True),
         Metric("retrieval_answers", "answers", "", ".0f"),
     )
 
@@ -120,7 +120,7 @@ class Passkey(Workload):
         if (run_dir / HEATMAP_FILE).is_file():
             mlflow.log_artifact(str(run_dir / HEATMAP_FILE), "retrieval")
 
-    def summary_tables(self, answers):
+    def run_tables(self, answers):
         """Keys found / answers per context length (rows) and depth (columns)."""
         from rich.table import Table
 

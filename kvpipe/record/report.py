@@ -8,7 +8,9 @@ from kvpipe import catalogue, workload
 from kvpipe.record.result import Result
 
 
-def print_summary(result: Result, result_path: Path) -> None:
+def print_run(result: Result, result_path: Path) -> None:
+    """The run's table: the catalogue's run-table metrics it measured, its prompts, the workload's own
+    tables and notes, and where result.json went."""
     from rich.console import Console
     from rich.table import Table
 
@@ -18,14 +20,14 @@ def print_summary(result: Result, result_path: Path) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for metric in workload.metrics().values():
-        if metric.summary and metric.name in metrics:
+        if metric.in_run_table and metric.name in metrics:
             table.add_row(metric.label, metric.show(metrics[metric.name], metrics.get(metric.name + "_std")))
     console = Console()
     console.print(table)
     if "prompt_count" in metrics:
         console.print(prompt_lengths(metrics))
     if result.answers:  # the workload's own tables (passkey: found / asked per length and depth)
-        for extra in result.workload().summary_tables(result.answers):
+        for extra in result.workload().run_tables(result.answers):
             console.print(extra)
     for note in result.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
@@ -42,7 +44,7 @@ def prompt_lengths(metrics: dict) -> str:
     return f"{metrics['prompt_count']:.0f} prompts · {mean} tokens mean, {shown}"
 
 
-def print_sweep_summary(counts: dict[str, int], sweep_dir: Path, parent_run_id: str | None, unsynced: int = 0) -> None:
+def print_sweep_end(counts: dict[str, int], sweep_dir: Path, parent_run_id: str | None, unsynced: int = 0) -> None:
     """unsynced: results the store refused or missed while the sweep ran, kept on disk for `kvpipe sync`."""
     from rich.console import Console
 
