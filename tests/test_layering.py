@@ -18,7 +18,7 @@ FLOORS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("kvpipe.config",),),
     (("kvpipe.catalogue",),),
     (("kvpipe.model",),),
-    (("kvpipe.cache",), ("kvpipe.workload",)),
+    (("kvpipe.cache",), ("kvpipe.workload",), ("kvpipe.load",)),
     (("kvpipe.spec",),),
     (("kvpipe.measure",),),
     (("kvpipe.job",),),

@@ -225,7 +225,7 @@ def test_a_calibration_reads_only_the_runs_of_the_rows_own_cache_settings(specs)
 
 
 def test_too_few_runs_show_the_floor_and_the_command_that_would_calibrate(specs, monkeypatch, capsys):
-    from kvpipe.job import runner
+    from kvpipe.job import threads as job_threads
 
     runs = recorded_runs({"params": specs["dynamic"].params(), "prompt": 100, "tpot_ms": 5.0, "ttft_ms": 9.0},
                          {"params": specs["dynamic"].params(), "prompt": 400, "tpot_ms": 6.0, "ttft_ms": 20.0},
@@ -233,7 +233,7 @@ def test_too_few_runs_show_the_floor_and_the_command_that_would_calibrate(specs,
     local = replace(TOY, name="local", device="cpu", measured=True)
     monkeypatch.setattr(hardware, "local", lambda device, dtype: local)
     monkeypatch.setattr(models, "resolve_device", lambda device: "cpu")
-    monkeypatch.setattr(runner, "use_threads", lambda model_cfg, device: 2)
+    monkeypatch.setattr(job_threads, "use_threads", lambda model_cfg, device: 2)
     monkeypatch.setattr(local_runs, "read_local_runs", lambda *a: local_runs.LocalRuns(runs, "3 runs"))
     overrides = ["model=tiny_random", "backend.q_group_size=16", "backend.residual_length=4",
                  "workload.max_new_tokens=28"]  # fmt: skip

@@ -108,6 +108,7 @@ class CacheStrategy(Registered):
     supports_sliding_window: ClassVar[bool] = True
     offloading: ClassVar[bool] = False  # keeps layers in host RAM, only the one in use on the GPU
     runs_as_without_cuda: ClassVar[str | None] = None  # offloading strategies: what runs off CUDA
+    continuous: ClassVar[bool] = False  # serves requests by continuous batching: runs only under a load (load=...)
     # Settings added after runs were recorded, with what they mean left unset (null): at that value
     # they stay out of the measurement key, so resume=true still finds the older runs.
     late_defaults: ClassVar[dict[str, Any]] = {}

@@ -1,4 +1,5 @@
-"""One job: spec -> model + cache -> measured generation -> JobResult.
+"""One job: spec -> model + cache -> measured generation -> JobResult (a job with a load:
+kvpipe.job.serving).
 
 The runner measures; it never records (that is kvpipe.record).
 """
@@ -6,16 +7,16 @@ The runner measures; it never records (that is kvpipe.record).
 from __future__ import annotations
 
 import logging
-import os
 import time
-from dataclasses import dataclass, field
 
 from kvpipe import model
 from kvpipe.job.fallback import with_fallback
 from kvpipe.job.generate import Call, measured_generate
+from kvpipe.job.outcome import JobResult
 from kvpipe.job.progress import progress_bar
+from kvpipe.job.threads import use_threads
 from kvpipe.measure import contention, quality
-from kvpipe.measure.environment import environment, load_average, physical_cores
+from kvpipe.measure.environment import environment, load_average
 from kvpipe.measure.memory import freeze_long_lived_objects
 from kvpipe.measure.metrics import prompt_lengths, summarise
 from kvpipe.spec import Spec
@@ -24,20 +25,12 @@ from kvpipe.workload import longest_prompt_of
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class JobResult:
-    """Everything one job measured, in plain types (JSON-ready)."""
-
-    metrics: dict[str, float]
-    tags: dict[str, str]
-    texts: list[dict[str, str]]
-    notes: list[str] = field(default_factory=list)
-    params: dict[str, str] = field(default_factory=dict)  # what the job resolved: dtype, device, architecture
-    answers: list[dict] = field(default_factory=list)  # the workload's own scoring: a row per answer
-
-
 def run_job(spec: Spec) -> JobResult:
     """Load (or reuse) the model, build the cache, generate with warm-up and repeats, measure."""
+    if spec.load is not None:  # many requests under a load, not batches one after another
+        from kvpipe.job.serving import run_serving_job
+
+        return run_serving_job(spec)
     job_started = time.perf_counter()
     model.import_libraries()  # once per process, with the collector off
     shape = model.read_shape(spec.model)
@@ -137,25 +130,6 @@ def run_job(spec: Spec) -> JobResult:
         params["quality.scored_tokens"] = str(int(metrics["quality_scored_tokens"]))
     notes = [*spec.warnings, *setup.notes]
     return JobResult(metrics=metrics, tags=tags, texts=texts, notes=notes, params=params, answers=answers)
-
-
-def use_threads(model_cfg, device: str) -> int:
-    """Set torch's threads for measuring, and return them: model.threads, else $OMP_NUM_THREADS where
-    set, else the physical cores (a hyperthread sibling slows decode more than it helps). On CUDA the
-    host runs one launching thread, whatever torch's pool."""
-    import torch
-
-    if device != "cpu":
-        return 1
-    wanted = model_cfg.threads or _omp_threads() or physical_cores()
-    if torch.get_num_threads() != wanted:
-        torch.set_num_threads(wanted)
-    return wanted
-
-
-def _omp_threads() -> int | None:
-    value = os.environ.get("OMP_NUM_THREADS", "")
-    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def eos_ids(model) -> set[int]:

@@ -87,7 +87,7 @@ def weights_read_bytes(weights_bytes: int, input_embedding_bytes: int, embedding
 
 def matmul_flops_per_s(device: str, dtype: str = "float32", trials: int = 5) -> float:
     """Best-of-N square matmul in `dtype` on this device, with torch's threads as they are set (a
-    run sets them first: kvpipe.job.runner.use_threads). Measured once per process, device and dtype:
+    run sets them first: kvpipe.job.threads.use_threads). Measured once per process, device and dtype:
     the local peak a TTFT floor divides FLOPs by, in place of a datasheet's."""
     key = (device, dtype)
     if key not in _MATMUL:

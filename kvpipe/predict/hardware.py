@@ -113,7 +113,7 @@ def _read(name: str) -> Hardware:
 
 def local(device: str, dtype: str) -> Hardware:
     """This machine, measured now with torch's threads as they are set (set them as a run would
-    first: kvpipe.job.runner.use_threads)."""
+    first: kvpipe.job.threads.use_threads)."""
     import socket
 
     import torch

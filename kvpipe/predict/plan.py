@@ -149,7 +149,7 @@ def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None
     costs = costs_for(spec, device, dtype, kv.batch_size)
     local_runs = None
     if hardware_name == hardware.LOCAL:
-        from kvpipe.job.runner import use_threads
+        from kvpipe.job.threads import use_threads
 
         try:
             device = model.resolve_device(device)

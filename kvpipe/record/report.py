@@ -15,7 +15,8 @@ def print_run(result: Result, result_path: Path) -> None:
     from rich.table import Table
 
     tags, metrics = result.tags, result.metrics
-    title = f"kvpipe · {result.config['model']['name']} · cache={tags['cache.effective']} · {tags['device']}"
+    load = f" · load={tags['load']}" if "load" in tags else ""
+    title = f"kvpipe · {result.config['model']['name']} · cache={tags['cache.effective']}{load} · {tags['device']}"
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -24,6 +24,9 @@ def measurement_key(spec) -> str:
     strategy or the workload's kind ignores, and tracking, are left out)."""
     data = spec.as_dict()
     data.pop("tracking"), data.pop("fallback")
+    if spec.load is not None:  # a job without one is keyed as every job was before loads existed
+        read = spec.bound_load.read_fields()
+        data["load"] = {k: v for k, v in data["load"].items() if f"load.{k}" in read}
     # what the workload reads, and what that points at (a dataset file's digest): a chat job's
     # passkey depths measure nothing, a changed file is a new measurement
     data["workload"] = spec.bound_workload.identity()

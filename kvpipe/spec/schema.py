@@ -14,7 +14,7 @@ from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from kvpipe import cache, workload
+from kvpipe import cache, load, workload
 from kvpipe.cache import backends
 
 # OmegaConf reads KvpipeConfig's field types by name in this module's namespace: the plain schemas by
@@ -23,15 +23,17 @@ from kvpipe.config import AxisConfig, ModelConfig, QualityConfig, TrackingConfig
 
 
 def _build_unions() -> None:
-    global CacheConfig, BackendConfig, WorkloadConfig
+    global CacheConfig, BackendConfig, WorkloadConfig, LoadConfig
     CacheConfig = union("CacheConfig", "strategy", cache.registered(), __name__)
     BackendConfig = union("BackendConfig", "name", backends.registered(), __name__)
     WorkloadConfig = union("WorkloadConfig", "kind", workload.registered(), __name__, common=workload.Common)
+    LoadConfig = union("LoadConfig", "kind", load.registered(), __name__, common=load.Common)
 
 
 CacheConfig: type
 BackendConfig: type
 WorkloadConfig: type
+LoadConfig: type
 _build_unions()
 
 
@@ -45,6 +47,7 @@ class KvpipeConfig:
     workload: WorkloadConfig = field(default_factory=lambda: WorkloadConfig())
     quality: QualityConfig = field(default_factory=QualityConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    load: Optional[LoadConfig] = None  # how requests arrive (load=offline|concurrency|rate); null: batch by batch
     print_table: bool = True
     fallback: List[str] = field(default_factory=list)  # retried in order after out-of-memory (conf/config.yaml)
     resume: bool = False  # multirun: skip jobs already FINISHED in the experiment

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvpipe import cache as cache_strategies
 from kvpipe import config
+from kvpipe import load as loads
 from kvpipe import workload as workloads
 from kvpipe.errors import ConfigError, KvpipeError, require_choice
 from kvpipe.spec import schema
@@ -36,12 +37,15 @@ class Spec:
     quality: config.QualityConfig
     tracking: config.TrackingConfig
     fallback: tuple[str, ...] = ()
+    load: Any = None  # schema.LoadConfig (how requests arrive), or None: the workload's batches one after another
     warnings: tuple[str, ...] = field(default=())
     overrides: tuple[str, ...] = field(default=())  # the user's Hydra overrides that made this job
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("warnings"), data.pop("overrides")
+        if self.load is None:
+            data.pop("load")  # result.json as it was before loads: a job without one has no load key
         return data
 
     @property
@@ -58,6 +62,11 @@ class Spec:
     def bound_workload(self) -> workloads.Workload:
         """The workload this spec names, bound to its settings."""
         return workloads.get(self.workload.kind)(self.workload)
+
+    @property
+    def bound_load(self) -> loads.Load | None:
+        """The load this spec names, bound to its settings; None without one."""
+        return None if self.load is None else loads.get(self.load.kind)(self.load)
 
     def with_strategy(self, name: str, defaults: bool = False, **groups) -> "Spec":
         """This spec with another cache strategy (its settings kept, or reset with defaults=True) and
@@ -87,9 +96,11 @@ class Spec:
         data = self.as_dict()
         owned = {"model": (config.SOURCE_FIELDS, self.model.source)}
         params = {}
-        for group in ("model", "workload", "quality"):
+        for group in ("model", "workload", "quality", "load"):
             if group == "workload":  # after the model's: the cache, backend and axis fields its strategy reads
                 params.update(self.cache_choice.params())
+            if group == "load" and self.load is None:
+                continue
             for key, value in data[group].items():
                 name = f"{group}.{key}"
                 if group in owned and not config.reads(*owned[group], key):
@@ -97,6 +108,8 @@ class Spec:
                 if group == "workload" and not workloads.reads(self.workload.kind, key):
                     continue
                 if group == "quality" and key != "enabled" and not self.quality.enabled:
+                    continue
+                if group == "load" and f"load.{key}" not in self.bound_load.read_fields():
                     continue
                 if isinstance(value, dict):  # model.architecture: the runner logs the real config's
                     continue
@@ -123,6 +136,7 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
         typed.model = replace(typed.model, name=hf_model_name(typed.model.name_or_path))
     typed.workload = _check_workload(typed.workload)
     _check_quality(typed.quality)
+    _check_load(typed.load, typed.workload)
     for index, strategy in enumerate(typed.fallback):
         require_choice(f"fallback[{index}]", strategy, cache_strategies.names())
     spec = Spec(
@@ -134,7 +148,9 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
         quality=typed.quality,
         tracking=typed.tracking,
         fallback=tuple(typed.fallback),
+        load=typed.load,
     )
+    _check_serving(spec)
     overridden = frozenset(override_group(o) for o in overrides)
     return replace(spec, warnings=tuple(spec.strategy.check(overridden)), overrides=tuple(overrides))
 
@@ -157,13 +173,19 @@ def override_group(override: str) -> str:
     return override.lstrip("+~").split("=")[0].split(".")[0]
 
 
+def _type_name(annotation: str) -> str:
+    """`Optional[LoadConfig]` -> `LoadConfig`: the schema class a field's annotation names."""
+    return annotation.removeprefix("Optional[").removesuffix("]")
+
+
 def _reject_unknown_keys(cfg: DictConfig) -> None:
     """`+group.key=...` adds keys past the schema; OmegaConf would drop them silently."""
     for group in fields(schema.KvpipeConfig):
         node = cfg.get(group.name)
         if not isinstance(node, DictConfig):
             continue
-        known = {f.name for f in fields(group.type if isinstance(group.type, type) else getattr(schema, group.type))}
+        named = group.type if isinstance(group.type, type) else getattr(schema, _type_name(group.type))
+        known = {f.name for f in fields(named)}
         for key in node.keys():
             if key not in known:
                 raise ConfigError(
@@ -249,3 +271,36 @@ def _check_quality(quality: config.QualityConfig) -> None:
         raise ConfigError("quality.windows", quality.windows, "expected a positive integer (3 or more for a spread)")
     if quality.scored_tokens is not None and quality.scored_tokens < 2:
         raise ConfigError("quality.scored_tokens", quality.scored_tokens, "expected 2 or more, or null for the default")
+
+
+def _check_load(load, workload) -> None:
+    """The load's own checks (kvpipe.load), and one setting said once: under a load, the load decides
+    how many requests are served together, so workload.batch_size stays at 1."""
+    if load is None:
+        return
+    require_choice("load.kind", load.kind, loads.names())
+    loads.get(load.kind)(load).check()
+    if workload.batch_size != 1:
+        raise ConfigError(
+            "workload.batch_size",
+            workload.batch_size,
+            f"under load={load.kind} the load decides how many requests are served together "
+            "(load.concurrency); expected workload.batch_size=1",
+        )
+
+
+def _check_serving(spec: Spec) -> None:
+    """A strategy that serves requests by continuous batching runs only under a load, and only with
+    an attention implementation it can page."""
+    strategy = type(spec.strategy)
+    if getattr(strategy, "continuous", False) and spec.load is None:
+        raise ConfigError(
+            "cache.strategy",
+            strategy.name,
+            f"cache={strategy.name} serves many requests at once by continuous batching; choose how they arrive: "
+            + ", ".join(f"load={name}" for name in loads.names()),
+        )
+    refusal = getattr(strategy, "attention_refusal", None)
+    reason = refusal(spec.model.attn_implementation) if refusal else None
+    if reason:
+        raise ConfigError("model.attn_implementation", spec.model.attn_implementation, reason)

@@ -1,0 +1,17 @@
+"""What one job measured, in plain types (JSON-ready): the runner's and the serving job's answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class JobResult:
+    """Everything one job measured, in plain types (JSON-ready)."""
+
+    metrics: dict[str, float]
+    tags: dict[str, str]
+    texts: list[dict[str, str]]
+    notes: list[str] = field(default_factory=list)
+    params: dict[str, str] = field(default_factory=dict)  # what the job resolved: dtype, device, architecture
+    answers: list[dict] = field(default_factory=list)  # the workload's own scoring: a row per answer

@@ -1,0 +1,30 @@
+"""load=concurrency: a closed loop keeping N requests in flight; each one that finishes lets the next in
+(vLLM's --max-concurrency, GuideLLM's concurrent profile). `load.concurrency=1,4,16` sweeps it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpipe.errors import ConfigError
+from kvpipe.load.base import Load
+
+
+class Concurrency(Load):
+    name = "concurrency"
+    order = 20
+    closed = True
+
+    @dataclass
+    class Settings:
+        concurrency: int = 4  # requests in flight at once
+
+    def check(self) -> None:
+        super().check()
+        if self.settings.concurrency < 1:
+            raise ConfigError("load.concurrency", self.settings.concurrency, "expected 1 or more requests in flight")
+
+    def in_flight(self, count: int) -> int:
+        return min(self.settings.concurrency, count)
+
+    def label(self) -> str:
+        return f"concurrency({self.settings.concurrency})"

@@ -1,0 +1,92 @@
+"""What a serving run measured, per request and over the run, with the definitions vLLM's
+`bench serve`, GuideLLM and AIPerf use, so a user can set kvpipe's figures beside theirs:
+TTFT from the request's arrival (its queueing delay included), TPOT over its own tokens after the
+first, ITL between consecutive tokens of one request (pooled over requests), end-to-end from arrival
+to its last token, output tokens and requests per second over the run (first arrival to last
+token), and goodput: the requests per second that met both latency targets."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Served:
+    """One request as the server saw it; times in seconds on one perf_counter clock."""
+
+    arrival_s: float
+    started_s: float  # when the server took it (its queueing delay ends)
+    token_s: list[float] = field(default_factory=list)  # when each generated token was ready
+    finished_s: float = 0.0  # when its answer was whole (a static batch holds it to its longest row)
+    prompt_tokens: int = 0
+    tokens: list[int] = field(default_factory=list)
+
+    @property
+    def ttft_ms(self) -> float:
+        return (self.token_s[0] - self.arrival_s) * 1e3
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """Time per output token after the first; None for a one-token answer."""
+        if len(self.token_s) < 2:
+            return None
+        return (self.token_s[-1] - self.token_s[0]) / (len(self.token_s) - 1) * 1e3
+
+    @property
+    def e2e_ms(self) -> float:
+        return (self.finished_s - self.arrival_s) * 1e3
+
+    @property
+    def queue_ms(self) -> float:
+        return (self.started_s - self.arrival_s) * 1e3
+
+    def itl_ms(self) -> list[float]:
+        return [(b - a) * 1e3 for a, b in zip(self.token_s, self.token_s[1:])]
+
+    def meets(self, max_ttft_ms: float | None, max_tpot_ms: float | None) -> bool:
+        tpot = self.tpot_ms
+        return (max_ttft_ms is None or self.ttft_ms <= max_ttft_ms) and (
+            max_tpot_ms is None or tpot is None or tpot <= max_tpot_ms
+        )
+
+
+def percentile(values: list[float], share: float) -> float:
+    """The nearest-rank percentile (share in 0-1) of the values; NaN for none."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, -(-round(share * len(ordered) * 1e9) // int(1e9)))  # ceil, robust to float noise
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def serving_metrics(served: list[Served], max_in_flight: int, max_ttft_ms: float | None,
+                    max_tpot_ms: float | None) -> dict[str, float]:  # fmt: skip
+    """The run's figures: means and p50/p90/p99 per request, throughput and goodput over the run."""
+    start = min(s.arrival_s for s in served)
+    span_s = max(max(s.finished_s for s in served) - start, 1e-9)
+    ttft = [s.ttft_ms for s in served]
+    tpot = [t for t in (s.tpot_ms for s in served) if t is not None]
+    itl = [gap for s in served for gap in s.itl_ms()]
+    e2e = [s.e2e_ms for s in served]
+    queue = [s.queue_ms for s in served]
+    metrics = {
+        "served_requests": float(len(served)),
+        "max_in_flight": float(max_in_flight),
+        "ttft_ms": statistics.fmean(ttft),
+        "tpot_ms": statistics.fmean(tpot) if tpot else float("nan"),
+        "e2e_ms": statistics.fmean(e2e),
+        "queue_ms": statistics.fmean(queue),
+        "output_tokens_per_s": sum(len(s.tokens) for s in served) / span_s,
+        "requests_per_s": len(served) / span_s,
+        "new_tokens": float(sum(len(s.tokens) for s in served)),
+        "serve_span_ms": span_s * 1e3,
+    }
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e), ("queue", queue)):
+        for share in (50, 90, 99):
+            metrics[f"{name}_p{share}_ms"] = percentile(values, share / 100)
+    if max_ttft_ms is not None or max_tpot_ms is not None:
+        met = sum(s.meets(max_ttft_ms, max_tpot_ms) for s in served)
+        metrics["goodput_requests_per_s"] = met / span_s
+        metrics["within_targets"] = met / len(served)
+    return metrics
