@@ -7,6 +7,7 @@ token), and goodput: the requests per second that met both latency targets."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -56,8 +57,8 @@ def percentile(values: list[float], share: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    rank = max(1, -(-round(share * len(ordered) * 1e9) // int(1e9)))  # ceil, robust to float noise
-    return ordered[min(rank, len(ordered)) - 1]
+    rank = math.ceil(round(share * len(ordered), 9))  # the smallest rank covering that share
+    return ordered[min(max(rank, 1), len(ordered)) - 1]
 
 
 def serving_metrics(served: list[Served], max_in_flight: int, max_ttft_ms: float | None,

@@ -1,0 +1,136 @@
+"""Many requests at once: loads (how requests arrive), the serving job's two servers, and what a
+serving run records, with the definitions of vLLM's bench serve, GuideLLM and AIPerf."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from kvpipe.errors import ConfigError, KvpipeError
+from kvpipe.measure.serving import Served, percentile, serving_metrics
+
+from conftest import TINY, run_cli, spec_for
+
+SERVE = (*TINY, "workload.max_new_tokens=6")
+
+
+def load_of(*overrides: str):
+    return spec_for(*SERVE, *overrides).bound_load
+
+
+def test_rate_arrivals_are_poisson_from_the_seed_and_start_at_zero():
+    arrivals = load_of("load=rate", "load.rate=4", "load.seed=3").arrivals(4000)
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert arrivals[0] == 0.0 and all(gap > 0 for gap in gaps)
+    assert statistics.fmean(gaps) == pytest.approx(0.25, rel=0.05)  # mean 1/rate
+    assert statistics.stdev(gaps) == pytest.approx(0.25, rel=0.1)  # exponential: stdev = mean
+    assert load_of("load=rate", "load.rate=4", "load.seed=3").arrivals(10) == arrivals[:10]
+    assert load_of("load=rate", "load.rate=4", "load.seed=4").arrivals(10) != arrivals[:10]
+
+
+def test_a_duration_sets_how_many_requests_arrive_within_it():
+    load = load_of("load=rate", "load.rate=10", "load.duration_s=3")
+    count = load.request_count(prompts=4)
+    assert 15 < count < 50 and max(load.arrivals(count)) < 3.0
+
+
+def test_each_load_says_how_many_are_in_flight_and_whether_its_loop_is_closed():
+    assert (load_of("load=offline").in_flight(7), load_of("load=offline").closed) == (7, False)
+    assert (load_of("load=concurrency", "load.concurrency=3").in_flight(7), load_of("load=concurrency").closed) == (
+        3,
+        True,
+    )
+    assert load_of("load=concurrency", "load.concurrency=16").in_flight(7) == 7
+    assert load_of("load=offline", "load.requests=9").request_count(prompts=4) == 9
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (("load=concurrency", "load.concurrency=0"), "load.concurrency=0 is not valid: expected 1 or more"),
+        (("load=rate", "load.rate=0"), "load.rate=0.0 is not valid: expected requests per second above 0"),
+        (("load=rate", "load.rate=-2"), "load.rate=-2.0 is not valid"),
+        (("load=offline", "load.requests=0"), "load.requests=0 is not valid"),
+        (("load=offline", "load.max_tpot_ms=0"), "load.max_tpot_ms=0.0 is not valid"),
+        (("load=rate", "load.duration_s=5", "load.requests=3"), "give load.requests or load.duration_s, not both"),
+        (("load=concurrency", "workload.batch_size=4"), "workload.batch_size=4 is not valid: under load=concurrency"),
+    ],
+)
+def test_bad_load_settings_are_one_line_naming_the_field(overrides, says):
+    with pytest.raises(ConfigError, match=says):
+        spec_for(*SERVE, *overrides)
+
+
+def test_an_unknown_load_names_the_known_ones():
+    from kvpipe.spec import spec_from
+
+    with pytest.raises(
+        KvpipeError, match="load=nope is not a known option; expected one of: concurrency, offline, rate"
+    ):
+        spec_from([*SERVE, "load=nope"])
+
+
+def test_a_load_is_keyed_and_logged_with_what_its_kind_reads_and_no_load_leaves_the_key_alone():
+    plain, served = spec_for(*SERVE), spec_for(*SERVE, "load=concurrency", "load.concurrency=2")
+    assert "load" not in plain.as_dict() and not any(name.startswith("load.") for name in plain.params())
+    assert served.measurement_key() != plain.measurement_key()
+    assert {k: v for k, v in served.params().items() if k.startswith("load.")} == {
+        "load.kind": "concurrency", "load.concurrency": "2"
+    }  # fmt: skip
+    other_rate = spec_for(*SERVE, "load=concurrency", "load.concurrency=2", "load.rate=9")  # a rate it ignores
+    assert other_rate.measurement_key() == served.measurement_key()
+
+
+def served(arrival, tokens_at, finished=None, started=None):
+    return Served(arrival, arrival if started is None else started, list(tokens_at), finished or tokens_at[-1], 10,
+                  list(range(len(tokens_at))))  # fmt: skip
+
+
+def test_serving_figures_follow_the_field_definitions():
+    runs = [served(0.0, [0.1, 0.2, 0.3]), served(0.5, [0.9, 1.0], started=0.7), served(1.0, [1.2, 1.6, 2.0])]
+    figures = serving_metrics(runs, max_in_flight=2, max_ttft_ms=250, max_tpot_ms=150)
+    assert figures["ttft_ms"] == pytest.approx((100 + 400 + 200) / 3)  # from each request's arrival
+    assert figures["tpot_ms"] == pytest.approx((100 + 100 + 400) / 3)  # its own tokens after the first
+    assert figures["itl_p90_ms"] == pytest.approx(400)  # gaps pooled: 100, 100, 100, 400, 400
+    assert figures["queue_ms"] == pytest.approx(200 / 3)
+    assert figures["output_tokens_per_s"] == pytest.approx(8 / 2.0)  # first arrival to last token
+    assert figures["requests_per_s"] == pytest.approx(3 / 2.0)
+    assert figures["goodput_requests_per_s"] == pytest.approx(1 / 2.0)  # only the first meets both targets
+    assert figures["within_targets"] == pytest.approx(1 / 3)
+    assert "goodput_requests_per_s" not in serving_metrics(runs, 2, None, None)
+
+
+def test_percentiles_are_nearest_rank():
+    values = list(range(1, 101))
+    assert (percentile(values, 0.5), percentile(values, 0.9), percentile(values, 0.99)) == (50, 90, 99)
+    assert percentile([7.0], 0.99) == 7.0 and percentile([], 0.5) != percentile([], 0.5)  # NaN
+
+
+def test_static_batches_serve_every_request_at_most_the_limit_at_once():
+    from kvpipe.job.runner import run_job
+
+    job = run_job(spec_for(*SERVE, "load=concurrency", "load.concurrency=2", "load.requests=5", "workload.warmup=0"))
+    assert job.metrics["served_requests"] == 5 and job.metrics["max_in_flight"] == 2
+    assert job.metrics["new_tokens"] == 5 * 6
+    assert job.tags["load"] == "concurrency(2)" and job.tags["cache.effective"] == "dynamic"
+    assert job.metrics["ttft_p90_ms"] >= job.metrics["ttft_p50_ms"] > 0
+
+
+def test_a_rate_run_waits_for_its_arrivals(tmp_path):
+    from kvpipe.job.runner import run_job
+
+    job = run_job(spec_for(*SERVE, "load=rate", "load.rate=20", "load.requests=6", "load.seed=1", "workload.warmup=0"))
+    last_arrival = spec_for(*SERVE, "load=rate", "load.rate=20", "load.seed=1").bound_load.arrivals(6)[-1]
+    assert job.metrics["serve_span_ms"] >= last_arrival * 1e3  # the run lasts at least until its last arrival
+
+
+def test_a_serving_run_records_its_load_and_figures(tmp_path):
+    done = run_cli([*SERVE, "load=offline", "load.requests=3", "load.max_tpot_ms=1000"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (path,) = tmp_path.glob("outputs/runs/*/*/result.json")
+    result = json.loads(path.read_text())
+    assert result["config"]["load"]["kind"] == "offline" and result["params"]["load.kind"] == "offline"
+    assert result["metrics"]["served_requests"] == 3 and result["metrics"]["within_targets"] == 1.0
+    assert "load=offline" in done.stdout
