@@ -41,6 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="floor TPOT and TTFT on an accelerator (" + ", ".join(hardware.names()) + "); local: this machine, "
         "measured, with predictions calibrated on its runs",
     )
+    parser.add_argument(
+        "--request-tokens",
+        type=int,
+        metavar="N",
+        help="capacity: the most concurrent requests of N tokens each (prompt + new) that fit the memory, and with "
+        "--hardware the TPOT floor at that many (needs --memory-budget or --hardware)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON document, and nothing else")
 
 
@@ -56,7 +63,15 @@ def run(args: argparse.Namespace) -> int:
     contexts = parse_contexts(args.context) if args.context else None
     if args.hardware is not None:
         require_choice("--hardware", args.hardware, hardware.names())  # before the config is even composed
-    plan = make_plan(spec_from(args.overrides), budget, contexts, args.device, args.hardware)
+    if args.request_tokens is not None and args.request_tokens < 2:
+        raise ConfigError(
+            "--request-tokens", args.request_tokens, "expected 2 or more tokens (prompt + new), e.g. 1024"
+        )
+    if args.request_tokens is not None and budget is None and args.hardware is None:
+        raise ConfigError(
+            "--request-tokens", args.request_tokens, "capacity needs a memory: add --memory-budget or --hardware"
+        )
+    plan = make_plan(spec_from(args.overrides), budget, contexts, args.device, args.hardware, args.request_tokens)
     if args.json:
         print(json.dumps(plan.as_dict(), indent=2))
     else:
@@ -119,6 +134,11 @@ def show(plan) -> None:
         table.add_column(column, justify="left" if column == "strategy" else "right")
     if available is not None:
         table.add_column("fits up to", justify="right")
+    capacities = [row.capacity for row in plan.rows if row.capacity]
+    if capacities:
+        table.add_column(f"requests of {capacities[0].context:,}", justify="right")
+        if accelerator is not None:
+            table.add_column("TPOT floor ms there", justify="right")
     for row in plan.rows:
         cells = [row.label, f"{row.kv_bytes_per_token:,.0f}"]
         if shape.has_sliding_layers:
@@ -127,6 +147,10 @@ def show(plan) -> None:
         if available is not None:
             fit = row.fits_up_to
             cells.append("none" if fit == 0 else f"{fit:,}" + (" (model max)" if fit == plan.cap else ""))
+        if row.capacity:
+            cells.append(f"{row.capacity.requests:,}" if row.capacity.requests else "none")
+            if accelerator is not None:
+                cells.append(ms(row.capacity.tpot_floor_ms) if row.capacity.requests else "–")
         table.add_row(*cells)
     say(table)
     for note in plan.notes:

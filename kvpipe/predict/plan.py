@@ -17,7 +17,7 @@ calibrates predictions on its runs (kvpipe.predict.calibration).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from kvpipe import cache, model
 from kvpipe.cache.accounting import KvShape, UnpredictableLayers, kv_shape
@@ -25,6 +25,7 @@ from kvpipe.errors import ConfigError, KvpipeError, first_line
 from kvpipe.model.weights import weights
 from kvpipe.predict import hardware, speed
 from kvpipe.predict import local_runs as machine_runs
+from kvpipe.predict.capacity import Capacity, capacity
 from kvpipe.predict.costs import costs_for
 from kvpipe.predict.floors import ModelCosts, split
 
@@ -60,6 +61,7 @@ class PlanRow:
     kv_bytes_per_token: float
     window_bytes: int | None  # models with sliding-window layers only
     fits_up_to: int | None
+    capacity: Capacity | None  # the most requests of one size at once (--request-tokens, with a memory)
     figures: speed.Row
 
 
@@ -106,7 +108,8 @@ class Plan:
             "calibration": speed.calibration_document(self.local_runs, [row.figures for row in self.rows]),
             "rows": [
                 {"strategy": row.label, "kv_bytes_per_token": row.kv_bytes_per_token, "fits_up_to": row.fits_up_to,
-                 "contexts": [at.as_dict() for at in row.figures.contexts]}
+                 "contexts": [at.as_dict() for at in row.figures.contexts],
+                 **({"capacity": asdict(row.capacity)} if row.capacity else {})}
                 for row in self.rows
             ],
             "notes": self.notes,
@@ -114,9 +117,10 @@ class Plan:
 
 
 def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None, device: str | None = None,
-              hardware_name: str | None = None) -> Plan:  # fmt: skip
+              hardware_name: str | None = None, request_tokens: int | None = None) -> Plan:  # fmt: skip
     """The plan for a spec: every strategy variant at each context (default: 1024, 4096 and the
-    model's maximum); with a hardware, the floors there (and on local hardware, the calibration)."""
+    model's maximum); with a hardware, the floors there (and on local hardware, the calibration);
+    with request_tokens and a memory, each variant's capacity: the most such requests at once."""
     try:
         shape = model.read_shape(spec.model)
     except OSError as exc:  # a hub id with neither network nor a local copy
@@ -183,6 +187,9 @@ def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None
                 kv_bytes_per_token=strategy.bytes_per_token(on_device),
                 window_bytes=strategy.window_bytes(on_device) if shape.has_sliding_layers else None,
                 fits_up_to=None if available is None else largest_context(needs_at, available, cap),
+                capacity=None
+                if request_tokens is None or memory is None
+                else capacity(variant, strategy, device, dtype, request_tokens, memory, accelerator),
                 figures=figures,
             )
         )
