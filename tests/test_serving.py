@@ -134,3 +134,23 @@ def test_a_serving_run_records_its_load_and_figures(tmp_path):
     assert result["config"]["load"]["kind"] == "offline" and result["params"]["load.kind"] == "offline"
     assert result["metrics"]["served_requests"] == 3 and result["metrics"]["within_targets"] == 1.0
     assert "load=offline" in done.stdout
+
+
+def test_compare_draws_the_serving_curve_when_runs_served_a_load(tmp_path):
+    from kvpipe.decide.compare import write_outputs
+
+    from test_compare import fake_runs
+
+    rows = []
+    for cache in ("dynamic", "quantized:quanto:int4:kivi"):
+        for concurrency in (1, 4, 16):
+            rows.append({"cache": cache, "params": {"load.kind": "concurrency", "load.concurrency": concurrency}})
+    runs = fake_runs(*rows)
+    runs["metrics.output_tokens_per_s"] = [20.0 * c * s for s in (1.0, 0.8) for c in (1, 3, 8)]
+    runs["metrics.tpot_p90_ms"] = [40.0 * c for _ in range(2) for c in (1, 1.5, 3)]
+    runs["tags.kvpipe.load"] = [f"concurrency({c})" for _ in range(2) for c in (1, 4, 16)]
+    written = write_outputs(runs, tmp_path, "serving")
+    assert tmp_path / "serving_curve.png" in written and (tmp_path / "serving_curve.png").stat().st_size > 10_000
+    assert "load.concurrency" in (tmp_path / "compare.md").read_text()  # what varies is a column
+    without = write_outputs(fake_runs({"cache": "dynamic"}, {"cache": "static"}), tmp_path / "batch", "batch")
+    assert not any(path.name == "serving_curve.png" for path in without)

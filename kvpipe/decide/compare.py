@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 OUTPUT_FILES = ("compare.md", "compare.csv", "memory_vs_context.png", "tpot_vs_memory.png")
 RETRIEVAL_FILES = ("retrieval_heatmaps.png", "accuracy_vs_kv_bytes.png")  # when the runs measured retrieval
+SERVING_FILES = ("serving_curve.png",)  # when some runs served requests under a load
 FOOTNOTE = (
     "★ Pareto front of each workload over peak memory, TPOT and KL (lower is better; lossy runs without a "
     "quality pass are left off); where every run measured passkey retrieval, over its accuracy in place of KL "
@@ -113,12 +114,16 @@ def write_outputs(runs: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
     runs = runs.assign(point=[f"{label} {more}".strip() for label, more in zip(runs["label"], detail)])
     plots.memory_vs_context(runs, out_dir / "memory_vs_context.png")
     plots.tpot_vs_memory(runs, out_dir / "tpot_vs_memory.png")
-    if not has_retrieval(runs):
-        return [out_dir / name for name in OUTPUT_FILES]
-    passkey = runs[column(runs, "metrics.retrieval_accuracy").notna()]
-    plots.retrieval_heatmaps(passkey, out_dir / "retrieval_heatmaps.png")
-    plots.accuracy_vs_kv_bytes(passkey, out_dir / "accuracy_vs_kv_bytes.png")
-    return [out_dir / name for name in (*OUTPUT_FILES, *RETRIEVAL_FILES)]
+    written = list(OUTPUT_FILES)
+    if column(runs, "metrics.output_tokens_per_s").notna().any():
+        plots.serving_curve(runs, out_dir / "serving_curve.png")
+        written += SERVING_FILES
+    if has_retrieval(runs):
+        passkey = runs[column(runs, "metrics.retrieval_accuracy").notna()]
+        plots.retrieval_heatmaps(passkey, out_dir / "retrieval_heatmaps.png")
+        plots.accuracy_vs_kv_bytes(passkey, out_dir / "accuracy_vs_kv_bytes.png")
+        written += RETRIEVAL_FILES
+    return [out_dir / name for name in written]
 
 
 def shown(runs: pd.DataFrame, title: str) -> Shown:

@@ -16,6 +16,7 @@ from kvpipe.decide.runs import (
     settings_text,
     varying_params,
 )
+from kvpipe.record import tags as mlflow_tags
 from kvpipe.units import MIB
 from kvpipe.workload.passkey import heatmap
 
@@ -118,6 +119,30 @@ def accuracy_vs_kv_bytes(runs: pd.DataFrame, path: Path) -> None:
     ax.yaxis.set_major_formatter("{x:.0%}")
     ax.set(xlabel="KV cache (MiB, log scale; labels: context tokens)", ylabel="passkey retrieval accuracy",
            title="retrieval accuracy vs KV cache bytes")  # fmt: skip
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    figure.savefig(path, dpi=110)
+
+
+def serving_curve(runs: pd.DataFrame, path: Path) -> None:
+    """Serving runs (load=...): output tokens per second against p90 TPOT, a line per cache, a point
+    per load (concurrency or rate), as vLLM's bench sweep and GuideLLM draw it: up and to the left is better."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 5.5), layout="constrained")
+    ax = figure.subplots()
+    runs = runs.assign(
+        tpot=column(runs, "metrics.tpot_p90_ms"),
+        throughput=column(runs, "metrics.output_tokens_per_s"),
+        load=column(runs, mlflow_tags.column(mlflow_tags.LOAD), "").fillna(""),
+    ).dropna(subset=["tpot", "throughput"])
+    for (label, group), colour in zip(runs.groupby("label", sort=False), [f"C{i}" for i in range(10)] * 9):
+        group = group.sort_values("throughput")
+        ax.plot(group["tpot"], group["throughput"], marker="o", color=colour, label=label)
+        for run in group.itertuples():
+            ax.annotate(run.load, (run.tpot, run.throughput), textcoords="offset points", xytext=(5, 4),
+                        fontsize="x-small")  # fmt: skip
+    ax.set(xlabel="TPOT p90 (ms)", ylabel="output tokens per second", title="serving: throughput vs p90 TPOT")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     figure.savefig(path, dpi=110)

@@ -28,6 +28,7 @@ PEAK_MEMORY_SOURCE = "kvpipe.peak_memory_source"
 NOISY, CONTENDED = "kvpipe.noisy", "kvpipe.contended"
 FALLBACK_TO = "kvpipe.fallback_to"
 HOST, DEVICE, TORCH_THREADS = "kvpipe.host", "kvpipe.device", "kvpipe.torch_threads"
+LOAD = "kvpipe.load"  # a serving run's load, as its label says it: concurrency(4), rate(2/s)
 
 
 def of(name: str) -> str:
