@@ -154,3 +154,41 @@ def test_compare_draws_the_serving_curve_when_runs_served_a_load(tmp_path):
     assert "load.concurrency" in (tmp_path / "compare.md").read_text()  # what varies is a column
     without = write_outputs(fake_runs({"cache": "dynamic"}, {"cache": "static"}), tmp_path / "batch", "batch")
     assert not any(path.name == "serving_curve.png" for path in without)
+
+
+def serving_fake_runs():
+    from test_compare import fake_runs
+
+    rows = [{"cache": cache, "peak_mib": mib, "params": {"load.kind": "concurrency", "load.concurrency": c}}
+            for cache, mib in (("dynamic", 1000), ("quantized:quanto:int4:kivi", 700)) for c in (1, 4, 16)]  # fmt: skip
+    runs = fake_runs(*rows)
+    runs["metrics.output_tokens_per_s"] = [20.0, 60.0, 160.0, 16.0, 48.0, 150.0]
+    runs["metrics.tpot_ms"] = [40.0, 60.0, 120.0, 40.0, 58.0, 110.0]
+    runs["metrics.requests_per_s"] = runs["metrics.output_tokens_per_s"] / 20
+    runs["tags.kvpipe.load"] = [f"concurrency({c})" for _ in range(2) for c in (1, 4, 16)]
+    runs["quality_loss"] = [0.0, 0.0, 0.0, 0.01, 0.01, 0.01]
+    return runs
+
+
+def test_the_service_answer_is_the_most_throughput_within_the_limits():
+    from kvpipe.decide.limits import Limits
+    from kvpipe.decide.service import choose_for_service
+
+    runs = serving_fake_runs()
+    chosen, (what, why) = choose_for_service(runs, Limits(tpot_ms=100.0), "throughput")
+    assert (chosen["label"], chosen["tags.kvpipe.load"]) == ("dynamic", "concurrency(4)")  # 16 misses TPOT
+    assert what.startswith("dynamic at concurrency(4): 60.0 tok/s") and "of the 4 serving runs within limits" in why
+    chosen, _ = choose_for_service(runs, Limits(memory_bytes=800 * 2**20, tpot_ms=115.0), "throughput")
+    assert (chosen["label"], chosen["tags.kvpipe.load"]) == ("quantized:quanto:int4:kivi", "concurrency(16)")
+    none, (what, why) = choose_for_service(runs, Limits(tpot_ms=10.0), "throughput")
+    assert none is None and what == "no serving run meets the limits" and "misses TPOT by 300%" in why
+
+
+def test_runs_of_one_batch_at_a_time_are_no_service_answer():
+    from kvpipe.decide.limits import Limits
+    from kvpipe.decide.service import choose_for_service
+
+    from test_compare import fake_runs
+
+    chosen, (what, why) = choose_for_service(fake_runs({"cache": "dynamic"}), Limits(), "goodput")
+    assert chosen is None and what == "no run served a load" and "load=concurrency" in why

@@ -7,19 +7,31 @@ import argparse
 from kvpipe.commands._source import add_source_arguments
 from kvpipe.decide import recommend
 from kvpipe.decide.limits import Limits, add_limit_arguments, limits_of
+from kvpipe.decide.service import OBJECTIVES
 
 HELP = "the cache to use under memory, latency and quality limits"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_limit_arguments(parser)
+    parser.add_argument(
+        "--objective",
+        choices=("latency", *OBJECTIVES),
+        default="latency",
+        help="latency (default): the guide's rules for one batch at a time; throughput or goodput: the cache and "
+        "load with the most of it among runs that served requests under a load (load=...)",
+    )
     parser.add_argument("--all", action="store_true", help="every FINISHED run in the experiment, not one sweep")
     add_source_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """0 and the strategy to use per workload, or 1 and the limit closest to being met."""
-    return answer(limits_of(args), args.experiment, args.parent, args.tracking_uri, args.all, args.uri_spelling)
+    limits = limits_of(args)
+    if args.objective != "latency":
+        return answer_for_service(limits, args.objective, args.experiment, args.parent, args.tracking_uri, args.all,
+                                  args.uri_spelling)  # fmt: skip
+    return answer(limits, args.experiment, args.parent, args.tracking_uri, args.all, args.uri_spelling)
 
 
 def answer(limits: Limits, experiment: str, parent: str | None, tracking_uri: str | None, whole_experiment: bool = False,
@@ -45,3 +57,20 @@ def answer(limits: Limits, experiment: str, parent: str | None, tracking_uri: st
                 f"  use: {recommend.use_command(chosen)}\n  in your own generate() call:\n{code}"
             )
     return 1 if missing else 0
+
+
+def answer_for_service(limits: Limits, objective: str, experiment: str, parent: str | None,
+                       tracking_uri: str | None, whole_experiment: bool = False, spelled: str = "tracking.uri") -> int:  # fmt: skip
+    """Print the cache and load with the most throughput (or goodput) within the limits; 1 with none."""
+    from kvpipe.decide.runs import load_runs, model_names
+    from kvpipe.decide.service import choose_for_service
+
+    runs, parent_run = load_runs(experiment, parent, tracking_uri, whole_experiment=whole_experiment, spelled=spelled)
+    source = f"sweep {parent_run.info.run_id[:8]}" if parent_run else f"experiment {experiment!r}"
+    print(f"limits: {limits.describe()} · the most {objective} · {len(runs)} runs of {model_names(runs)} from {source}")
+    chosen, (what, why) = choose_for_service(runs, limits, objective)
+    if chosen is None:
+        print(f"{what}\n  {why}")
+        return 1
+    print(f"recommend: {what} (run {chosen['run_id']})\n  why: {why}\n  use: {recommend.use_command(chosen)}")
+    return 0

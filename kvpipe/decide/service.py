@@ -1,0 +1,63 @@
+"""Deciding for a service: among runs that served requests under a load (load=...), the cache and
+load (concurrency or rate) with the most throughput, or goodput, within the user's latency and memory
+limits. Runs of one batch at a time have no throughput under load and take no part."""
+
+from __future__ import annotations
+
+import math
+
+from kvpipe.decide.limits import Limits
+from kvpipe.record import tags as mlflow_tags
+from kvpipe.record.runs import column
+
+OBJECTIVES = {  # --objective -> the figure it maximises
+    "throughput": "metrics.output_tokens_per_s",
+    "goodput": "metrics.goodput_requests_per_s",
+}
+
+
+def serving_runs(runs):
+    """The runs that served a load."""
+    return runs[column(runs, "metrics.output_tokens_per_s").notna()]
+
+
+def choose_for_service(runs, limits: Limits, objective: str):
+    """(the chosen run or None, (what, why)): the most `objective` among the serving runs that meet
+    every limit; with none, the closest by its worst miss."""
+    figure = OBJECTIVES[objective]
+    served = serving_runs(runs)
+    if served.empty:
+        return None, ("no run served a load", "run a sweep with load=concurrency or load=rate, e.g. "
+                      "kvpipe -m cache=dynamic,paged load=concurrency load.concurrency=1,4,16")  # fmt: skip
+    ok = served[[not limits.misses(run) for _, run in served.iterrows()]]
+    ok = ok[column(ok, figure).notna()]
+    if ok.empty:
+        worst = [(max(limits.misses(run).values()), run) for _, run in served.iterrows()]
+        _, run = min(worst, key=lambda item: item[0])
+        missed = ", ".join(
+            f"{name} by {'an unmeasured figure' if math.isinf(by) else f'{by:.0%}'}"
+            for name, by in limits.misses(run).items()
+        )
+        return None, ("no serving run meets the limits", f"closest: {_describe(run)} misses {missed}")
+    best = ok.loc[column(ok, figure).idxmax()]
+    others = len(ok) - 1
+    why = f"the most {objective} of the {len(ok)} serving runs within limits" + (
+        f"; the next: {_describe(ok.drop(best.name).loc[column(ok.drop(best.name), figure).idxmax()])}"
+        if others
+        else ""
+    )
+    return best, (_describe(best), why)
+
+
+def _describe(run) -> str:
+    """'paged at concurrency(16): 80.7 tok/s, 3.10 req/s, TPOT p90 41.2 ms, TTFT p90 310 ms'."""
+    load = run.get(mlflow_tags.column(mlflow_tags.LOAD), "")
+    goodput = run.get("metrics.goodput_requests_per_s", math.nan)
+    parts = [
+        f"{run['metrics.output_tokens_per_s']:.1f} tok/s",
+        f"{run.get('metrics.requests_per_s', math.nan):.2f} req/s",
+        *([f"goodput {goodput:.2f} req/s"] if goodput == goodput else []),
+        f"TPOT p90 {run.get('metrics.tpot_p90_ms', math.nan):.1f} ms",
+        f"TTFT p90 {run.get('metrics.ttft_p90_ms', math.nan):.0f} ms",
+    ]
+    return f"{run['label']} at {load or 'its load'}: " + ", ".join(parts)
