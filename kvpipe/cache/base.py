@@ -26,9 +26,10 @@ if TYPE_CHECKING:
     from kvpipe.model.loading import LoadedModel
     from kvpipe.model.shape import ModelShape
 
-# What recommend weighs a strategy as (the KV-cache guide's rules are written for these four):
-# grows as needed, preallocated, offloaded to the host, or quantized.
-FAMILIES = ("dynamic", "static", "offloaded", "quantized")
+# What recommend weighs a strategy as (the KV-cache guide's rules are written for the first four):
+# grows as needed, preallocated, offloaded to the host, or quantized; and paged, a pool of fixed-size
+# pages that many requests share under continuous batching.
+FAMILIES = ("dynamic", "static", "offloaded", "quantized", "paged")
 
 
 @dataclass
@@ -100,7 +101,7 @@ class CacheStrategy(Registered):
     """Base class: subclass it, set `name`, `family` and `Settings`, and override `build`."""
 
     registry: ClassVar[Registry[CacheStrategy]] = Registry("cache.strategy")
-    family: ClassVar[str]  # what recommend weighs it as: dynamic, static, offloaded or quantized
+    family: ClassVar[str]  # what recommend weighs it as: one of FAMILIES
     lossless: ClassVar[bool] = True  # keeps keys and values exactly: no quality pass needed to trust it
     order: ClassVar[int] = 100  # row order in `kvpipe plan`
     Settings: ClassVar[type] = NoSettings  # dataclass of the cache.* fields it reads, with defaults
