@@ -94,6 +94,7 @@ CORE = (
     _m("goodput_requests_per_s", "goodput", "req/s", ".2f", HIGHER, in_run_table=True, compare=True),
     _m("within_targets", "within latency targets", "", ".0%", HIGHER),
     _m("max_in_flight", "most in flight", "", ".0f", in_run_table=True),
+    _m("kv_held_bytes", "KV held at peak", spec="bytes", lower=LOWER, in_run_table=True),
     _m("served_requests", "requests served", "", ".0f"),
     _m("serve_span_ms", "first arrival to last token", "ms"),
     _m("peak_memory_bytes", "peak memory", spec="bytes", lower=LOWER, in_run_table=True, compare=True),

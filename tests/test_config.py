@@ -9,7 +9,7 @@ from kvpipe.errors import ConfigError
 
 from conftest import REPO, compose_config, spec_for
 
-GROUPS = ("model", "cache", "backend", "axis", "workload", "quality", "tracking")
+GROUPS = ("model", "cache", "backend", "axis", "workload", "quality", "tracking", "load")
 
 
 def group_options(group: str) -> list[str]:
@@ -24,6 +24,8 @@ def test_every_group_option_composes_into_a_plan(group, option):
         overrides.append(f"model.name_or_path={REPO}/tests/data/tiny_llama")
     if option == "dataset":
         overrides.append(f"workload.path={REPO}/examples/prompts.jsonl")
+    if group == "cache" and option == "paged":  # it serves requests under a load, never batch by batch
+        overrides.append("load=concurrency")
     spec = spec_for(*overrides)
     assert spec.workload.max_new_tokens > 0
 

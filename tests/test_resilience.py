@@ -63,7 +63,9 @@ def test_unknown_fallback_strategy_is_a_config_error():
     from kvpipe.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"fallback\[0\]"):
-        spec_for("fallback=[paged]")
+        spec_for("fallback=[pagd]")
+    with pytest.raises(ConfigError, match=r"fallback\[0\]='paged' is not valid: expected one of: dynamic"):
+        spec_for("fallback=[paged]")  # a fallback retries one batch: continuous batching cannot
 
 
 def mlflow_runs(db: Path):

@@ -192,3 +192,20 @@ def test_runs_of_one_batch_at_a_time_are_no_service_answer():
 
     chosen, (what, why) = choose_for_service(fake_runs({"cache": "dynamic"}), Limits(), "goodput")
     assert chosen is None and what == "no run served a load" and "load=concurrency" in why
+
+
+def test_paged_serving_answers_each_request_as_the_dynamic_cache_does():
+    from kvpipe.job.runner import run_job
+
+    common = (*SERVE, "load.requests=6", "workload.warmup=0", "workload.ignore_eos=false")
+    paged = run_job(spec_for(*common, "cache=paged", "load=concurrency", "load.concurrency=4"))
+    dynamic = run_job(spec_for(*common, "cache=dynamic", "load=concurrency", "load.concurrency=1"))
+    assert [t["completion"] for t in paged.texts] == [t["completion"] for t in dynamic.texts]
+    assert paged.metrics["max_in_flight"] == 4 and paged.metrics["served_requests"] == 6
+    assert 0 < paged.metrics["kv_held_bytes"] <= paged.metrics["kv_cache_bytes"]  # held within the pool
+    assert paged.tags["cache.effective"] == "paged" and "kv_held_bytes" not in dynamic.metrics
+
+
+def test_paged_without_a_load_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="cache=paged serves many requests at once by continuous batching"):
+        spec_for(*SERVE, "cache=paged")

@@ -14,6 +14,7 @@ arrives while the server is busy waits, and that wait counts in its TTFT.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -22,7 +23,9 @@ from kvpipe.cache.accounting import kv_cache_bytes
 from kvpipe.measure.clock import TokenClock
 from kvpipe.measure.serving import Served
 
-POLL_S = 0.05  # how long the continuous server's client waits for an answer before it looks at the clock again
+# How long the continuous server's client waits for an answer before it looks at the clock (and samples
+# the blocks its requests hold) again: short enough to see a request's blocks before it finishes.
+POLL_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -37,11 +40,13 @@ class Request:
 @dataclass
 class Outcome:
     """What serving a list of requests gave: each request as served, the most in flight at once,
-    and the KV cache's largest size while it ran."""
+    the KV cache's bytes (a static batch's largest cache; a paged cache's whole pool, which it
+    reserves), and for a paged cache the most its requests held at once."""
 
     served: list[Served]
     max_in_flight: int
     kv_bytes: int
+    kv_held_bytes: int | None = None
 
 
 def requests_of(batches, count: int, new_tokens: int) -> list[Request]:
@@ -114,17 +119,21 @@ def serve_continuously(spec, loaded, requests: list[Request], arrivals: list[flo
     """Requests added to transformers' continuous batching manager as they arrive (at most `cap` in
     flight), answers taken as they finish."""
     strategy = spec.strategy
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)  # its start and stop lines, per run
     manager = strategy.start_manager(
         loaded,
         max_prompt_tokens=max(len(r.ids) for r in requests),
         max_new_tokens=max(r.new_tokens for r in requests),
         num_requests=len(requests),
+        seed=spec.workload.seed,
         ignore_eos=spec.workload.ignore_eos,
+        do_sample=spec.workload.do_sample,
     )
     served: list[Served | None] = [None] * len(requests)
     in_flight: dict[str, tuple[int, float]] = {}
-    start, next_index, done, most, kv_peak = time.perf_counter(), 0, 0, 0, 0
+    start, next_index, done, most, held_peak = time.perf_counter(), 0, 0, 0, 0
     try:
+        pool = strategy.pool_bytes(manager)
         while done < len(requests):
             now = time.perf_counter()
             while (
@@ -138,7 +147,7 @@ def serve_continuously(spec, loaded, requests: list[Request], arrivals: list[flo
                 in_flight[request_id] = (next_index, now if closed else start + arrivals[next_index])
                 next_index += 1
             most = max(most, len(in_flight))
-            kv_peak = max(kv_peak, strategy.kv_bytes_held(manager))
+            held_peak = max(held_peak, strategy.held_bytes(manager))
             wait = POLL_S
             if not closed and next_index < len(requests) and len(in_flight) < cap:
                 wait = min(POLL_S, max(start + arrivals[next_index] - time.perf_counter(), 0.001))
@@ -158,5 +167,5 @@ def serve_continuously(spec, loaded, requests: list[Request], arrivals: list[flo
             )
             done += 1
     finally:
-        strategy.stop_manager(loaded, manager)
-    return Outcome([s for s in served if s is not None], most, kv_peak)
+        strategy.stop_manager(manager)
+    return Outcome([s for s in served if s is not None], most, pool, held_peak)

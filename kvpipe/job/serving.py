@@ -68,6 +68,7 @@ def run_serving_job(spec) -> JobResult:
         peak_memory_bytes=float(peak.peak_bytes),
         peak_over_baseline_bytes=float(peak.peak_over_baseline_bytes),
         kv_cache_bytes=float(outcome.kv_bytes),
+        **({"kv_held_bytes": float(outcome.kv_held_bytes)} if outcome.kv_held_bytes is not None else {}),
         weights_bytes=float(loaded.weights_bytes),
         load_ms=loaded.load_s * 1e3,
         warmup_ms=warmup_ms,

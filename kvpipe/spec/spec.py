@@ -137,8 +137,10 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
     typed.workload = _check_workload(typed.workload)
     _check_quality(typed.quality)
     _check_load(typed.load, typed.workload)
+    batch_caches = [s.name for s in cache_strategies.registered() if not s.continuous]
     for index, strategy in enumerate(typed.fallback):
         require_choice(f"fallback[{index}]", strategy, cache_strategies.names())
+        require_choice(f"fallback[{index}]", strategy, batch_caches)  # it retries one batch: no continuous one
     spec = Spec(
         model=typed.model,
         cache=typed.cache,
