@@ -18,7 +18,7 @@ FLOORS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("kvpipe.config",),),
     (("kvpipe.catalogue",),),
     (("kvpipe.model",),),
-    (("kvpipe.cache",), ("kvpipe.workload",), ("kvpipe.load",)),
+    (("kvpipe.cache",), ("kvpipe.workload",), ("kvpipe.load",)),  # siblings: none imports another
     (("kvpipe.spec",),),
     (("kvpipe.measure",),),
     (("kvpipe.job",),),
