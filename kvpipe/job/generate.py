@@ -37,20 +37,7 @@ def measured_generate(spec, loaded, setup, batch) -> Call:
     release_freed_memory(loaded.device)
     torch.manual_seed(workload.seed)
     with torch.inference_mode(), PeakMemory(loaded.device) as peak, _backend_errors(spec, batch):
-        clock.begin()
-        output = loaded.model.generate(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            cache=cache,
-            max_new_tokens=new_tokens,
-            # A fixed token count keeps runs comparable: EOS would end strategies at different steps.
-            min_new_tokens=new_tokens if workload.ignore_eos else None,
-            do_sample=workload.do_sample,
-            streamer=clock,
-            pad_token_id=loaded.tokenizer.pad_token_id,
-            **setup.generate_kwargs,
-        )
-        clock.end()
+        output = clocked_generate(workload, loaded, setup, batch, cache, clock, new_tokens)
     return Call(
         timing=Timing.from_clock(clock),
         peak=peak,
@@ -61,6 +48,26 @@ def measured_generate(spec, loaded, setup, batch) -> Call:
         kv_host_bytes=kv_cache_host_bytes(cache) if loaded.device != "cpu" else 0,
         new_tokens=output[:, batch.prompt_tokens :].cpu(),
     )
+
+
+def clocked_generate(workload, loaded, setup, batch, cache, clock: TokenClock, new_tokens: int):
+    """generate() as kvpipe measures it: the cache given, every step timestamped by `clock`, and
+    exactly new_tokens per row where the workload ignores EOS (EOS would end strategies at
+    different steps). The serving job's static batches call it too."""
+    clock.begin()
+    output = loaded.model.generate(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        cache=cache,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens if workload.ignore_eos else None,
+        do_sample=workload.do_sample,
+        streamer=clock,
+        pad_token_id=loaded.tokenizer.pad_token_id,
+        **setup.generate_kwargs,
+    )
+    clock.end()
+    return output
 
 
 @contextmanager

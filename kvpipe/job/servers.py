@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from kvpipe.cache.accounting import kv_cache_bytes
+from kvpipe.job.generate import clocked_generate
 from kvpipe.measure.clock import TokenClock
 from kvpipe.measure.serving import Served
 
@@ -83,19 +84,7 @@ def serve_static_batches(spec, loaded, setup, requests: list[Request], arrivals:
         clock, cache = TokenClock(sync_cuda=loaded.device == "cuda"), setup.make_cache()
         torch.manual_seed(workload.seed)
         with torch.inference_mode():
-            clock.begin()
-            output = loaded.model.generate(
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask,
-                cache=cache,
-                max_new_tokens=longest,
-                min_new_tokens=longest if workload.ignore_eos else None,
-                do_sample=workload.do_sample,
-                streamer=clock,
-                pad_token_id=loaded.tokenizer.pad_token_id,
-                **setup.generate_kwargs,
-            )
-            clock.end()
+            output = clocked_generate(workload, loaded, setup, batch, cache, clock, longest)
         finished = time.perf_counter()
         kv_peak, most = max(kv_peak, kv_cache_bytes(cache)), max(most, len(taken))
         prompt = batch.input_ids.shape[1]
@@ -124,7 +113,7 @@ def serve_continuously(spec, loaded, requests: list[Request], arrivals: list[flo
         loaded,
         max_prompt_tokens=max(len(r.ids) for r in requests),
         max_new_tokens=max(r.new_tokens for r in requests),
-        num_requests=len(requests),
+        num_requests=min(cap, len(requests)),  # what is in flight at once: off CUDA, the pool's size
         seed=spec.workload.seed,
         ignore_eos=spec.workload.ignore_eos,
         do_sample=spec.workload.do_sample,
