@@ -182,6 +182,8 @@ def test_the_service_answer_is_the_most_throughput_within_the_limits():
     assert (chosen["label"], chosen["tags.kvpipe.load"]) == ("quantized:quanto:int4:kivi", "concurrency(16)")
     none, (what, why) = choose_for_service(runs, Limits(tpot_ms=10.0), "throughput")
     assert none is None and what == "no serving run meets the limits" and "misses TPOT by 300%" in why
+    none, (what, why) = choose_for_service(runs, Limits(), "goodput")  # no run had latency targets
+    assert none is None and what == "no serving run measured goodput" and "load.max_tpot_ms" in why
 
 
 def test_runs_of_one_batch_at_a_time_are_no_service_answer():

@@ -30,6 +30,9 @@ def choose_for_service(runs, limits: Limits, objective: str):
         return None, ("no run served a load", "run a sweep with load=concurrency or load=rate, e.g. "
                       "kvpipe -m cache=dynamic,paged load=concurrency load.concurrency=1,4,16")  # fmt: skip
     ok = served[[not limits.misses(run) for _, run in served.iterrows()]]
+    if not ok.empty and column(ok, figure).isna().all():
+        return None, (f"no serving run measured {objective}",
+                      "goodput counts requests within latency targets: run with load.max_ttft_ms and/or load.max_tpot_ms")  # fmt: skip
     ok = ok[column(ok, figure).notna()]
     if ok.empty:
         worst = [(max(limits.misses(run).values()), run) for _, run in served.iterrows()]
