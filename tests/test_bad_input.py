@@ -53,7 +53,8 @@ def test_help_describes_kvpipe_its_groups_and_subcommands(tmp_path):
     for name in ("compare", "recommend", "plan", "sync"):
         assert f"  {name} " in proc.stdout
     groups = proc.stdout.split("== Config groups (group=option) ==")[1]
-    assert "cache: dynamic, offloaded, offloaded_static, quantized, static, static_compiled" in groups
+    assert "cache: dynamic, offloaded, offloaded_static, paged, quantized, static, static_compiled" in groups
+    assert "load: concurrency, offline, rate" in groups
     assert "tab completion" in proc.stdout.lower()
 
 
