@@ -211,3 +211,27 @@ def test_paged_serving_answers_each_request_as_the_dynamic_cache_does():
 def test_paged_without_a_load_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="cache=paged serves many requests at once by continuous batching"):
         spec_for(*SERVE, "cache=paged")
+
+
+def traffic(tmp_path, times):
+    path = tmp_path / "traffic.jsonl"
+    rows = [{"prompt": f"Question {i}: what is {i} plus {i}?", "max_new_tokens": 4, "timestamp": t}
+            for i, t in enumerate(times)]  # fmt: skip
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return ("workload=dataset", f"workload.path={path}")
+
+
+def test_a_rate_load_replays_a_datasets_own_arrival_times(tmp_path):
+    from kvpipe.job.runner import run_job
+
+    job = run_job(spec_for(*SERVE, *traffic(tmp_path, [100.0, 100.2, 100.2, 100.5]), "load=rate", "workload.warmup=0"))
+    assert job.metrics["served_requests"] == 4
+    assert job.metrics["serve_span_ms"] >= 500  # the last request arrives 0.5 s after the first
+    assert any("replayed the workload's own arrival times (4 requests over 0.5 s)" in note for note in job.notes)
+
+
+def test_arrival_times_that_go_backwards_are_one_line_before_anything_loads(tmp_path):
+    with pytest.raises(
+        ConfigError, match=r"row 2 has timestamp=3, before row 1's 5; expected arrival times that never"
+    ):
+        spec_for(*SERVE, *traffic(tmp_path, [1.0, 5.0, 3.0]), "load=rate")

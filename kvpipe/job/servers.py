@@ -36,6 +36,7 @@ class Request:
     ids: list[int]
     new_tokens: int
     text: str
+    arrival_s: float | None = None  # when the workload says it arrived (a dataset's timestamps), if it does
 
 
 @dataclass
@@ -55,8 +56,18 @@ def requests_of(batches, count: int, new_tokens: int) -> list[Request]:
     prompts = []
     for batch in batches:
         ids = batch.input_ids[0][batch.attention_mask[0].bool()].tolist()
-        prompts.append(Request(ids, batch.max_new_tokens or new_tokens, batch.texts[0]))
+        arrival = getattr(batch.rows[0], "arrival_s", None) if batch.rows else None
+        prompts.append(Request(ids, batch.max_new_tokens or new_tokens, batch.texts[0], arrival))
     return [prompts[i % len(prompts)] for i in range(count)]
+
+
+def replayed(requests: list[Request], count: int) -> list[Request] | None:
+    """The workload's own requests in the order they arrived, each once, the first `count` of them;
+    None where they carry no arrival times."""
+    own = {id(r): r for r in requests}.values()  # cycled requests are the same objects
+    if any(r.arrival_s is None for r in own):
+        return None
+    return sorted(own, key=lambda r: r.arrival_s)[:count]
 
 
 def serve_static_batches(spec, loaded, setup, requests: list[Request], arrivals: list[float], cap: int,

@@ -12,7 +12,7 @@ import torch
 
 from kvpipe import model
 from kvpipe.job.outcome import JobResult
-from kvpipe.job.servers import requests_of, serve_continuously, serve_static_batches
+from kvpipe.job.servers import replayed, requests_of, serve_continuously, serve_static_batches
 from kvpipe.job.threads import use_threads
 from kvpipe.measure import contention, quality
 from kvpipe.measure.environment import environment, load_average
@@ -35,6 +35,9 @@ def run_serving_job(spec) -> JobResult:
     workload.check_fits(shape, batches)
     count = load.request_count(len(batches))
     requests = requests_of(batches, count, spec.workload.max_new_tokens)
+    own_times = replayed(requests, count) if load.replays_arrivals else None
+    if own_times is not None:
+        requests, count = own_times, len(own_times)
     longest_prompt = max(len(r.ids) + r.new_tokens for r in requests)
     strategy.check_for_model(shape, max(len(r.ids) for r in requests))
 
@@ -51,7 +54,8 @@ def run_serving_job(spec) -> JobResult:
         if strategy.continuous
         else partial(serve_static_batches, spec, loaded, setup)
     )
-    cap, arrivals = load.in_flight(count), load.arrivals(count)
+    cap = load.in_flight(count)
+    arrivals = [r.arrival_s for r in requests] if own_times is not None else load.arrivals(count)
     warmup_started = time.perf_counter()
     first = requests[:cap]  # what a warm-up pays once (allocation, kernels), at the run's largest batch
     for _ in range(spec.workload.warmup):
@@ -83,6 +87,9 @@ def run_serving_job(spec) -> JobResult:
         metrics["other_cpu_cores"], metrics["job_cpu_cores"] = others, own
     effective = setup.effective if setup else strategy.name
     notes = [*spec.warnings, *(setup.notes if setup else [])]
+    if own_times is not None:
+        notes.append(f"replayed the workload's own arrival times ({count} requests over {arrivals[-1]:.1f} s); "
+                     f"load.rate={spec.load.rate:g} was not used")  # fmt: skip
     tags = {
         "cache.requested": setup.requested if setup else strategy.name,
         "cache.effective": effective,

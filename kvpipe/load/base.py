@@ -40,6 +40,8 @@ class Load(Registered):
     # a closed loop: each request arrives when one in flight is answered (its client was waiting);
     # otherwise arrivals are fixed in advance and a request may wait for the server
     closed: ClassVar[bool] = False
+    # replays the arrival times a workload's requests carry (a dataset's timestamp column), where they do
+    replays_arrivals: ClassVar[bool] = False
 
     def __init__(self, load_cfg):
         self.config = load_cfg

@@ -1,6 +1,8 @@
 """load=rate: open-loop arrivals at R requests per second, a Poisson process with a seed (vLLM's
 --request-rate, GuideLLM's poisson profile), for load.requests requests or for load.duration_s
-seconds. A request waits while the server is busy: its queueing delay counts in its TTFT."""
+seconds; or, where the workload's requests carry their own arrival times (workload=dataset with a
+timestamp or arrival_s column), those, replayed. A request waits while the server is busy: its
+queueing delay counts in its TTFT."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from kvpipe.load.base import Load
 class Rate(Load):
     name = "rate"
     order = 30
+    replays_arrivals = True  # a dataset's timestamps, where it has them, in place of the Poisson draw
 
     @dataclass
     class Settings:

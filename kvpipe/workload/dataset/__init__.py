@@ -18,6 +18,8 @@ from kvpipe.workload.base import Batch, Window, Workload, padded_batch
 from kvpipe.workload.dataset import reading
 
 LENGTH_COLUMN = "max_new_tokens"
+# When each row arrived, in seconds (a timestamp, or an offset from the first): load=rate replays them
+ARRIVAL_COLUMNS = ("timestamp", "arrival_s")
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class Row:
     number: int
     messages: tuple
     max_new_tokens: int | None
+    arrival_s: float | None = None  # seconds after the file's first arrival, where it says
 
 
 class Dataset(Workload):
@@ -77,9 +80,15 @@ class Dataset(Workload):
             data = data.shuffle(seed=self.common.seed).select(range(self.settings.limit))
             numbers = data["__kvpipe_row"]
         lengths = data[LENGTH_COLUMN] if LENGTH_COLUMN in data.column_names else [None] * len(numbers)
+        arrivals = _arrivals(self.settings.path, data, numbers)
         return [
-            Row(number, _messages(self.settings.path, field, number, value), _length(self.settings.path, number, new))
-            for number, value, new in zip(numbers, data[field], lengths)
+            Row(
+                number,
+                _messages(self.settings.path, field, number, value),
+                _length(self.settings.path, number, new),
+                arrival,
+            )  # fmt: skip
+            for number, value, new, arrival in zip(numbers, data[field], lengths, arrivals)
         ]
 
     def size_label(self) -> str:
@@ -162,3 +171,29 @@ def _length(path: str, number: int, value) -> int | None:
             "workload.path", path, f"row {number} has {LENGTH_COLUMN}={value!r}; expected a positive integer"
         )
     return int(value)
+
+
+def _arrivals(path: str, data, numbers: list[int]) -> list[float | None]:
+    """Each row's arrival, in seconds after the first, from its timestamp (or arrival_s) column; the
+    times must never go backwards down the file. No such column: None for every row."""
+    name = next((c for c in ARRIVAL_COLUMNS if c in data.column_names), None)
+    if name is None:
+        return [None] * len(numbers)
+    times = []
+    for number, value in zip(numbers, data[name]):
+        if hasattr(value, "timestamp"):  # a datetime column
+            value = value.timestamp()
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+            raise ConfigError("workload.path", path, f"row {number} has {name}={value!r}; expected seconds (a number)")
+        times.append(float(value))
+    order = sorted(range(len(numbers)), key=lambda i: numbers[i])  # file order, whatever a sample chose
+    for earlier, later in zip(order, order[1:]):
+        if times[later] < times[earlier]:
+            raise ConfigError(
+                "workload.path",
+                path,
+                f"row {numbers[later]} has {name}={times[later]:g}, before row {numbers[earlier]}'s {times[earlier]:g}; "
+                "expected arrival times that never go backwards",
+            )
+    first = min(times)
+    return [t - first for t in times]
