@@ -235,3 +235,24 @@ def test_arrival_times_that_go_backwards_are_one_line_before_anything_loads(tmp_
         ConfigError, match=r"row 2 has timestamp=3, before row 1's 5; expected arrival times that never"
     ):
         spec_for(*SERVE, *traffic(tmp_path, [1.0, 5.0, 3.0]), "load=rate")
+
+
+@pytest.mark.slow  # six tiny serving jobs through advise's sweep, recorded in MLflow
+def test_advise_for_a_service_answers_with_a_cache_and_a_concurrency(tmp_path, existing_store):
+    existing_store(tmp_path)
+    job = [o for o in SERVE if o != "tracking=off"]
+    said = run_cli(["advise", *job, "--objective", "throughput", "--max-tpot-ms", "50",
+                    "--memory-budget", "4GiB", "--concurrency", "1,4"], cwd=tmp_path)  # fmt: skip
+    assert said.returncode == 0, said.stderr[-2000:]
+    assert "6 jobs (dynamic, paged, quantized at concurrency 1, 4)" in said.stdout
+    answer = next(line for line in said.stdout.splitlines() if line.startswith("recommend: "))
+    assert " at concurrency(" in answer and "tok/s" in answer
+    assert "load.concurrency=" in said.stdout.split("use: ")[1]
+
+
+def test_advise_for_a_service_refuses_a_bad_concurrency_and_too_few_trials(tmp_path):
+    job = [o for o in SERVE if o != "tracking=off"]
+    said = run_cli(["advise", *job, "--objective", "throughput", "--concurrency", "0,4"], cwd=tmp_path)
+    assert said.returncode == 2 and "--concurrency='0,4' is not valid" in said.stderr
+    said = run_cli(["advise", *job, "--objective", "goodput", "--trials", "2"], cwd=tmp_path)
+    assert said.returncode == 2 and "3 caches x 3 concurrencies is 9 jobs; expected --trials 9 or more" in said.stderr

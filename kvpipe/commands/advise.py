@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from kvpipe.decide.limits import add_limit_arguments, limits_of, settings
+from kvpipe.decide.service import OBJECTIVES
 from kvpipe.errors import ConfigError
 from kvpipe.orchestrate.search.sweeper import SearchSettings
 from kvpipe.record import tags as mlflow_tags
@@ -50,6 +51,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--trials", type=int, default=DEFAULT_TRIALS, help=f"jobs to measure at most (default {DEFAULT_TRIALS})"
     )
     parser.add_argument("--timeout", metavar="DURATION", help="launch no new trial after this long: 20m, 1h, 600")  # fmt: skip
+    parser.add_argument(
+        "--objective",
+        choices=("latency", *OBJECTIVES),
+        default="latency",
+        help="latency (default): the cache for one batch at a time, searched; throughput or goodput: the cache and "
+        "concurrency with the most of it for a service, measured over cache= x --concurrency",
+    )
+    parser.add_argument(
+        "--concurrency", default="1,4,16", metavar="N,N", help="with --objective throughput|goodput: the loads to try"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "tracking", "off", "advise reads its trials back from MLflow; expected tracking=sqlite or server"
         )
+    if args.objective != "latency":
+        return _advise_service(args, limits, started)
     fixed, _ = split_arguments(args.overrides)  # the plan shows every strategy: the model and workload matter
     spec = spec_from(fixed)
     auth.check_credentials(spec.tracking, Path.cwd())  # a refusal: one line, before the plan and the search
@@ -135,3 +148,49 @@ def _recommend(args, parent: str) -> int:
 
     experiment, uri = _source(args)
     return answer(limits_of(args), experiment, parent, uri)
+
+
+SERVED = "dynamic,paged,quantized"  # the caches a service question measures unless cache= narrows them
+
+
+def _advise_service(args, limits, started: float) -> int:
+    """For a service: every cache of cache= (default dynamic, paged and quantized) at every
+    --concurrency, as one sweep, then the one with the most throughput (or goodput) within limits."""
+    from kvpipe.commands.recommend import answer_for_service
+    from kvpipe.orchestrate.search.launch import launch_sweep
+    from kvpipe.record import auth
+    from kvpipe.spec import spec_from
+
+    levels = _concurrencies(args.concurrency)
+    given = {o.split("=", 1)[0]: o for o in args.overrides if "=" in o}
+    caches = given.pop("cache", f"cache={SERVED}").split("=", 1)[1].split(",")
+    jobs = len(caches) * len(levels)
+    if jobs > args.trials:
+        raise ConfigError(
+            "--trials", args.trials, f"{len(caches)} caches x {len(levels)} concurrencies is {jobs} jobs; expected "
+            f"--trials {jobs} or more, or fewer caches (cache=) or concurrencies (--concurrency)",
+        )  # fmt: skip
+    targets = [f"load.max_tpot_ms={args.max_tpot_ms}"] if args.max_tpot_ms is not None else []
+    fixed = [*given.values(), "load=concurrency", *targets]
+    spec = spec_from([*fixed, f"cache={caches[0]}", f"load.concurrency={levels[0]}"])  # one line for a bad one
+    auth.check_credentials(spec.tracking, Path.cwd())
+    sweep_dir = Path(ADVISE_DIR) / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    print(f"advise: the most {args.objective} within {limits.describe()}: {jobs} jobs ({', '.join(caches)} at "
+          f"concurrency {', '.join(map(str, levels))}); trials in {sweep_dir}", flush=True)  # fmt: skip
+    parent = launch_sweep([*fixed, f"cache={','.join(caches)}", f"load.concurrency={','.join(map(str, levels))}"],
+                          sweep_dir)  # fmt: skip
+    print()
+    experiment, uri = _source(args)
+    status = answer_for_service(limits, args.objective, experiment, parent, uri)
+    took = duration_text(time.monotonic() - started)
+    print(f"advise: done in {took} (sweep {parent[:8]}; `kvpipe compare --parent {parent}` draws the serving curve)")
+    return status
+
+
+def _concurrencies(text: str) -> list[int]:
+    parts = text.replace(" ", "").split(",")
+    if not all(part.isdigit() and int(part) >= 1 for part in parts):
+        raise ConfigError(
+            "--concurrency", text, "expected comma-separated requests in flight of 1 or more, e.g. 1,4,16"
+        )
+    return sorted({int(part) for part in parts})

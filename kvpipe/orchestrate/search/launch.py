@@ -1,5 +1,6 @@
-"""A search as a Python call: Hydra's multirun with the search sweeper (hydra/sweeper=search), in this
-process, as `kvpipe -m hydra/sweeper=search ...` would run it. `kvpipe advise` calls it."""
+"""A sweep as a Python call: Hydra's multirun, in this process, as `kvpipe -m ...` would run it, with
+the search sweeper (hydra/sweeper=search: `launch_search`) or the grid (`launch_sweep`).
+`kvpipe advise` calls them."""
 
 from __future__ import annotations
 
@@ -14,18 +15,28 @@ def launch_search(overrides: list[str], sweep_dir: Path, **settings) -> str:
     e.g. trials=12, memory_budget="2GiB"; None is left at its default) with the user's overrides; its
     trials are a sweep's jobs in sweep_dir. Returns the sweep's MLflow parent run id. A search whose
     trials failed ends like a sweep with failed jobs: its parent is returned all the same."""
+    from kvpipe.orchestrate.sweepers import register_search_sweeper
+
+    register_search_sweeper()
+    words = ["hydra/sweeper=search", *overrides]
+    words += [f"hydra.sweeper.{name}={value}" for name, value in settings.items() if value is not None]
+    return launch_sweep(words, sweep_dir)
+
+
+def launch_sweep(overrides: list[str], sweep_dir: Path) -> str:
+    """Run the sweep the overrides describe (`cache=dynamic,paged load.concurrency=1,4`: every
+    combination, with the default grid sweeper) in sweep_dir; returns its MLflow parent run id."""
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    from kvpipe.orchestrate.sweepers import register_search_sweeper
+    from kvpipe.orchestrate.sweepers import register_grid_sweeper
     from kvpipe.orchestrate.task import run_task, user_error
     from kvpipe.spec import register_schemas
 
     register_schemas()
-    register_search_sweeper()
+    register_grid_sweeper()
     # hydra.mode: what `-m` sets on the command line, which each job reads to run as a sweep's
-    words = ["hydra/sweeper=search", "hydra.mode=MULTIRUN", f"hydra.sweep.dir={sweep_dir}", *overrides]
-    words += [f"hydra.sweeper.{name}={value}" for name, value in settings.items() if value is not None]
+    words = ["hydra.mode=MULTIRUN", f"hydra.sweep.dir={sweep_dir}", *overrides]
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module="kvpipe.conf", version_base="1.3", job_name="kvpipe"):
@@ -34,7 +45,7 @@ def launch_search(overrides: list[str], sweep_dir: Path, **settings) -> str:
             )
     except SystemExit as exc:  # the sweep's exit status: 1 when some trials failed
         if exc.code not in (0, 1, None):
-            raise KvpipeError(f"the search stopped (exit {exc.code}); see its log in {sweep_dir}") from None
+            raise KvpipeError(f"the sweep stopped (exit {exc.code}); see its log in {sweep_dir}") from None
     except KvpipeError:
         raise
     except Exception as exc:  # noqa: BLE001 - Hydra's and OmegaConf's user errors as one line
@@ -46,5 +57,5 @@ def launch_search(overrides: list[str], sweep_dir: Path, **settings) -> str:
         GlobalHydra.instance().clear()
     state = SweepState.load(sweep_dir)
     if state is None or not state.parent_run_id:
-        raise KvpipeError(f"the search in {sweep_dir} has no MLflow parent run; its results are on disk there")
+        raise KvpipeError(f"the sweep in {sweep_dir} has no MLflow parent run; its results are on disk there")
     return state.parent_run_id
