@@ -10,7 +10,8 @@ import pytest
 
 from kvpipe import cache, cli
 from kvpipe.cache.accounting import kv_shape
-from kvpipe.cache.paged import Paged, PoolLayout
+from kvpipe.cache.paged import Paged
+from kvpipe.cache.paged_pool import PoolLayout
 from kvpipe.errors import ConfigError
 from kvpipe.model import load, read_shape
 from kvpipe.model.shape import Layer, ModelShape
