@@ -75,6 +75,7 @@ CORE = (
     _m("itl_p50_ms", "ITL p50", "ms", lower=LOWER),
     _m("itl_p90_ms", "ITL p90", "ms", lower=LOWER),
     _m("itl_p99_ms", "ITL p99", "ms", lower=LOWER),
+    _m("itl_ms", "ITL", "ms", lower=LOWER),  # its mean is not reported: its interval, itl_ms_ci_low/_ci_high, is
     # a serving run (load=...): per request, from its arrival (kvpipe.measure.serving)
     _m("ttft_p50_ms", "TTFT p50", "ms", lower=LOWER),
     _m("ttft_p90_ms", "TTFT p90", "ms", lower=LOWER, in_run_table=True, compare=True),
@@ -153,10 +154,10 @@ def get(name: str) -> Metric:
 
 
 def base_name(name: str, known: Mapping[str, Metric] | None = None) -> str:
-    """A companion's metric: tpot_ms_std and tpot_ms_cv belong to tpot_ms (among `known`, by
-    default the core metrics)."""
+    """A companion's metric: tpot_ms_std, tpot_ms_cv and tpot_ms_ci_low/_ci_high belong to tpot_ms
+    (among `known`, by default the core metrics)."""
     known = catalogue() if known is None else known
-    for suffix in ("_std", "_cv"):
+    for suffix in ("_std", "_cv", "_ci_low", "_ci_high"):
         if name.endswith(suffix) and name.removesuffix(suffix) in known:
             return name.removesuffix(suffix)
     return name

@@ -151,3 +151,15 @@ def test_the_bandwidth_probe_outgrows_every_last_level_cache(tmp_path, monkeypat
     assert roofline.probe_bytes("cpu") == 256 * 2**20
     monkeypatch.setattr(roofline, "last_level_cache_bytes", lambda: 4 * 2**20)
     assert roofline.probe_bytes("cpu") == 64 * 2**20
+
+
+def test_a_timings_interval_holds_its_mean_narrows_with_more_calls_and_repeats_from_the_seed():
+    from kvpipe.measure.uncertainty import bootstrap_interval
+
+    few = [50.0, 52.0, 49.0, 55.0, 51.0]
+    low, high = bootstrap_interval(few)
+    assert low < sum(few) / len(few) < high and min(few) <= low and high <= max(few)
+    many_low, many_high = bootstrap_interval(few * 20)
+    assert many_high - many_low < (high - low) / 2  # 20x the calls: an interval about sqrt(20) narrower
+    assert bootstrap_interval(few) == (low, high)  # from the seed: the same calls, the same interval
+    assert all(v != v for v in bootstrap_interval([51.0]))  # one call: no interval (NaN)

@@ -8,9 +8,11 @@ import statistics
 from kvpipe.cache.accounting import UnpredictableLayers, dense_fp16_bytes, kv_shape
 from kvpipe.measure.clock import mean_std, percentile
 from kvpipe.measure.roofline import memory_bandwidth_bytes_per_s, roofline_fraction, weights_read_bytes
+from kvpipe.measure.uncertainty import with_intervals
 
 TIMINGS = ("ttft_ms", "tpot_ms", "e2e_ms", "decode_tokens_per_s", "prefill_tokens_per_s")
 NOISE_JUDGED = ("ttft_ms", "tpot_ms")  # the figures a run is marked noisy by
+INTERVALS = ("ttft_ms", "tpot_ms", "decode_tokens_per_s")  # the timings that carry a confidence interval
 
 
 def summarise(calls: list, loaded, strategy) -> tuple[dict[str, float], list[str]]:
@@ -37,6 +39,9 @@ def summarise(calls: list, loaded, strategy) -> tuple[dict[str, float], list[str
     itl = [ms for c in calls for ms in c.timing.itl_ms]
     for q in (50, 90, 99):
         metrics[f"itl_p{q}_ms"] = percentile(itl, q)
+    # every timing's 95% interval, over the calls (and ITL's over its gaps)
+    with_intervals(metrics, {name: per_call[name] for name in INTERVALS})
+    with_intervals(metrics, {"itl_ms": itl})
 
     largest = max(calls, key=lambda c: (c.kv_tokens * c.batch_size, c.kv_bytes))
     metrics["kv_cache_bytes"] = largest.kv_bytes

@@ -11,6 +11,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from kvpipe.measure.uncertainty import with_intervals
+
 
 @dataclass
 class Served:
@@ -83,6 +85,7 @@ def serving_metrics(served: list[Served], max_in_flight: int, max_ttft_ms: float
         "new_tokens": float(sum(len(s.tokens) for s in served)),
         "serve_span_ms": span_s * 1e3,
     }
+    with_intervals(metrics, {"ttft_ms": ttft, "tpot_ms": tpot})  # over requests
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e), ("queue", queue)):
         for share in (50, 90, 99):
             metrics[f"{name}_p{share}_ms"] = percentile(values, share / 100)
