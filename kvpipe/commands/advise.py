@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from kvpipe.decide.limits import add_limit_arguments, limits_of, settings
-from kvpipe.decide.service import OBJECTIVES
+from kvpipe.decide.service import add_objective_argument
 from kvpipe.errors import ConfigError
 from kvpipe.orchestrate.search.sweeper import SearchSettings
 from kvpipe.record import tags as mlflow_tags
@@ -51,12 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--trials", type=int, default=DEFAULT_TRIALS, help=f"jobs to measure at most (default {DEFAULT_TRIALS})"
     )
     parser.add_argument("--timeout", metavar="DURATION", help="launch no new trial after this long: 20m, 1h, 600")  # fmt: skip
-    parser.add_argument(
-        "--objective",
-        choices=("latency", *OBJECTIVES),
-        default="latency",
-        help="latency (default): the cache for one batch at a time, searched; throughput or goodput: the cache and "
-        "concurrency with the most of it for a service, measured over cache= x --concurrency",
+    add_objective_argument(
+        parser,
+        "the cache for one batch at a time, searched",
+        "the cache and concurrency with the most of it for a service, measured over cache= x --concurrency",
     )
     parser.add_argument(
         "--concurrency", default="1,4,16", metavar="N,N", help="with --objective throughput|goodput: the loads to try"

@@ -7,19 +7,17 @@ import argparse
 from kvpipe.commands._source import add_source_arguments
 from kvpipe.decide import recommend
 from kvpipe.decide.limits import Limits, add_limit_arguments, limits_of
-from kvpipe.decide.service import OBJECTIVES
+from kvpipe.decide.service import add_objective_argument
 
 HELP = "the cache to use under memory, latency and quality limits"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_limit_arguments(parser)
-    parser.add_argument(
-        "--objective",
-        choices=("latency", *OBJECTIVES),
-        default="latency",
-        help="latency (default): the guide's rules for one batch at a time; throughput or goodput: the cache and "
-        "load with the most of it among runs that served requests under a load (load=...)",
+    add_objective_argument(
+        parser,
+        "the guide's rules for one batch at a time",
+        "the cache and load with the most of it among runs that served requests under a load (load=...)",
     )
     parser.add_argument("--all", action="store_true", help="every FINISHED run in the experiment, not one sweep")
     add_source_arguments(parser)

@@ -16,6 +16,17 @@ OBJECTIVES = {  # --objective -> the figure it maximises
 }
 
 
+def add_objective_argument(parser, latency: str, service: str) -> None:
+    """--objective: latency (the default, what `latency` says it does) or a service's throughput or
+    goodput (what `service` says), for recommend and advise alike."""
+    parser.add_argument(
+        "--objective",
+        choices=("latency", *OBJECTIVES),
+        default="latency",
+        help=f"latency (default): {latency}; throughput or goodput: {service}",
+    )
+
+
 def serving_runs(runs):
     """The runs that served a load."""
     return runs[column(runs, "metrics.output_tokens_per_s").notna()]
