@@ -19,6 +19,7 @@ from kvpipe.measure.environment import environment, load_average
 from kvpipe.measure.memory import PeakMemory, freeze_long_lived_objects, release_freed_memory
 from kvpipe.measure.metrics import prompt_lengths
 from kvpipe.measure.serving import serving_metrics
+from kvpipe.workload import longest_prompt_of
 
 SHOWN_TEXTS = 4  # completions kept in result.json, as a batch job keeps one per prompt
 
@@ -38,8 +39,9 @@ def run_serving_job(spec) -> JobResult:
     own_times = replayed(requests, count) if load.replays_arrivals else None
     if own_times is not None:
         requests, count = own_times, len(own_times)
-    longest_prompt = max(len(r.ids) + r.new_tokens for r in requests)
-    strategy.check_for_model(shape, max(len(r.ids) for r in requests))
+    # sized and checked as a batch job's caches are: the longest context less workload.max_new_tokens
+    longest_prompt = longest_prompt_of(batches, spec.workload.max_new_tokens)
+    strategy.check_for_model(shape, longest_prompt)
 
     load_started = time.perf_counter()
     loaded = model.load(spec.model)
