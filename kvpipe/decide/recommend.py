@@ -124,16 +124,22 @@ def _static_versus_dynamic(static, dynamic) -> str:
     )
 
 
-def _closest_text(runs, limits: Limits) -> str:
-    """The run nearest to meeting every limit (smallest worst overshoot), and by how much it misses."""
-    if runs.empty:
-        return ""
+def closest(runs, limits: Limits) -> tuple[object, list[str]]:
+    """The run nearest to meeting every limit (smallest worst overshoot; every run misses one), and
+    what it misses, the nearest miss first, as text."""
     misses = [
         (max(m.values()), sorted(m.items(), key=lambda item: item[1]), run)
         for m, run in ((limits.misses(run), run) for _, run in runs.iterrows())
     ]
     _, missed, run = min(misses, key=lambda item: item[0])
-    texts = [_miss_text(run, name, overshoot, limits) for name, overshoot in missed]
+    return run, [_miss_text(run, name, overshoot, limits) for name, overshoot in missed]
+
+
+def _closest_text(runs, limits: Limits) -> str:
+    """The run nearest to meeting every limit, and by how much it misses."""
+    if runs.empty:
+        return ""
+    run, texts = closest(runs, limits)
     return f"{run['label']} (run {run['run_id'][:8]}) misses {'only ' if len(texts) == 1 else ''}" + " and ".join(texts)
 
 

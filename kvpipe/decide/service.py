@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from kvpipe.decide.limits import Limits
+from kvpipe.decide.recommend import closest
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.runs import column
 
@@ -44,21 +45,14 @@ def choose_for_service(runs, limits: Limits, objective: str):
     if not ok.empty and column(ok, figure).isna().all():
         return None, (f"no serving run measured {objective}",
                       "goodput counts requests within latency targets: run with load.max_ttft_ms and/or load.max_tpot_ms")  # fmt: skip
-    ok = ok[column(ok, figure).notna()]
     if ok.empty:
-        worst = [(max(limits.misses(run).values()), run) for _, run in served.iterrows()]
-        _, run = min(worst, key=lambda item: item[0])
-        missed = ", ".join(
-            f"{name} by {'an unmeasured figure' if math.isinf(by) else f'{by:.0%}'}"
-            for name, by in limits.misses(run).items()
-        )
-        return None, ("no serving run meets the limits", f"closest: {_describe(run)} misses {missed}")
-    best = ok.loc[column(ok, figure).idxmax()]
-    others = len(ok) - 1
-    why = f"the most {objective} of the {len(ok)} serving runs within limits" + (
-        f"; the next: {_describe(ok.drop(best.name).loc[column(ok.drop(best.name), figure).idxmax()])}"
-        if others
-        else ""
+        run, missed = closest(served, limits)
+        return None, ("no serving run meets the limits", f"closest: {_describe(run)} misses {' and '.join(missed)}")
+    measured = ok[column(ok, figure).notna()]
+    ranked = measured.iloc[(-column(measured, figure)).argsort(kind="stable").to_numpy()]  # the most first
+    best = ranked.iloc[0]
+    why = f"the most {objective} of the {len(ranked)} serving runs within limits" + (
+        f"; the next: {_describe(ranked.iloc[1])}" if len(ranked) > 1 else ""
     )
     return best, (_describe(best), why)
 
