@@ -15,3 +15,17 @@ class JobResult:
     notes: list[str] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)  # what the job resolved: dtype, device, architecture
     answers: list[dict] = field(default_factory=list)  # the workload's own scoring: a row per answer
+
+
+def resolved_params(loaded, threads: int, setup_params: dict[str, str]) -> dict[str, str]:
+    """What a job resolved, as params: the model's dtype, device and threads, its architecture from
+    the loaded config, and what the cache's build resolved."""
+    from kvpipe import model
+
+    return {
+        "model.dtype": loaded.dtype,
+        "model.device": loaded.device,
+        "model.threads": str(threads),
+        **model.architecture_params(loaded.model.config.to_dict(), loaded.shape),
+        **setup_params,
+    }

@@ -12,7 +12,7 @@ import time
 from kvpipe import model
 from kvpipe.job.fallback import with_fallback
 from kvpipe.job.generate import Call, measured_generate
-from kvpipe.job.outcome import JobResult
+from kvpipe.job.outcome import JobResult, resolved_params
 from kvpipe.job.progress import progress_bar
 from kvpipe.job.threads import use_threads
 from kvpipe.measure import contention, quality
@@ -58,10 +58,8 @@ def run_job(spec: Spec) -> JobResult:
 
     ran, (setup, calls, warmup_ms), fallback_tags = with_fallback(spec, loaded, measure)
     cpu_after = contention.sample()
-    others, own = contention.other_cores(cpu_before, cpu_after), contention.own_cores(cpu_before, cpu_after)
-    busy = contention.contended(
-        others, threads, contention.cores(), load_at_start, own if loaded.device == "cpu" else float("nan")
-    )
+    verdict = contention.judge(cpu_before, cpu_after, threads, load_at_start, loaded.device)
+    busy = verdict.busy
     if fallback_tags:
         setup.notes.append(
             f"cache={spec.cache.strategy} ran out of memory; measured cache={ran.cache.strategy} instead"
@@ -91,15 +89,9 @@ def run_job(spec: Spec) -> JobResult:
         **workload.tags(loaded.tokenizer),
         **environment(loaded.device),
     }
-    if others == others:  # not NaN
-        metrics["other_cpu_cores"], metrics["job_cpu_cores"] = others, own
+    metrics.update(verdict.metrics())
     if busy:
-        held = f"{others:.1f}" if others == others else f"load average {load_at_start:.1f} on"
-        setup.notes.append(
-            f"contended: other processes kept {held} of {contention.cores()} cores busy while this job's "
-            f"{threads} torch thread(s) measured; every timing is slower than on an idle machine (rerun when it is "
-            "idle, or set model.threads to the cores that are free)"
-        )
+        setup.notes.append(verdict.note())
     elif tags["noisy"] == "true":
         setup.notes.append(
             f"noisy: TTFT or TPOT varied by {metrics['timing_noise_cv']:.0%} between calls of one shape or between a "
@@ -119,13 +111,7 @@ def run_job(spec: Spec) -> JobResult:
     spent = load_paid_ms + metrics["warmup_ms"] + metrics["measured_ms"] + metrics.get("quality_ms", 0.0)
     metrics["harness_ms"] = max(job_ms - spent, 0.0)
     texts = _texts(loaded.tokenizer, batches, calls[: len(batches)])
-    params = {
-        "model.dtype": loaded.dtype,
-        "model.device": loaded.device,
-        "model.threads": str(threads),
-        **model.architecture_params(loaded.model.config.to_dict(), loaded.shape),
-        **setup.params,
-    }
+    params = resolved_params(loaded, threads, setup.params)
     if ran.quality.enabled:
         params["quality.scored_tokens"] = str(int(metrics["quality_scored_tokens"]))
     notes = [*spec.warnings, *setup.notes]

@@ -11,7 +11,7 @@ from functools import partial
 import torch
 
 from kvpipe import model
-from kvpipe.job.outcome import JobResult
+from kvpipe.job.outcome import JobResult, resolved_params
 from kvpipe.job.servers import replayed, requests_of, serve_continuously, serve_static_batches
 from kvpipe.job.threads import use_threads
 from kvpipe.measure import contention, quality
@@ -81,12 +81,9 @@ def run_serving_job(spec) -> JobResult:
         measured_ms=metrics["serve_span_ms"],
         **prompt_lengths([len(r.ids) for r in requests]),
     )
-    others, own = contention.other_cores(cpu_before, cpu_after), contention.own_cores(cpu_before, cpu_after)
-    busy = contention.contended(
-        others, threads, contention.cores(), load_at_start, own if loaded.device == "cpu" else float("nan")
-    )
-    if others == others:  # not NaN
-        metrics["other_cpu_cores"], metrics["job_cpu_cores"] = others, own
+    verdict = contention.judge(cpu_before, cpu_after, threads, load_at_start, loaded.device)
+    busy = verdict.busy
+    metrics.update(verdict.metrics())
     effective = setup.effective if setup else strategy.name
     notes = [*spec.warnings, *(setup.notes if setup else [])]
     if own_times is not None:
@@ -105,10 +102,7 @@ def run_serving_job(spec) -> JobResult:
         **environment(loaded.device),
     }
     if busy:
-        notes.append(
-            f"contended: other processes kept {others:.1f} of {contention.cores()} cores busy while this job's "
-            f"{threads} torch thread(s) served; every timing is slower than on an idle machine"
-        )
+        notes.append(verdict.note())
     if spec.quality.enabled and not strategy.lossless:
         started = time.perf_counter()
         generated = [torch.tensor([served.tokens]) for served in outcome.served[: len(batches)]]
@@ -125,11 +119,5 @@ def run_serving_job(spec) -> JobResult:
         {"prompt": request.text, "completion": tokenizer.decode(served.tokens, skip_special_tokens=True)}
         for request, served in list(zip(requests, outcome.served))[:SHOWN_TEXTS]
     ]
-    params = {
-        "model.dtype": loaded.dtype,
-        "model.device": loaded.device,
-        "model.threads": str(threads),
-        **model.architecture_params(loaded.model.config.to_dict(), loaded.shape),
-        **(setup.params if setup else {}),
-    }
+    params = resolved_params(loaded, threads, setup.params if setup else {})
     return JobResult(metrics=metrics, tags=tags, texts=texts, notes=notes, params=params)

@@ -75,3 +75,34 @@ def contended(others: float, threads: int, available: int, load_average: float =
     crowded = threads + others > available + SLACK_CORES
     lost = not math.isnan(own) and own < 0.8 * threads and others >= SLACK_CORES
     return crowded or lost
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a job's two samples say: the cores others held and the job's own, and whether it was contended."""
+
+    others: float
+    own: float
+    busy: bool
+    threads: int
+    load_average: float
+
+    def metrics(self) -> dict[str, float]:
+        """other_cpu_cores and job_cpu_cores, where the samples could tell (not NaN)."""
+        return {} if self.others != self.others else {"other_cpu_cores": self.others, "job_cpu_cores": self.own}
+
+    def note(self) -> str:
+        held = f"{self.others:.1f}" if self.others == self.others else f"load average {self.load_average:.1f} on"
+        return (
+            f"contended: other processes kept {held} of {cores()} cores busy while this job's {self.threads} torch "
+            "thread(s) measured; every timing is slower than on an idle machine (rerun when it is idle, or set "
+            "model.threads to the cores that are free)"
+        )
+
+
+def judge(before: CpuSample, after: CpuSample, threads: int, load_average: float, device: str) -> Verdict:
+    """The verdict on a job measured between two samples, with `threads` torch threads on `device`
+    (its own cores count only on CPU) and the load average at its start."""
+    others, own = other_cores(before, after), own_cores(before, after)
+    busy = contended(others, threads, cores(), load_average, own if device == "cpu" else math.nan)
+    return Verdict(others, own, busy, threads, load_average)
