@@ -11,6 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from kvpipe.record import store, tracking
+from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.result import Result, iter_results
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ def reason_to_skip(spec, key: str, resume: bool, sweep_dir: Path, run_dir: Path,
         done = tracking.finished_run_with_key(spec.tracking, launch_dir, key)
         if done:
             # under this parent already (a resumed sweep): no second entry for it in the UI
-            visible = done.data.tags.get(tracking.PARENT_TAG) != parent
+            visible = done.data.tags.get(mlflow_tags.PARENT) != parent
             return f"already FINISHED as MLflow run {done.info.run_id} (resume=true)", visible
     return None
 

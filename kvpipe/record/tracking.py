@@ -20,12 +20,6 @@ from kvpipe.record.worker import forwarded
 
 log = logging.getLogger(__name__)
 
-PARENT_TAG = mlflow_tags.PARENT
-KEY_TAG = mlflow_tags.KEY
-# A tag, not a module: built rather than spelt whole, as tests/test_layering.py takes a string that
-# spells a kvpipe module's name for an import of that module
-SWEEP_TAG = mlflow_tags.SWEEP
-
 
 @forwarded  # in a sweep's tracking worker, if it has one (kvpipe.record.worker)
 def log_job(
@@ -50,9 +44,9 @@ def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_ya
 
     tags = {mlflow_tags.of(k): v for k, v in result.tags.items()}
     if parent_run_id:
-        tags[PARENT_TAG] = parent_run_id
+        tags[mlflow_tags.PARENT] = parent_run_id
     if result.measurement_key:
-        tags[KEY_TAG] = result.measurement_key
+        tags[mlflow_tags.KEY] = result.measurement_key
     if result.reason:
         tags[mlflow_tags.ERROR] = result.reason[:5000]
     tags.update(origin_tags(result))
@@ -140,13 +134,10 @@ def start_parent(
 
     with recording(tracking, launch_dir) as experiment_id:
         client = MlflowClient()
-        tags = {SWEEP_TAG: "true", SIGNATURE_TAG: sweep_signature(name, swept), **tags}
+        tags = {mlflow_tags.SWEEP: "true", mlflow_tags.SIGNATURE: sweep_signature(name, swept), **tags}
         run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
         _log_params(client, run_id, swept)
         return run_id
-
-
-SIGNATURE_TAG = mlflow_tags.SIGNATURE
 
 
 def sweep_signature(name: str, swept: dict[str, str]) -> str:
@@ -170,7 +161,7 @@ def reopen_parent(
             experiment_ids=[experiment_id],
             output_format="list",
             order_by=["attributes.start_time DESC"],
-            filter_string=f"tags.`{SWEEP_TAG}` = 'true' and tags.`{SIGNATURE_TAG}` = '{sweep_signature(name, swept)}'",
+            filter_string=f"tags.`{mlflow_tags.SWEEP}` = 'true' and tags.`{mlflow_tags.SIGNATURE}` = '{sweep_signature(name, swept)}'",
         )
         if not parents:
             return None
@@ -178,7 +169,7 @@ def reopen_parent(
             stale = mlflow.search_runs(
                 experiment_ids=[experiment_id],
                 output_format="list",
-                filter_string=f"tags.`{PARENT_TAG}` = '{run.info.run_id}' and attributes.status = 'RUNNING'",
+                filter_string=f"tags.`{mlflow_tags.PARENT}` = '{run.info.run_id}' and attributes.status = 'RUNNING'",
             )
             for child in stale:  # caught half-logged by the kill
                 client.set_terminated(child.info.run_id, status="KILLED")
@@ -200,7 +191,11 @@ def log_skipped(tracking: TrackingConfig, launch_dir: Path, result: Result, pare
 
     with recording(tracking, launch_dir) as experiment_id:
         client = MlflowClient()
-        tags = {PARENT_TAG: parent_run_id, mlflow_tags.STATUS: "SKIPPED", mlflow_tags.SKIPPED: result.reason[:5000]}
+        tags = {
+            mlflow_tags.PARENT: parent_run_id,
+            mlflow_tags.STATUS: "SKIPPED",
+            mlflow_tags.SKIPPED: result.reason[:5000],
+        }
         name = "skipped · " + (shlex.join(result.overrides) or "(defaults)")
         run_id = client.create_run(experiment_id, run_name=name, tags={**tags, **origin_tags(result)}).info.run_id
         _log_params(client, run_id, result.params)
@@ -235,7 +230,7 @@ def finished_run_with_key(tracking: TrackingConfig, launch_dir: Path, key: str):
             experiment_ids=[experiment_id],
             output_format="list",
             max_results=1,
-            filter_string=f"tags.`{KEY_TAG}` = '{key}' and attributes.status = 'FINISHED' "
+            filter_string=f"tags.`{mlflow_tags.KEY}` = '{key}' and attributes.status = 'FINISHED' "
             f"and {mlflow_tags.equals(mlflow_tags.STATUS, 'FINISHED')}",
         )
     return runs[0] if runs else None
