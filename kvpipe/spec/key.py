@@ -10,6 +10,7 @@ import json
 
 from kvpipe import cache as cache_strategies
 from kvpipe import config
+from kvpipe import workload as workloads
 from kvpipe.spec.names import hf_model_name
 
 # model.* fields added since runs were first keyed: left unset, they stay out of the key
@@ -31,6 +32,9 @@ def measurement_key(spec) -> str:
     # passkey depths measure nothing, a changed file is a new measurement
     data["workload"] = spec.bound_workload.identity()
     data["workload"]["noise_threshold"] = KEYED_NOISE_THRESHOLD
+    if data["workload"]["repeats"] != "auto":  # how repeats=auto stops: nothing to a fixed count
+        for name in workloads.AUTO_REPEATS:
+            data["workload"].pop(name, None)
     # quality.scored_tokens set to what it defaults to measures what unset does (a search sets it)
     if data["quality"]["scored_tokens"] == config.QualityConfig.default_scored_tokens(spec.backend.residual_length):
         data["quality"]["scored_tokens"] = None

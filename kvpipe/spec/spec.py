@@ -107,6 +107,8 @@ class Spec:
                     continue
                 if group == "workload" and not workloads.reads(self.workload.kind, key):
                     continue
+                if group == "workload" and key in workloads.AUTO_REPEATS and self.workload.repeats != "auto":
+                    continue
                 if group == "quality" and key != "enabled" and not self.quality.enabled:
                     continue
                 if group == "load" and f"load.{key}" not in self.bound_load.read_fields():

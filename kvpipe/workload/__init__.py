@@ -8,6 +8,7 @@ on import) and the registry callers ask.
 
 from kvpipe.registry import import_plugins
 from kvpipe.workload.base import (
+    AUTO_REPEATS,
     REGISTRY,
     Batch,
     Common,

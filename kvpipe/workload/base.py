@@ -31,13 +31,17 @@ class Common:
     ignore_eos: bool = True  # generate exactly max_new_tokens, as benchmarks do
     seed: int = 0
     warmup: int = 1
-    repeats: int = 3
+    repeats: Any = 3  # rounds of every batch; "auto": rounds until the TPOT interval is within target_interval
     noise_threshold: float = 0.15  # a timing_noise_cv above this marks the run noisy (calibrated: README)
+    target_interval: float = 0.05  # repeats=auto: the 95% interval's half-width, as a fraction of TPOT
+    max_repeats: int = 30  # repeats=auto: the most rounds it adds
+    max_measure_s: float = 600.0  # repeats=auto: the most seconds of measured rounds
 
 
 COMMON_FIELDS = tuple(f.name for f in dataclasses.fields(Common))
+AUTO_REPEATS = ("target_interval", "max_repeats", "max_measure_s")  # read only where repeats=auto
 # How often and how strictly calls are timed: not what the model is given or generates.
-TIMING_ONLY = ("warmup", "repeats", "noise_threshold")
+TIMING_ONLY = ("warmup", "repeats", "noise_threshold", *AUTO_REPEATS)
 # How the job's own calls generate: what the reference's greedy tokens depend on, and its windows do not.
 GENERATION = ("max_new_tokens", "batch_size", "do_sample", "ignore_eos")
 
@@ -132,10 +136,11 @@ class Workload(Registered):
     def check(self) -> dict[str, Any]:
         """Checks against the config alone; raises ConfigError naming the field. Returns the
         settings it normalised (field -> value), for the Spec to keep."""
-        for name in ("max_new_tokens", "batch_size", "repeats"):
+        for name in ("max_new_tokens", "batch_size"):
             value = getattr(self.common, name)
             if value <= 0:
                 raise ConfigError(f"workload.{name}", value, "expected a positive integer")
+        self._check_repeats()
         if not self.common.noise_threshold > 0:
             raise ConfigError(
                 "workload.noise_threshold", self.common.noise_threshold, "expected a fraction above 0, e.g. 0.1"
@@ -143,6 +148,25 @@ class Workload(Registered):
         if self.common.warmup < 0:
             raise ConfigError("workload.warmup", self.common.warmup, "expected 0 or more")
         return {}
+
+    def _check_repeats(self) -> None:
+        repeats = self.common.repeats
+        if repeats != "auto" and not (isinstance(repeats, int) and not isinstance(repeats, bool) and repeats > 0):
+            raise ConfigError("workload.repeats", repeats, "expected a positive integer or auto")
+        if repeats != "auto":
+            return
+        if not 0 < self.common.target_interval < 1:
+            raise ConfigError(
+                "workload.target_interval", self.common.target_interval, "expected a fraction in (0, 1), e.g. 0.05"
+            )
+        if self.common.max_repeats < 2:
+            raise ConfigError("workload.max_repeats", self.common.max_repeats, "expected 2 or more")
+        if not self.common.max_measure_s > 0:
+            raise ConfigError("workload.max_measure_s", self.common.max_measure_s, "expected seconds above 0")
+
+    @property
+    def auto_repeats(self) -> bool:
+        return self.common.repeats == "auto"
 
     def check_fits(self, shape, batches: list[Batch]) -> None:
         """Every prompt plus its new tokens must fit the model's positions; checked before the

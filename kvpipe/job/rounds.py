@@ -1,0 +1,103 @@
+"""Measured rounds: each round calls every job once (every batch of it), in an order shuffled per
+round from the seed where jobs take turns (a sweep's interleaved jobs), so that a machine whose
+speed drifts slows each job alike instead of the one that happened to run late (google-benchmark's
+random interleaving). A job alone is the same loop with one job: its repeats are its rounds.
+
+A job says how many rounds it wants: `workload.repeats` of them, or with repeats=auto at least
+MIN_ROUNDS (kvpipe.measure.rounds) and then more until its TPOT interval is within `workload.target_interval`, or it
+reaches `workload.max_repeats` rounds or `workload.max_measure_s` seconds of them. Jobs on auto
+keep taking part until every one of them is done, so that each pair shares as many rounds as it can.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kvpipe.job.progress import progress_bar
+from kvpipe.units import duration_text
+
+log = logging.getLogger(__name__)
+
+
+class RoundJob(Protocol):
+    label: str
+    auto: bool  # workload.repeats=auto
+    fixed_rounds: int | None  # workload.repeats, where it is a number
+    calls_per_round: int
+
+    def wants_more(self, measured_s: float) -> bool:
+        """Whether it needs another round: short of its repeats, or (auto) not yet converged and
+        under its caps."""
+
+    def may_go_on(self, measured_s: float) -> bool:
+        """Auto: whether it is under its caps (it takes part while another job on auto is not done)."""
+
+    def measure_round(self, advance) -> None: ...
+
+
+@dataclass
+class Rounds:
+    """What ran: each round's order (indices into the jobs) and wall seconds."""
+
+    orders: list[list[int]] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+    def drift(self) -> list[float]:
+        """Each round's time against the first's, as a fraction (+0.3: 30% slower)."""
+        first = self.seconds[0] if self.seconds else 0.0
+        return [s / first - 1 if first else float("nan") for s in self.seconds]
+
+    def to_dict(self, labels: list[str]) -> dict:
+        return {
+            "jobs": labels,
+            "orders": self.orders,
+            "seconds": [round(s, 4) for s in self.seconds],
+            "drift": [round(d, 4) for d in self.drift()],
+        }
+
+
+def run_rounds(jobs: list[RoundJob], seed: int, shuffle: bool) -> Rounds:
+    """Measure rounds until every job has what it wants; shuffle: a fresh order each round."""
+    draw = random.Random(seed)
+    rounds = Rounds()
+    measured_s = [0.0] * len(jobs)
+    known = all(job.fixed_rounds is not None for job in jobs)
+    total = sum(job.fixed_rounds * job.calls_per_round for job in jobs) if known else None
+    label = jobs[0].label if len(jobs) == 1 else f"{len(jobs)} jobs, interleaved"
+    with progress_bar(label, total) as advance:
+        while True:
+            wanted = _wanting(jobs, measured_s)
+            if not wanted:
+                break
+            order = list(wanted)
+            if shuffle:
+                draw.shuffle(order)
+            started = time.perf_counter()
+            for index in order:
+                began = time.perf_counter()
+                jobs[index].measure_round(advance)
+                measured_s[index] += time.perf_counter() - began
+            rounds.seconds.append(time.perf_counter() - started)
+            rounds.orders.append(order)
+            if len(jobs) > 1:
+                drift = rounds.drift()[-1]
+                log.info(
+                    "round %d: %s, %+.0f%% on the first; order %s",
+                    len(rounds.seconds), duration_text(rounds.seconds[-1]), 100 * drift,
+                    " ".join(jobs[i].label for i in order),
+                )  # fmt: skip
+    return rounds
+
+
+def _wanting(jobs: list[RoundJob], measured_s: list[float]) -> list[int]:
+    """The jobs the next round calls: fixed ones short of their repeats, and every job on auto
+    under its caps while any of them is not done."""
+    fixed = [i for i, job in enumerate(jobs) if not job.auto and job.wants_more(measured_s[i])]
+    auto = [i for i, job in enumerate(jobs) if job.auto]
+    if any(jobs[i].wants_more(measured_s[i]) for i in auto):
+        fixed += [i for i in auto if jobs[i].may_go_on(measured_s[i])]
+    return sorted(fixed)

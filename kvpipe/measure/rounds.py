@@ -1,0 +1,78 @@
+"""A job's figures round by round: each round's mean TTFT, TPOT and decode rate over the calls it
+made (every batch once), the interval of each figure over rounds, and the series as compact tags
+that compare pairs with another job's rounds (kvpipe.decide.paired).
+
+Over rounds rather than calls: a round holds every prompt once, so the prompts' own differences
+(one longer than another) are not counted as noise, and two jobs that took turns in the same rounds
+can be compared round by round, each round's drift cancelling in their ratio."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+from kvpipe.measure.uncertainty import bootstrap_interval
+
+ROUND_FIGURES = ("ttft_ms", "tpot_ms", "decode_tokens_per_s")
+MIN_ROUNDS = 3  # the fewest an interval is read from over rounds (fewer: over calls)
+TAG_PREFIX = "round_"  # round_tpot_ms: a JSON list, one value per round
+
+
+def round_figures(calls: list) -> dict[str, float]:
+    """One round's figures: the mean over its calls (kvpipe.job.generate.Call) of each, as the
+    job's own figure is the mean over all its calls."""
+    per_call = {
+        "ttft_ms": [c.timing.ttft_ms for c in calls],
+        "tpot_ms": [c.timing.tpot_ms for c in calls],
+        "decode_tokens_per_s": [
+            c.batch_size * len(c.timing.itl_ms) / (sum(c.timing.itl_ms) / 1e3) if c.timing.itl_ms else math.nan
+            for c in calls
+        ],
+    }
+    return {name: _mean(values) for name, values in per_call.items()}
+
+
+def over_rounds(per_round: dict[str, list[float]]) -> dict[str, float]:
+    """`rounds`, and with MIN_ROUNDS or more each figure's 95% interval over its round means (which
+    replaces the interval over calls)."""
+    count = len(per_round["tpot_ms"])
+    metrics = {"rounds": float(count)}
+    if count >= MIN_ROUNDS:
+        for name in ROUND_FIGURES:
+            metrics[f"{name}_ci_low"], metrics[f"{name}_ci_high"] = bootstrap_interval(per_round[name])
+    return metrics
+
+
+def round_tags(per_round: dict[str, list[float]]) -> dict[str, str]:
+    """Each figure's round means (4 significant figures), and what its interval is over."""
+    tags = {TAG_PREFIX + name: json.dumps([_short(v) for v in values]) for name, values in per_round.items()}
+    tags["interval_over"] = "rounds" if len(per_round["tpot_ms"]) >= MIN_ROUNDS else "calls"
+    return tags
+
+
+def series(tags, name: str) -> list[float]:
+    """A figure's round means back from a run's tags (a mapping, or a row of runs with `tags.` columns);
+    [] where the run has none."""
+    text = tags.get(TAG_PREFIX + name) if hasattr(tags, "get") else None
+    if not isinstance(text, str) or not text:
+        return []
+    return [math.nan if v is None else float(v) for v in json.loads(text)]
+
+
+def relative_half_width(values: list[float]) -> float:
+    """Half the 95% interval of the mean, as a fraction of the mean; inf where it cannot be read."""
+    low, high = bootstrap_interval(values)
+    middle = _mean(values)
+    if math.isnan(low) or not middle:
+        return math.inf
+    return (high - low) / 2 / abs(middle)
+
+
+def _mean(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(finite) if finite else math.nan
+
+
+def _short(value: float):
+    return None if math.isnan(value) else float(f"{value:.4g}")
