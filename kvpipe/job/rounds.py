@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvpipe.job.progress import progress_bar
-from kvpipe.units import duration_text
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +27,7 @@ class RoundJob(Protocol):
     auto: bool  # workload.repeats=auto
     fixed_rounds: int | None  # workload.repeats, where it is a number
     calls_per_round: int
+    failed: BaseException | None  # what stopped it mid-round: it takes no further part
 
     def wants_more(self, measured_s: float) -> bool:
         """Whether it needs another round: short of its repeats, or (auto) not yet converged and
@@ -79,15 +79,19 @@ def run_rounds(jobs: list[RoundJob], seed: int, shuffle: bool) -> Rounds:
             started = time.perf_counter()
             for index in order:
                 began = time.perf_counter()
-                jobs[index].measure_round(advance)
+                try:
+                    jobs[index].measure_round(advance)
+                except Exception as exc:  # noqa: BLE001 - one job's failure is its own; the others go on
+                    log.error("%s failed in round %d: %s", jobs[index].label, len(rounds.seconds) + 1, exc)
+                    jobs[index].failed = exc
                 measured_s[index] += time.perf_counter() - began
             rounds.seconds.append(time.perf_counter() - started)
             rounds.orders.append(order)
             if len(jobs) > 1:
                 drift = rounds.drift()[-1]
                 log.info(
-                    "round %d: %s, %+.0f%% on the first; order %s",
-                    len(rounds.seconds), duration_text(rounds.seconds[-1]), 100 * drift,
+                    "round %d: %.2f s, %+.0f%% on the first; order %s",
+                    len(rounds.seconds), rounds.seconds[-1], 100 * drift,
                     " ".join(jobs[i].label for i in order),
                 )  # fmt: skip
     return rounds
@@ -96,8 +100,9 @@ def run_rounds(jobs: list[RoundJob], seed: int, shuffle: bool) -> Rounds:
 def _wanting(jobs: list[RoundJob], measured_s: list[float]) -> list[int]:
     """The jobs the next round calls: fixed ones short of their repeats, and every job on auto
     under its caps while any of them is not done."""
-    fixed = [i for i, job in enumerate(jobs) if not job.auto and job.wants_more(measured_s[i])]
-    auto = [i for i, job in enumerate(jobs) if job.auto]
+    alive = [i for i, job in enumerate(jobs) if job.failed is None]
+    fixed = [i for i in alive if not jobs[i].auto and jobs[i].wants_more(measured_s[i])]
+    auto = [i for i in alive if jobs[i].auto]
     if any(jobs[i].wants_more(measured_s[i]) for i in auto):
         fixed += [i for i in auto if jobs[i].may_go_on(measured_s[i])]
     return sorted(fixed)

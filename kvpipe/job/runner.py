@@ -32,7 +32,9 @@ def run_job(spec: Spec, tags: dict[str, str] | None = None) -> JobResult:
     if spec.load is not None:  # many requests under a load, not batches one after another
         from kvpipe.job.serving import run_serving_job
 
-        return run_serving_job(spec)
+        served = run_serving_job(spec)
+        served.tags.update({"measured_order": "alone", **(tags or {})})
+        return served
     job = BatchJob(spec)
     job.prepare()
     run_rounds([job], spec.workload.seed, shuffle=False)
@@ -53,6 +55,7 @@ class BatchJob:
         self.calls: list[Call] = []
         self.per_round: dict[str, list[float]] = {name: [] for name in ROUND_FIGURES}
         self.own_s = 0.0  # its own phases' wall time: a sweep's turns of other jobs are not its harness
+        self.failed: BaseException | None = None  # set by the rounds where a call raised
 
     @property
     def calls_per_round(self) -> int:
@@ -128,6 +131,8 @@ class BatchJob:
     # ---- the summary ---------------------------------------------------------------------------
 
     def result(self, order_tags: dict[str, str]) -> JobResult:
+        if self.failed is not None:
+            raise self.failed
         started = time.perf_counter()
         spec, loaded, setup, ran, calls = self.spec, self.loaded, self.setup, self.ran, self.calls
         batches, workload = self.batches, spec.bound_workload

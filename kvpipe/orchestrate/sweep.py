@@ -18,14 +18,16 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from kvpipe.errors import ConfigError, KvpipeError, fail
+from kvpipe.job import runner
 from kvpipe.model import loading
 from kvpipe.orchestrate import closing, skips
-from kvpipe.orchestrate.pipeline import run_pipeline
+from kvpipe.orchestrate.pipeline import record_measured, run_pipeline
 from kvpipe.record import auth, recorder, store, tracking, worker
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.report import print_sweep_end
@@ -103,12 +105,22 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         launch_dir = Path(config.hydra.runtime.cwd)
+        try:  # before any job loads a model; Hydra only warns of a callback's exceptions, an exit it lets through
+            why_sequential = one_after_another(config, config.hydra)
+        except ConfigError as exc:
+            fail(str(exc))
+        if why_sequential and why_sequential != "interleave=false":
+            log.warning("measuring the jobs one after another, not in interleaved rounds: %s", why_sequential)
         total = count_jobs(config)
         name = sweep_name(config)
         swept = {key: ",".join(values) for key, values in swept_values(config).items()}
         tracking_cfg = OmegaConf.to_object(config.tracking)
         parent = None
-        tags = {mlflow_tags.SWEEP_DIR: str(sweep_dir.resolve()), mlflow_tags.TOTAL_JOBS: str(total)}
+        tags = {
+            mlflow_tags.SWEEP_DIR: str(sweep_dir.resolve()),
+            mlflow_tags.TOTAL_JOBS: str(total),
+            mlflow_tags.MEASURED_ORDER: "sequential" if why_sequential else "interleaved",
+        }
         try:
             if tracking_cfg.enabled:  # credentials checked before any job loads a model
                 # a search asked again (or resumed after a kill) continues its study: its parent too
@@ -205,13 +217,55 @@ def outcome_counts(sweep_dir: Path) -> dict[str, int]:
     return counts
 
 
-def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str:
-    """One job of a multirun. Never raises for a job's own failure: the sweep goes on."""
+INTERLEAVE_CHOICES = ("auto", "true", "false")
+TAKES_TURNS = "KvpipeInterleavedLauncher"  # the launcher that can (hydra/launcher=interleaved, the default)
+
+
+def interleave_setting(config: DictConfig) -> str:
+    """`interleave`: auto (where the launcher can), true (required) or false; raises ConfigError."""
+    value = str(config.get("interleave", "auto")).lower()
+    if value not in INTERLEAVE_CHOICES:
+        raise ConfigError("interleave", config.get("interleave"), f"expected one of {', '.join(INTERLEAVE_CHOICES)}")
+    return value
+
+
+def one_after_another(config: DictConfig, hydra_cfg) -> str | None:
+    """Why this sweep's jobs are measured one after another, or None where they take turns.
+    Raises ConfigError where interleave=true meets a launcher that runs each job in its own process."""
+    setting = interleave_setting(config)
+    if setting == "false":
+        return "interleave=false"
+    if str(hydra_cfg.launcher.get("_target_", "")).endswith(TAKES_TURNS):
+        return None
+    launcher = hydra_cfg.runtime.choices.get("hydra/launcher") or hydra_cfg.launcher.get("_target_")
+    reason = (
+        f"hydra/launcher={launcher} runs each job to its end (or in a process of its own), so jobs cannot take turns"
+    )
+    if setting == "true":
+        raise ConfigError("interleave", "true", f"expected auto or false: {reason}; hydra/launcher=interleaved can")
+    return reason
+
+
+@dataclass
+class Deferred:
+    """A sweep job loaded and warmed up, waiting for the rounds it shares with the others
+    (kvpipe.orchestrate.interleave); finish(order_tags) summarises and records it, and returns its
+    status; kill() records it KILLED."""
+
+    job: object  # kvpipe.job.runner.BatchJob
+    finish: Callable[[dict], str]
+    kill: Callable[[], None]
+
+
+def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str | Deferred:
+    """One job of a multirun: measured now, or (where the sweep's jobs take turns) prepared and
+    handed back as Deferred. Never raises for a job's own failure: the sweep goes on."""
     run_dir = Path(hydra_cfg.runtime.output_dir)
     sweep_dir = Path(hydra_cfg.sweep.dir)
     state = SweepState.load(sweep_dir)
     overrides = list(hydra_cfg.overrides.task)
-    _announce(hydra_cfg.job.num, state, overrides)
+    why_sequential = one_after_another(cfg, hydra_cfg)  # checked at the sweep's start: it cannot raise here
+    _announce(hydra_cfg.job.num, state, overrides, eta=why_sequential is not None)
     config = OmegaConf.to_container(cfg, resolve=True)
     parent = state.parent_run_id if state else None
     skip = skips.Skipper(run_dir, launch_dir, parent, overrides, cfg)
@@ -224,35 +278,60 @@ def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str:
     if skipped:
         reason, shown = skipped
         return skip(spec.as_dict(), reason, key, spec, log_to_mlflow=shown)
-    try:
-        run_pipeline(spec, run_dir, launch_dir, print_table=False, parent_run_id=parent, check_store=False)
+
+    def guarded(work: Callable[[], object]):
+        """work()'s value; a job's own failure recorded as SKIPPED (an invalid combination) or FAILED."""
+        try:
+            return work()
+        except ConfigError as exc:  # found once the model's shape is known: an invalid combination
+            return skip(spec.as_dict(), str(exc), key, spec)
+        except KeyboardInterrupt:  # the job's run is already KILLED; the sweep's parent follows it
+            if parent:
+                tracking.end_parent(spec.tracking, launch_dir, parent, "KILLED", outcome_counts(sweep_dir))
+            raise
+        except Exception as exc:  # noqa: BLE001 - recorded as FAILED, and the sweep goes on
+            log.error("job %s failed: %s", hydra_cfg.job.num, exc)
+            failed = Result.unfinished(
+                spec.as_dict(), "FAILED", f"{type(exc).__name__}: {exc}", traceback.format_exc(),
+                measurement_key=key, spec=spec,
+            )  # fmt: skip
+            recorder.record(spec, failed, run_dir, launch_dir, parent)
+            return "FAILED"
+
+    def measure_now(order_tags: dict) -> str:
+        run_pipeline(spec, run_dir, launch_dir, False, parent, check_store=False, order_tags=order_tags)
         return "FINISHED"
-    except ConfigError as exc:  # found once the model's shape is known: an invalid combination
-        return skip(spec.as_dict(), str(exc), key, spec)
-    except KeyboardInterrupt:  # the job's run is already KILLED; the sweep's parent follows it
-        if parent:
-            tracking.end_parent(spec.tracking, launch_dir, parent, "KILLED", outcome_counts(sweep_dir))
-        raise
-    except Exception as exc:  # noqa: BLE001 - recorded as FAILED, and the sweep goes on
-        log.error("job %s failed: %s", hydra_cfg.job.num, exc)
-        failed = Result.unfinished(
-            spec.as_dict(),
-            "FAILED",
-            f"{type(exc).__name__}: {exc}",
-            traceback.format_exc(),
-            measurement_key=key,
-            spec=spec,
-        )
-        recorder.record(spec, failed, run_dir, launch_dir, parent)
-        return "FAILED"
+
+    if why_sequential is not None or spec.load is not None:  # a served load is one pass, not rounds
+        reason = why_sequential or "a served load is one pass over its requests, not rounds"
+        return guarded(lambda: measure_now({"measured_order": "sequential", "order_reason": reason}))
+
+    def prepare() -> Deferred:
+        for warning in spec.warnings:
+            log.warning(warning)
+        job = runner.BatchJob(spec)
+        job.label = f"#{hydra_cfg.job.num}"
+        job.prepare()
+
+        def finish(order_tags: dict) -> str:
+            measured = lambda: job.result(order_tags)  # noqa: E731
+            return guarded(lambda: record_measured(spec, measured, run_dir, launch_dir, False, parent) and "FINISHED")
+
+        def kill() -> None:
+            killed = Result.unfinished(spec.as_dict(), "KILLED", "interrupted by the user (SIGINT)", spec=spec)
+            recorder.record(spec, killed, run_dir, launch_dir, parent)
+
+        return Deferred(job, finish, kill)
+
+    return guarded(prepare)
 
 
-def _announce(index: int, state: SweepState | None, overrides: list[str]) -> None:
+def _announce(index: int, state: SweepState | None, overrides: list[str], eta: bool = True) -> None:
     total = state.total_jobs if state else "?"
-    eta = ""
-    if state and index:
-        eta = f" · ETA {eta_text(time.time() - state.started_at, index, state.total_jobs)}"
-    message = f"job {index + 1}/{total}: {' '.join(overrides) or '(defaults)'}{eta}"
+    eta_shown = ""
+    if eta and state and index:
+        eta_shown = f" · ETA {eta_text(time.time() - state.started_at, index, state.total_jobs)}"
+    message = f"job {index + 1}/{total}: {' '.join(overrides) or '(defaults)'}{eta_shown}"
     if sys.stderr.isatty():
         from rich.console import Console
 

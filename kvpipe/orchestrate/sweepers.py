@@ -1,5 +1,6 @@
-"""kvpipe's two Hydra sweepers, registered by name: the grid (the default, kvpipe.orchestrate.grid)
-and the search (hydra/sweeper=search, kvpipe.orchestrate.search.sweeper)."""
+"""kvpipe's Hydra plugins, registered by name: two sweepers, the grid (the default,
+kvpipe.orchestrate.grid) and the search (hydra/sweeper=search, kvpipe.orchestrate.search.sweeper),
+and the interleaving launcher (the default, kvpipe.orchestrate.interleave)."""
 
 from kvpipe.errors import KvpipeError
 
@@ -15,14 +16,16 @@ def register_search_sweeper() -> None:
 
 
 def register_grid_sweeper() -> None:
-    """The default sweeper, registered as the search is."""
+    """The default sweeper and launcher, registered as the search is."""
     from hydra.core.plugins import Plugins
 
     try:
         from hydra_plugins.kvpipe_grid import KvpipeGridSweeper
+        from hydra_plugins.kvpipe_interleaved import KvpipeInterleavedLauncher
     except ImportError as exc:  # an editable install made before the module existed maps only the older ones
         raise KvpipeError(
-            "this kvpipe install predates its grid sweeper (hydra_plugins.kvpipe_grid is missing): "
+            f"this kvpipe install predates one of its Hydra plugins ({exc.name} is missing): "
             "install it again (make venv, or pip install -e .)"
         ) from exc
     Plugins.instance().register(KvpipeGridSweeper)
+    Plugins.instance().register(KvpipeInterleavedLauncher)

@@ -21,6 +21,7 @@ SWEEP = "kvpipe.sweep"  # "true" on a sweep's parent
 SIGNATURE = "kvpipe.sweep_signature"  # equal for the same sweep asked again (a search resumes its parent)
 SWEEP_DIR = "kvpipe.sweep_dir"
 TOTAL_JOBS = "kvpipe.total_jobs"
+MEASURED_ORDER = "kvpipe.measured_order"  # interleaved (rounds taking turns), sequential or alone; a job's too
 
 # what the job's record carries (Result.tags), read back by compare, recommend and the calibration
 CACHE_REQUESTED, CACHE_EFFECTIVE = "kvpipe.cache.requested", "kvpipe.cache.effective"
@@ -28,6 +29,7 @@ PEAK_MEMORY_SOURCE = "kvpipe.peak_memory_source"
 NOISY, CONTENDED = "kvpipe.noisy", "kvpipe.contended"
 FALLBACK_TO = "kvpipe.fallback_to"
 HOST, DEVICE, TORCH_THREADS = "kvpipe.host", "kvpipe.device", "kvpipe.torch_threads"
+ROUND_GROUP = "kvpipe.round_group"  # jobs that took turns in the same rounds share it: their rounds pair
 LOAD = "kvpipe.load"  # a serving run's load, as its label says it: concurrency(4), rate(2/s)
 
 

@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import shlex
+import time
 from pathlib import Path
 
 from kvpipe.config import TrackingConfig
@@ -219,6 +220,22 @@ def end_parent(tracking: TrackingConfig, launch_dir: Path, run_id: str, status: 
         for name, value in counts.items():
             client.log_metric(run_id, f"jobs_{name}", value)
         client.set_terminated(run_id, status=status)
+
+
+def log_rounds(tracking: TrackingConfig, launch_dir: Path, run_id: str, seconds: list[float], first_step: int) -> None:
+    """A sweep's measured rounds on its parent run: each round's seconds, and its drift from the
+    first round of its group (round_s and round_drift, one step per round)."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    now = int(time.time() * 1000)
+    metrics = []
+    for index, value in enumerate(seconds):
+        step = first_step + index
+        metrics.append(Metric("round_s", value, now, step))
+        metrics.append(Metric("round_drift", value / seconds[0] - 1 if seconds[0] else float("nan"), now, step))
+    with recording(tracking, launch_dir):
+        MlflowClient().log_batch(run_id, metrics=metrics)
 
 
 def finished_run_with_key(tracking: TrackingConfig, launch_dir: Path, key: str):

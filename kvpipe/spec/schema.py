@@ -52,6 +52,9 @@ class KvpipeConfig:
     fallback: List[str] = field(default_factory=list)  # retried in order after out-of-memory (conf/config.yaml)
     resume: bool = False  # multirun: skip jobs already FINISHED in the experiment
     sweep_name: Optional[str] = None  # multirun: the MLflow parent run's name
+    interleave: str = (
+        "auto"  # multirun: auto|true|false, the jobs measured in shared rounds (kvpipe.orchestrate.interleave)
+    )
 
 
 def register_schemas() -> None:

@@ -25,6 +25,7 @@ from kvpipe.workload.base import (
 import_plugins(__name__, __path__, packages=True)
 
 __all__ = [
+    "AUTO_REPEATS",
     "REGISTRY",
     "Batch",
     "Common",
