@@ -78,6 +78,6 @@ def test_an_install_without_the_grid_sweeper_says_so_in_one_line(tmp_path, monke
     proc = run_cli(["-m", "cache=dynamic,static", "model=tiny_random", "tracking=off"], cwd=tmp_path)
     assert proc.returncode == 2 and not (tmp_path / "outputs").exists()
     assert proc.stderr.strip().splitlines() == [
-        "kvpipe: error: this kvpipe install predates its grid sweeper (hydra_plugins.kvpipe_grid is missing): "
+        "kvpipe: error: this kvpipe install predates one of its Hydra plugins (hydra_plugins.kvpipe_grid is missing): "
         "install it again (make venv, or pip install -e .)"
     ]
