@@ -16,6 +16,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_source_arguments(parser)
     parser.add_argument("--out", type=Path, metavar="DIR", help="where to write (default: the sweep's dir)")
     parser.add_argument(
+        "--baseline",
+        metavar="NAME",
+        help="the configuration TPOT and TTFT are shown as a ratio to, with its interval: a cache label as the table "
+        "shows it, a run name or a run id (default: dynamic, where the runs have one)",
+    )
+    parser.add_argument(
         "--predicted",
         action="store_true",
         help="beside each run, the TPOT and TTFT a calibration on its strategy's runs predicts (as kvpipe plan "
@@ -26,10 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the latest (or a named) sweep's table; write and log its files."""
     from kvpipe.decide.compare import publish
+    from kvpipe.decide.paired import with_ratios
     from kvpipe.decide.runs import load_runs
     from kvpipe.decide.shown import print_shown
 
     runs, parent_run = load_runs(args.experiment, args.parent, args.tracking_uri, spelled=args.uri_spelling)
+    runs = with_ratios(runs, args.baseline)  # a --baseline that names no run stops here, in one line
     if args.predicted:
         from kvpipe.predict.predicted_runs import with_predictions
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvpipe import workload
-from kvpipe.decide import plots
+from kvpipe.decide import paired, plots
 from kvpipe.decide.runs import (
     CACHE_PARAMS,
     column,
@@ -35,7 +35,11 @@ FOOTNOTE = (
     "quality pass are left off); where every run measured passkey retrieval, over its accuracy in place of KL "
     "(and KL too when every run has it). ⚠ noisy: TTFT or TPOT varied between calls of one shape, or between a "
     "call's tokens, by more than the run's workload.noise_threshold, so its place on the front is not firm. "
-    "Peak memory: the process's (CPU) or the allocator's (CUDA) peak during a measured call, weights included."
+    "Peak memory: the process's (CPU) or the allocator's (CUDA) peak during a measured call, weights included. "
+    "TPOT and TTFT vs the baseline: the ratio of means and its 95% interval, resampled round by round where the "
+    "two took turns in the same rounds (an interleaved sweep), so the machine's drift cancels; where the interval "
+    "holds 1 there is no clear difference. † measured in different rounds: the interval is not paired, and a "
+    "machine that drifted between them can fake or hide a difference."
 )
 
 
@@ -51,10 +55,22 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
         if metric.compare and values.notna().any():
             spreads = column(runs, f"metrics.{metric.name}_std")
             table[metric.header()] = [metric.cell(v, s if pd.notna(s) else None) for v, s in zip(values, spreads)]
+    for figure, label in paired.FIGURES.items():  # paired.with_ratios: each against its baseline
+        if f"ratio_{figure}" in runs:
+            header = f"{label} vs {runs.attrs.get('baseline', 'baseline')}"
+            table[header] = [
+                _ratio_cell(r, b, own) for r, b, own in zip(runs[f"ratio_{figure}"], runs["baseline"], runs["label"])
+            ]
     for name, header in PREDICTED.items():  # compare --predicted (kvpipe.predict.predicted_runs)
         if name in runs:
             table[header] = [f"{value:.1f}" if pd.notna(value) else "–" for value in runs[name]]
     return pd.DataFrame(table)
+
+
+def _ratio_cell(ratio, baseline, label) -> str:
+    if ratio is not None:
+        return ratio.text()
+    return "baseline" if baseline is not None and baseline == label else "–"
 
 
 def figure_column(runs: pd.DataFrame, name: str) -> pd.Series:
@@ -162,4 +178,4 @@ def publish_sweep(experiment: str, parent_run_id: str, uri: str, sweep_dir: Path
     """A sweep's end (kvpipe.orchestrate.closing, in its tracking worker if it has one): its runs read from
     MLflow, the files written in sweep_dir and logged on the parent; returns the table to print."""
     runs, parent_run = load_runs(experiment, parent_run_id, uri)
-    return publish(runs, parent_run, sweep_dir)[1]
+    return publish(paired.with_ratios(runs), parent_run, sweep_dir)[1]

@@ -15,6 +15,7 @@ import shlex
 
 from kvpipe import cache, catalogue
 from kvpipe import workload as workloads
+from kvpipe.decide import paired
 from kvpipe.decide.limits import Limits, limit_named
 from kvpipe.decide.runs import is_lossless
 from kvpipe.record import tags as mlflow_tags
@@ -81,16 +82,25 @@ def choose(runs, limits: Limits):
     """(chosen run or None, why): the guide's rules over measured runs, in order."""
     runs = runs.assign(kind=runs["strategy"].map(family), tpot=runs["metrics.tpot_ms"])
     ok = runs[[not limits.misses(run) for _, run in runs.iterrows()]].sort_values(["tpot", "quality_loss"])
-    best = {kind: group.iloc[0] for kind, group in ok.groupby("kind")}
+    best, ties = {}, {}
+    for kind, group in ok.groupby("kind"):
+        best[kind], ties[kind] = fastest_supported(group)
     dynamic, static = best.get(DYNAMIC), best.get(STATIC)
     if dynamic is not None:
-        if static is not None and static["tpot"] <= (1 - PAYS_OFF) * dynamic["tpot"]:
+        faster = None if static is None else paired.ratio(static, dynamic)
+        supported = faster is None or faster.clear  # runs without round means: their point figures, as before
+        if static is not None and static["tpot"] <= (1 - PAYS_OFF) * dynamic["tpot"] and supported:
             return static, (
                 account(static, limits, dynamic),
-                f"a fixed cache pays off: at least {PAYS_OFF:.0%} faster than dynamic, both within limits",
+                f"a fixed cache pays off: at least {PAYS_OFF:.0%} faster than dynamic, both within limits"
+                + (f" (TPOT {faster.figures()} of dynamic's)" if faster else "")
+                + ties[STATIC],
             )
-        note = "" if static is None else "; " + _static_versus_dynamic(static, dynamic)
-        return dynamic, (account(dynamic, limits), "dynamic meets every limit and grows only as needed" + note)
+        note = "" if static is None else "; " + _static_versus_dynamic(static, dynamic, faster)
+        return dynamic, (
+            account(dynamic, limits),
+            "dynamic meets every limit and grows only as needed" + note + ties[DYNAMIC],
+        )
     dense = runs[runs["kind"].isin(DENSE)]
     if static is not None:
         return static, (
@@ -109,13 +119,48 @@ def choose(runs, limits: Limits):
                 why = f"no dynamic or static run was measured; {best[kind]['label']} is the fastest within limits"
             else:
                 why = "the dense caches miss the limits: " + _closest_text(dense, limits)
-            return best[kind], (account(best[kind], limits), why)
+            return best[kind], (account(best[kind], limits), why + ties[kind])
     return None, ("no measured run meets the limits", "closest: " + _closest_text(runs, limits))
 
 
-def _static_versus_dynamic(static, dynamic) -> str:
+def fastest_supported(group) -> tuple[object, str]:
+    """The run to take of one family (sorted fastest first), and why where it is not the fastest: runs
+    whose TPOT is no clearly different from the fastest's (the ratio's interval holds 1) tie on
+    latency, and the tie goes to the one better on the other axes: less peak memory, then less
+    quality loss."""
+    fastest = group.iloc[0]
+    tied = [fastest]
+    for _, run in group.iloc[1:].iterrows():
+        against = paired.ratio(run, fastest)
+        if against is not None and not against.clear:
+            tied.append(run)
+    chosen = min(tied, key=lambda run: (run["memory_bytes"], _loss(run)))
+    if chosen is fastest:
+        return fastest, ""
+    against = paired.ratio(chosen, fastest)
+    return chosen, (
+        f"; {chosen['label']} over {fastest['label']}: their TPOT differs by no more than the runs can tell "
+        f"({against.figures()}), and {chosen['label']} takes less memory "
+        f"({_figure('memory', chosen['memory_bytes'])} vs {_figure('memory', fastest['memory_bytes'])})"
+        if chosen["memory_bytes"] < fastest["memory_bytes"]
+        else f"; {chosen['label']} over {fastest['label']}: their TPOT differs by no more than the runs can tell "
+        f"({against.figures()}), and {chosen['label']} loses less quality"
+    )
+
+
+def _loss(run) -> float:
+    loss = run["quality_loss"]
+    return math.inf if loss != loss else loss  # not measured: last
+
+
+def _static_versus_dynamic(static, dynamic, faster=None) -> str:
     """'static decodes 12% slower than dynamic (TPOT 3.3 vs 2.9 ms); a fixed cache pays only when it
-    is at least 10% faster'."""
+    is at least 10% faster', or, where their intervals cannot tell them apart, says so."""
+    if faster is not None and not faster.clear:
+        return (
+            f"{static['label']}'s TPOT is {faster.figures()} of {dynamic['label']}'s, an interval that holds 1: "
+            "no difference these runs can tell, so none a fixed cache is worth preallocating for"
+        )
     change = static["tpot"] / dynamic["tpot"] - 1
     pace = f"{abs(change):.0%} {'slower' if change > 0 else 'faster'}" if round(change, 2) else "as fast"
     return (
@@ -144,7 +189,7 @@ def _closest_text(runs, limits: Limits) -> str:
 
 
 # Overrides that shape how a sweep ran, not what a job measured
-NOT_REPRODUCED = ("resume=", "sweep_name=", "hydra/", "hydra.", "print_table=")
+NOT_REPRODUCED = ("resume=", "sweep_name=", "interleave=", "hydra/", "hydra.", "print_table=")
 
 
 def use_command(run) -> str:

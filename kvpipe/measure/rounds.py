@@ -51,10 +51,8 @@ def round_tags(per_round: dict[str, list[float]]) -> dict[str, str]:
     return tags
 
 
-def series(tags, name: str) -> list[float]:
-    """A figure's round means back from a run's tags (a mapping, or a row of runs with `tags.` columns);
-    [] where the run has none."""
-    text = tags.get(TAG_PREFIX + name) if hasattr(tags, "get") else None
+def parse_series(text) -> list[float]:
+    """A figure's round means back from its tag's text; [] where a run has none (NaN, or older runs)."""
     if not isinstance(text, str) or not text:
         return []
     return [math.nan if v is None else float(v) for v in json.loads(text)]

@@ -34,3 +34,35 @@ def with_intervals(metrics: dict[str, float], samples: dict[str, list[float]]) -
     for name, values in samples.items():
         metrics[f"{name}_ci_low"], metrics[f"{name}_ci_high"] = bootstrap_interval(values)
     return metrics
+
+
+def ratio_interval(
+    values: list[float],
+    baseline: list[float],
+    paired: bool,
+    level: float = LEVEL,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """(ratio, low, high): mean(values) / mean(baseline) and its interval at `level`. paired: the
+    two were measured in the same rounds, so round i of each is resampled together (what drifted
+    in round i cancels in the ratio); otherwise each is resampled on its own. NaNs where either has
+    fewer than two values."""
+    import numpy as np
+
+    x, b = np.asarray(values, dtype=float), np.asarray(baseline, dtype=float)
+    if paired:
+        n = min(len(x), len(b))
+        keep = np.isfinite(x[:n]) & np.isfinite(b[:n])
+        x, b = x[:n][keep], b[:n][keep]
+    else:
+        x, b = x[np.isfinite(x)], b[np.isfinite(b)]
+    if len(x) < 2 or len(b) < 2 or not b.mean():
+        return math.nan, math.nan, math.nan
+    draw = np.random.default_rng(seed)
+    picked_x = draw.integers(0, len(x), size=(resamples, len(x)))
+    picked_b = picked_x if paired else draw.integers(0, len(b), size=(resamples, len(b)))
+    ratios = x[picked_x].mean(axis=1) / b[picked_b].mean(axis=1)
+    tail = (1 - level) / 2
+    low, high = np.quantile(ratios, [tail, 1 - tail])
+    return float(x.mean() / b.mean()), float(low), float(high)

@@ -4,6 +4,7 @@ resume=true, what a FINISHED run in the experiment measured already."""
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,8 +66,24 @@ def _tracking_config(cfg: DictConfig):
         return None
 
 
+PENDING_FILE = "pending.json"  # a job prepared and waiting for its interleaved rounds: its key
+
+
+def mark_pending(run_dir: Path, key: str) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / PENDING_FILE).write_text(json.dumps({"measurement_key": key}) + "\n")
+
+
+def unmark_pending(run_dir: Path) -> None:
+    (run_dir / PENDING_FILE).unlink(missing_ok=True)
+
+
 def _earlier_job_with_key(sweep_dir: Path, run_dir: Path, key: str) -> str | None:
+    """The sweep's job that measured (or, interleaved, is about to measure) the same key."""
     for path, result in iter_results(sweep_dir):
         if path.parent != run_dir and result.measurement_key == key and result.status == "FINISHED":
+            return path.parent.name
+    for path in sorted(sweep_dir.glob(f"*/{PENDING_FILE}")):
+        if path.parent != run_dir and json.loads(path.read_text()).get("measurement_key") == key:
             return path.parent.name
     return None

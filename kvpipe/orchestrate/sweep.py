@@ -206,7 +206,8 @@ def _open_parent(config, tracking_cfg, launch_dir: Path, name: str, swept: dict,
 def _worker_helps(config: DictConfig) -> bool:
     """Where the jobs run in this process (Hydra's basic launcher; joblib and submitit start their
     own) and MLflow is not imported yet: a process that has it already saves nothing."""
-    return config.hydra.launcher.get("_target_", "").endswith(".BasicLauncher") and "mlflow" not in sys.modules
+    target = config.hydra.launcher.get("_target_", "")
+    return target.endswith((".BasicLauncher", TAKES_TURNS)) and "mlflow" not in sys.modules
 
 
 def outcome_counts(sweep_dir: Path) -> dict[str, int]:
@@ -306,22 +307,31 @@ def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str | Deferre
         reason = why_sequential or "a served load is one pass over its requests, not rounds"
         return guarded(lambda: measure_now({"measured_order": "sequential", "order_reason": reason}))
 
+    def kill() -> None:
+        skips.unmark_pending(run_dir)
+        killed = Result.unfinished(spec.as_dict(), "KILLED", "interrupted by the user (SIGINT)", spec=spec)
+        recorder.record(spec, killed, run_dir, launch_dir, parent)
+
+    def finish(job, order_tags: dict) -> str:
+        skips.unmark_pending(run_dir)
+        measured = lambda: job.result(order_tags)  # noqa: E731
+        return guarded(lambda: record_measured(spec, measured, run_dir, launch_dir, False, parent) and "FINISHED")
+
     def prepare() -> Deferred:
         for warning in spec.warnings:
             log.warning(warning)
         job = runner.BatchJob(spec)
         job.label = f"#{hydra_cfg.job.num}"
-        job.prepare()
-
-        def finish(order_tags: dict) -> str:
-            measured = lambda: job.result(order_tags)  # noqa: E731
-            return guarded(lambda: record_measured(spec, measured, run_dir, launch_dir, False, parent) and "FINISHED")
-
-        def kill() -> None:
-            killed = Result.unfinished(spec.as_dict(), "KILLED", "interrupted by the user (SIGINT)", spec=spec)
-            recorder.record(spec, killed, run_dir, launch_dir, parent)
-
-        return Deferred(job, finish, kill)
+        skips.mark_pending(run_dir, key)  # a later job with the same key is its duplicate, as with a finished one
+        try:
+            job.prepare()
+        except KeyboardInterrupt:
+            kill()
+            raise
+        except BaseException:
+            skips.unmark_pending(run_dir)
+            raise
+        return Deferred(job, lambda order_tags: finish(job, order_tags), kill)
 
     return guarded(prepare)
 

@@ -1,0 +1,108 @@
+"""Differences a decision can trust: a run's TPOT or TTFT as a ratio to a baseline run, with a 95%
+interval, paired round by round where the two took turns in the same rounds (an interleaved sweep:
+the same `kvpipe.round_group`), so that the machine's drift, which slows both alike in a round,
+cancels. Where the interval holds 1 there is no clear difference, and neither compare nor recommend
+names a winner on it (criterion.rs calls such a change "no change")."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvpipe import cache
+from kvpipe.measure.rounds import TAG_PREFIX, parse_series
+from kvpipe.measure.uncertainty import ratio_interval
+from kvpipe.record import tags as mlflow_tags
+
+FIGURES = {"tpot_ms": "TPOT", "ttft_ms": "TTFT"}
+ROUND_GROUP = mlflow_tags.column(mlflow_tags.ROUND_GROUP)
+
+
+@dataclass(frozen=True)
+class Ratio:
+    value: float
+    low: float
+    high: float
+    paired: bool  # measured in the same rounds, resampled together
+
+    @property
+    def clear(self) -> bool:
+        """The interval excludes 1: one is faster, whatever the drift."""
+        return not math.isnan(self.low) and not self.low <= 1 <= self.high
+
+    def figures(self) -> str:
+        """'1.62× (1.55–1.70)', with † where not paired."""
+        if math.isnan(self.low):
+            return f"{self.value:.2f}× (no interval)"
+        return f"{self.value:.2f}× ({self.low:.2f}–{self.high:.2f})" + ("" if self.paired else " †")
+
+    def text(self) -> str:
+        """figures(), or 'no clear difference (1.02× (0.98–1.06))' where the interval holds 1."""
+        return self.figures() if self.clear or math.isnan(self.low) else f"no clear difference: {self.figures()}"
+
+
+def series(run, figure: str) -> list[float]:
+    """The run's round means of a figure (a row of kvpipe.decide.runs' table)."""
+    return parse_series(run.get(mlflow_tags.column(mlflow_tags.of(TAG_PREFIX + figure))))
+
+
+def same_rounds(run, baseline) -> bool:
+    group = run.get(ROUND_GROUP)
+    return isinstance(group, str) and bool(group) and group == baseline.get(ROUND_GROUP)
+
+
+def ratio(run, baseline, figure: str = "tpot_ms") -> Ratio | None:
+    """run's figure over baseline's, or None where either run recorded no round means (runs made
+    before kvpipe kept them)."""
+    mine, theirs = series(run, figure), series(baseline, figure)
+    if not mine or not theirs:
+        return None
+    paired = same_rounds(run, baseline)
+    return Ratio(*ratio_interval(mine, theirs, paired), paired=paired)
+
+
+DEFAULT_BASELINE = cache.FAMILIES[0]  # dynamic, the default cache: what others are weighed against, unless --baseline
+
+
+def named(run, name: str) -> bool:
+    """Whether --baseline NAME names this run: its label (dynamic, quantized:quanto:int2:kivi), its
+    MLflow run name, or its run id (or the first 8 or more characters of it)."""
+    run_name = run.get(mlflow_tags.column("mlflow.runName"))
+    return name in (run.get("label"), run_name) or (len(name) >= 8 and str(run.get("run_id", "")).startswith(name))
+
+
+def with_ratios(runs, baseline: str | None = None):
+    """runs with `baseline` (the label of each run's baseline: a run of the named configuration with
+    the same workload and prompt length) and `ratio_tpot_ms`, `ratio_ttft_ms` (Ratio, or None).
+    A baseline named that matches no run raises ConfigError; the default matching none adds nothing."""
+    from kvpipe.errors import ConfigError
+
+    name = baseline or DEFAULT_BASELINE
+    chosen = [named(run, name) for _, run in runs.iterrows()]
+    if not any(chosen):
+        if baseline is None:
+            return runs
+        labels = sorted(set(runs["label"]))
+        raise ConfigError("--baseline", baseline, f"expected a configuration of these runs: {', '.join(labels)}")
+    runs = runs.copy()
+    found: dict[tuple, object] = {}
+    for is_baseline, (_, run) in zip(chosen, runs.iterrows()):
+        if is_baseline:
+            found.setdefault(_context(run), run)
+    bases, ratios = [], {figure: [] for figure in FIGURES}
+    for _, run in runs.iterrows():
+        base = found.get(_context(run))
+        bases.append(None if base is None else base["label"])
+        for figure in FIGURES:
+            same = base is not None and base["run_id"] == run["run_id"]
+            ratios[figure].append(None if base is None or same else ratio(run, base, figure))
+    runs["baseline"] = bases
+    for figure, values in ratios.items():
+        runs[f"ratio_{figure}"] = values
+    runs.attrs["baseline"] = name
+    return runs
+
+
+def _context(run) -> tuple:
+    """What a baseline must share with the run it is weighed against: the workload and prompt length."""
+    return (run.get("workload"), run.get("context_tokens"))
