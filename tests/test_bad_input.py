@@ -24,6 +24,22 @@ CATALOGUE = {
     "unknown workload": (["workload=essay"], "workload=essay", "long_context"),
     "a preset without its +": (["experiment=cache_shootout"], "experiment", "use +experiment=cache_shootout"),
     "--cfg in a multirun": (["-m", "cache=dynamic,static", "--cfg", "job"], "--cfg", "without -m"),
+    "repeats neither a count nor auto": (["workload.repeats=often"], "workload.repeats", "positive integer or auto"),
+    "repeats=auto with a target outside (0, 1)": (
+        ["workload.repeats=auto", "workload.target_interval=1.5"],
+        "workload.target_interval=1.5",
+        "fraction in (0, 1)",
+    ),
+    "interleaving asked of a launcher that cannot": (
+        ["-m", "cache=dynamic,static", "interleave=true", "hydra/launcher=parallel"],
+        "interleave='true'",
+        "hydra/launcher=interleaved can",
+    ),
+    "an unknown interleave": (
+        ["-m", "cache=dynamic,static", "interleave=sometimes"],
+        "interleave",
+        "auto, true, false",
+    ),
 }
 
 

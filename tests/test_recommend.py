@@ -274,3 +274,40 @@ def test_recommend_exits_1_when_no_run_fits_and_says_which_limit_is_closest(swee
     lines = capsys.readouterr().out.splitlines()
     assert lines[1:] == ["no measured run meets the limits", lines[2]]
     assert lines[2].startswith("  closest: ") and "misses only memory by" in lines[2]
+
+
+# --- differences the runs can tell ----------------------------------------------------------------------
+
+
+def with_rounds(runs, *series: list[float], group: str = "g1"):
+    """The runs as an interleaved sweep records them: each one's round means of TPOT, one round group."""
+    import json
+
+    runs = runs.copy()
+    runs["tags.kvpipe.round_tpot_ms"] = [json.dumps(values) for values in series]
+    runs["tags.kvpipe.round_group"] = group
+    return runs
+
+
+def test_static_is_not_taken_on_a_speed_up_its_rounds_cannot_tell_from_noise():
+    runs = fake_runs({**DYNAMIC, "tpot_ms": 40.0}, {**STATIC, "tpot_ms": 35.0})
+    noisy = with_rounds(runs, [40, 30, 50, 40], [36, 40, 30, 34])  # 12% faster on average, not round by round
+    run, (what, why) = choose(noisy, Limits(8 * GIB, 60, 0.05))
+    assert run["label"] == "dynamic"
+    assert "interval that holds 1" in why and "no difference these runs can tell" in why
+    steady = with_rounds(runs, [40, 30, 50, 40], [35, 26.3, 43.7, 35])  # 12.5% faster in every round
+    run, (what, why) = choose(steady, Limits(8 * GIB, 60, 0.05))
+    assert run["label"] == "static" and "TPOT 0.88× (" in why
+
+
+def test_a_latency_tie_goes_to_the_run_that_takes_less_memory():
+    tied = fake_runs({**INT4, "tpot_ms": 50.0, "peak_mib": 500}, {**INT2, "tpot_ms": 51.0, "peak_mib": 450, "kl": 0.01})
+    runs = with_rounds(tied, [50, 60, 40, 50], [52, 58, 41, 53])
+    run, (what, why) = choose(runs, Limits(480 * MIB, None, 0.05))
+    assert run["label"] == "quantized:quanto:int2:kivi"  # within 480 MiB only it fits; the budget decides
+    run, (what, why) = choose(runs, Limits(8 * GIB, None, 0.05))
+    assert run["label"] == "quantized:quanto:int2:kivi"
+    assert "their TPOT differs by no more than the runs can tell" in why and "takes less memory" in why
+    apart = with_rounds(tied, [50, 60, 40, 50], [60, 72, 48, 60])  # 20% slower in every round: a real difference
+    run, _ = choose(apart, Limits(8 * GIB, None, 0.05))
+    assert run["label"] == "quantized:quanto:int4:kivi"

@@ -163,3 +163,41 @@ def test_resume_skips_jobs_already_finished(failed_sweep):
         experiment_names=["kvpipe"], output_format="list", filter_string="tags.`kvpipe.status` = 'FINISHED'"
     )
     assert len(jobs) == 2  # no duplicates: tiny_random's dynamic and static once each
+
+
+def test_the_jobs_take_turns_in_shared_rounds(tiny_sweep):
+    finished = [r for r in sweep_results(tiny_sweep.launch_dir) if r["status"] == "FINISHED"]
+    assert {r["tags"]["measured_order"] for r in finished} == {"interleaved"}
+    assert len({r["tags"]["round_group"] for r in finished}) == 1  # their rounds pair
+    assert all(len(json.loads(r["tags"]["round_tpot_ms"])) == 3 for r in finished)  # workload.repeats
+    # warmup=0: each job's first round ran as it was prepared, where an out-of-memory error can fall back
+    (group,) = json.loads((tiny_sweep.sweep_dir / "rounds.json").read_text())
+    assert len(group["jobs"]) == 4 and len(group["seconds"]) == 2
+    assert all(sorted(order) == [0, 1, 2, 3] for order in group["orders"])
+    assert group["drift"][0] == 0
+    parent, _ = child_runs(tiny_sweep.launch_dir)
+    assert parent.data.tags["kvpipe.measured_order"] == "interleaved" and "round_drift" in parent.data.metrics
+    assert not list(tiny_sweep.sweep_dir.glob("*/pending.json"))
+
+
+@pytest.mark.slow  # kvpipe compare in a process of its own
+def test_compare_weighs_each_run_against_dynamic_and_refuses_a_baseline_it_has_not(tiny_sweep):
+    shown = run_cli(["compare"], cwd=tiny_sweep.launch_dir)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert "TPOT vs dynamic" in shown.stdout and "baseline" in shown.stdout
+    refused = run_cli(["compare", "--baseline", "fastest"], cwd=tiny_sweep.launch_dir)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert "--baseline='fastest'" in lines[0] and "dynamic" in lines[0] and "static" in lines[0]
+
+
+@pytest.mark.slow  # a small sweep under Hydra's basic launcher
+def test_a_launcher_that_cannot_interleave_measures_one_after_another_and_says_so(tmp_path):
+    proc = run_cli(["-m", *TINY, "tracking=off", "cache=dynamic,static", "hydra/launcher=basic"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "one after another" in line]
+    assert len(said) == 1 and "hydra/launcher=basic" in said[0]
+    results = sweep_results(tmp_path)
+    assert {r["tags"]["measured_order"] for r in results} == {"sequential"}
+    assert "hydra/launcher=basic" in results[0]["tags"]["order_reason"]
+    assert not (min((tmp_path / "outputs" / "multiruns").glob("*/*")) / "rounds.json").exists()

@@ -36,10 +36,10 @@ FOOTNOTE = (
     "(and KL too when every run has it). ⚠ noisy: TTFT or TPOT varied between calls of one shape, or between a "
     "call's tokens, by more than the run's workload.noise_threshold, so its place on the front is not firm. "
     "Peak memory: the process's (CPU) or the allocator's (CUDA) peak during a measured call, weights included. "
-    "TPOT and TTFT vs the baseline: the ratio of means and its 95% interval, resampled round by round where the "
-    "two took turns in the same rounds (an interleaved sweep), so the machine's drift cancels; where the interval "
-    "holds 1 there is no clear difference. † measured in different rounds: the interval is not paired, and a "
-    "machine that drifted between them can fake or hide a difference."
+    "TPOT and TTFT vs the baseline: the ratio and its 95% interval, compared round by round where the two took "
+    "turns in the same rounds (an interleaved sweep), so the machine's drift cancels; where the interval reaches "
+    "within ±2% of 1 there is no clear difference. † measured in different rounds: the interval is not paired, and "
+    "a machine that drifted between them can fake or hide a difference."
 )
 
 

@@ -1,8 +1,9 @@
 """Differences a decision can trust: a run's TPOT or TTFT as a ratio to a baseline run, with a 95%
 interval, paired round by round where the two took turns in the same rounds (an interleaved sweep:
 the same `kvpipe.round_group`), so that the machine's drift, which slows both alike in a round,
-cancels. Where the interval holds 1 there is no clear difference, and neither compare nor recommend
-names a winner on it (criterion.rs calls such a change "no change")."""
+cancels (kvpipe.measure.uncertainty.ratio_interval). Where the interval reaches within ±2% of 1
+there is no clear difference, and neither compare nor recommend names a winner on it (criterion.rs
+calls such a change "no change", or "within noise threshold")."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from kvpipe.measure.uncertainty import ratio_interval
 from kvpipe.record import tags as mlflow_tags
 
 FIGURES = {"tpot_ms": "TPOT", "ttft_ms": "TTFT"}
+# A difference is clear only where its whole interval lies beyond ±2%: smaller ones are within what
+# no cache choice should turn on (criterion.rs's noise threshold, there 1%, plays the same part)
+NEGLIGIBLE = 0.02
 ROUND_GROUP = mlflow_tags.column(mlflow_tags.ROUND_GROUP)
 
 
@@ -27,8 +31,8 @@ class Ratio:
 
     @property
     def clear(self) -> bool:
-        """The interval excludes 1: one is faster, whatever the drift."""
-        return not math.isnan(self.low) and not self.low <= 1 <= self.high
+        """The whole interval lies beyond ±NEGLIGIBLE of 1: one is faster, whatever the drift."""
+        return not math.isnan(self.low) and (self.low > 1 + NEGLIGIBLE or self.high < 1 - NEGLIGIBLE)
 
     def figures(self) -> str:
         """'1.62× (1.55–1.70)', with † where not paired."""
@@ -37,7 +41,7 @@ class Ratio:
         return f"{self.value:.2f}× ({self.low:.2f}–{self.high:.2f})" + ("" if self.paired else " †")
 
     def text(self) -> str:
-        """figures(), or 'no clear difference (1.02× (0.98–1.06))' where the interval holds 1."""
+        """figures(), or 'no clear difference: 1.02× (0.98–1.06)' where the interval reaches within ±2% of 1."""
         return self.figures() if self.clear or math.isnan(self.low) else f"no clear difference: {self.figures()}"
 
 
@@ -104,5 +108,6 @@ def with_ratios(runs, baseline: str | None = None):
 
 
 def _context(run) -> tuple:
-    """What a baseline must share with the run it is weighed against: the workload and prompt length."""
-    return (run.get("workload"), run.get("context_tokens"))
+    """What a baseline must share with the run it is weighed against: the kind of workload and the
+    prompt length (not, say, workload.seed, which two runs of one configuration may differ by)."""
+    return (run.get("params.workload.kind"), run.get("context_tokens"))

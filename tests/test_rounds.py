@@ -1,0 +1,132 @@
+"""Measured rounds and the differences read from them: the shuffled order, fixed and automatic
+repeats, a job that fails mid-round, round means, and paired against unpaired ratios on a machine
+whose speed drifts."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from kvpipe.decide import paired
+from kvpipe.job.rounds import run_rounds
+from kvpipe.measure.rounds import over_rounds, parse_series, round_tags
+from kvpipe.measure.uncertainty import ratio_interval
+
+
+class FakeJob:
+    """A RoundJob whose TPOT per round comes from `tpot(round)`; it counts its calls."""
+
+    def __init__(self, label, repeats=3, tpot=lambda r: 10.0, target=0.05, max_repeats=30, fail_at=None):
+        self.label, self.auto = label, repeats == "auto"
+        self.fixed_rounds = None if self.auto else repeats
+        self.calls_per_round, self.failed = 2, None
+        self.tpot, self.target, self.max_repeats, self.fail_at = tpot, target, max_repeats, fail_at
+        self.values: list[float] = []
+
+    def wants_more(self, measured_s):
+        if not self.auto:
+            return len(self.values) < self.fixed_rounds
+        return self.may_go_on(measured_s) and not self.converged()
+
+    def may_go_on(self, measured_s):
+        return len(self.values) < self.max_repeats
+
+    def converged(self):
+        if len(self.values) < 3:
+            return False
+        mean = sum(self.values) / len(self.values)
+        sd = math.sqrt(sum((v - mean) ** 2 for v in self.values) / (len(self.values) - 1))
+        return 2 * sd / math.sqrt(len(self.values)) / mean <= self.target
+
+    def measure_round(self, advance):
+        if self.fail_at == len(self.values):
+            raise RuntimeError("backend failed")
+        self.values.append(self.tpot(len(self.values)))
+        for _ in range(self.calls_per_round):
+            advance()
+
+
+def test_each_round_calls_every_job_once_in_an_order_drawn_from_the_seed():
+    jobs = [FakeJob(f"#{i}", repeats=6) for i in range(3)]
+    rounds = run_rounds(jobs, seed=7, shuffle=True)
+    assert [len(job.values) for job in jobs] == [6, 6, 6]
+    assert all(sorted(order) == [0, 1, 2] for order in rounds.orders)
+    assert len({tuple(order) for order in rounds.orders}) > 1  # shuffled, not the same order each round
+    again = run_rounds([FakeJob(f"#{i}", repeats=6) for i in range(3)], seed=7, shuffle=True)
+    assert again.orders == rounds.orders  # the seed decides: a sweep asked again takes the same turns
+    alone = run_rounds([FakeJob("#0", repeats=4)], seed=7, shuffle=False)
+    assert alone.orders == [[0]] * 4 and len(alone.seconds) == 4 and alone.drift()[0] == 0
+
+
+def test_fixed_repeats_stop_each_job_at_its_own_count():
+    short, long = FakeJob("#0", repeats=2), FakeJob("#1", repeats=5)
+    rounds = run_rounds([short, long], seed=0, shuffle=True)
+    assert (len(short.values), len(long.values), len(rounds.seconds)) == (2, 5, 5)
+
+
+def test_auto_rounds_go_on_until_every_job_converges_and_stop_at_the_cap():
+    steady = FakeJob("#0", repeats="auto", tpot=lambda r: 10.0 + 0.01 * (r % 2))
+    jittery = FakeJob("#1", repeats="auto", tpot=lambda r: 10.0 * (1.1 if r % 2 else 0.9) if r < 6 else 10.0)
+    run_rounds([steady, jittery], seed=0, shuffle=True)
+    assert steady.converged() and jittery.converged()
+    assert len(steady.values) == len(jittery.values) > 6  # the steady one kept pairing until the other was done
+    never = FakeJob("#0", repeats="auto", tpot=lambda r: 10.0 * (1.5 if r % 2 else 0.5), max_repeats=6)
+    run_rounds([never], seed=0, shuffle=False)
+    assert len(never.values) == 6 and not never.converged()
+
+
+def test_a_job_that_fails_mid_round_stops_alone_and_keeps_its_error():
+    bad, good = FakeJob("#0", repeats=4, fail_at=1), FakeJob("#1", repeats=4)
+    run_rounds([bad, good], seed=0, shuffle=True)
+    assert isinstance(bad.failed, RuntimeError) and len(bad.values) == 1
+    assert len(good.values) == 4 and good.failed is None
+
+
+def test_round_means_become_tags_and_the_interval_over_rounds():
+    per_round = {"ttft_ms": [5.0, 5.2, 4.9], "tpot_ms": [2.0, 2.1, 1.9], "decode_tokens_per_s": [500, 476, 526]}
+    metrics = over_rounds(per_round)
+    assert metrics["rounds"] == 3 and metrics["tpot_ms_ci_low"] <= 2.0 <= metrics["tpot_ms_ci_high"]
+    tags = round_tags(per_round)
+    assert parse_series(tags["round_tpot_ms"]) == [2.0, 2.1, 1.9] and tags["interval_over"] == "rounds"
+    two = {name: values[:2] for name, values in per_round.items()}
+    assert "tpot_ms_ci_low" not in over_rounds(two) and round_tags(two)["interval_over"] == "calls"
+    assert parse_series(float("nan")) == []  # a run recorded before rounds were kept
+
+
+def drifting(rounds: int, seed: int, slowdown: float = 1.0):
+    """Two jobs' round means on a machine whose speed swings by ±30% from round to round; the second
+    `slowdown` times slower."""
+    draw = random.Random(seed)
+    speed = [1 + 0.3 * math.sin(r) + draw.gauss(0, 0.01) for r in range(rounds)]
+    a = [10 * s * (1 + draw.gauss(0, 0.01)) for s in speed]
+    b = [10 * slowdown * s * (1 + draw.gauss(0, 0.01)) for s in speed]
+    return a, b
+
+
+def test_a_paired_ratio_cancels_the_drift_an_unpaired_one_cannot():
+    a, b = drifting(10, seed=1)
+    ratio, low, high = ratio_interval(b, a, paired=True)
+    assert abs(ratio - 1) < 0.02 and high - low < 0.04
+    _, low_unpaired, high_unpaired = ratio_interval(b, a, paired=False)
+    assert high_unpaired - low_unpaired > 5 * (high - low)
+    a, b = drifting(10, seed=2, slowdown=1.1)
+    verdict = paired.Ratio(*ratio_interval(b, a, paired=True), paired=True)
+    assert verdict.clear and verdict.low > 1.05
+    assert verdict.text().startswith("1.10× (")
+
+
+@pytest.mark.parametrize(
+    "low, high, clear",
+    [(0.95, 1.04, False), (1.01, 1.05, False), (1.03, 1.09, True), (0.90, 0.97, True), (math.nan, math.nan, False)],
+)
+def test_a_difference_is_clear_only_beyond_two_percent(low, high, clear):
+    ratio = paired.Ratio(1.0, low, high, paired=True)
+    assert ratio.clear is clear
+    assert ratio.text().startswith("no clear difference") is (not clear and not math.isnan(low))
+
+
+def test_too_few_rounds_give_no_interval():
+    assert all(math.isnan(v) for v in ratio_interval([1.0], [1.0, 2.0], paired=True))
+    assert all(math.isnan(v) for v in ratio_interval([1.0], [1.0, 2.0], paired=False))
