@@ -130,3 +130,23 @@ def test_a_difference_is_clear_only_beyond_two_percent(low, high, clear):
 def test_too_few_rounds_give_no_interval():
     assert all(math.isnan(v) for v in ratio_interval([1.0], [1.0, 2.0], paired=True))
     assert all(math.isnan(v) for v in ratio_interval([1.0], [1.0, 2.0], paired=False))
+
+
+def test_the_signed_rank_interval_holds_the_true_ratio_as_often_as_it_says():
+    import numpy as np
+
+    draw = np.random.default_rng(3)
+    for rounds in (6, 12):
+        held = 0
+        for _ in range(400):
+            base = 10 * np.exp(draw.normal(0, 0.2, rounds))  # the machine's drift, shared by both
+            _, low, high = ratio_interval(list(base * np.exp(draw.normal(0, 0.05, rounds))), list(base), paired=True)
+            held += low <= 1 <= high
+        assert 0.92 <= held / 400 <= 0.995
+
+
+def test_a_round_split_by_a_slow_spell_does_not_carry_the_ratio():
+    a, b = drifting(12, seed=4, slowdown=1.1)
+    b[3], b[8] = b[3] * 1.6, b[8] / 1.6  # two rounds in which the spell began or ended between the jobs
+    verdict = paired.Ratio(*ratio_interval(b, a, paired=True), paired=True)
+    assert verdict.clear and 1.07 < verdict.value < 1.13

@@ -36,14 +36,21 @@ def with_intervals(metrics: dict[str, float], samples: dict[str, list[float]]) -
     return metrics
 
 
+SIGNED_RANK_FROM = 6  # the fewest rounds for which a 95% signed-rank interval exists (2 / 2**6 < 0.05)
+
+
 def ratio_interval(values: list[float], baseline: list[float], paired: bool, level: float = LEVEL):
-    """(ratio, low, high) of values against baseline, at `level`. paired: the two were measured in
-    the same rounds, so round i of each is compared with round i of the other (what drifted in that
-    round cancels): the ratio is the geometric mean of the rounds' ratios, its interval Student's t
-    on their logs. Otherwise mean over mean, its interval Welch's t on the log of that ratio (the
-    delta method). Student's t rather than a percentile bootstrap: with the handful of rounds a sweep
-    runs, a bootstrap's interval is too narrow and would call differences that are not there. NaNs
-    where either has fewer than two values."""
+    """(ratio, low, high) of values against baseline, at `level`; NaNs where either has fewer than
+    two values.
+
+    paired: the two were measured in the same rounds, so round i of one is set against round i of
+    the other and what drifted in that round cancels. From SIGNED_RANK_FROM rounds the ratio is the
+    rounds' typical ratio (the Hodges-Lehmann estimate on their logs) and its interval Wilcoxon's
+    signed-rank interval: a round that a slow spell split between the two, whose ratio is far out,
+    does not carry it. Below that, Student's t on the rounds' log ratios.
+    Unpaired: mean over mean, its interval Welch's t on the log of that ratio (the delta method).
+    Not a percentile bootstrap: with the handful of rounds a sweep runs its interval is too narrow
+    and would call differences that are not there."""
     import numpy as np
     from scipy import stats
 
@@ -51,10 +58,13 @@ def ratio_interval(values: list[float], baseline: list[float], paired: bool, lev
     tail = (1 - level) / 2
     if paired:
         n = min(len(x), len(b))
-        logs = np.log(x[:n] / b[:n])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logs = np.log(x[:n] / b[:n])
         logs = logs[np.isfinite(logs)]
         if len(logs) < 2:
             return math.nan, math.nan, math.nan
+        if len(logs) >= SIGNED_RANK_FROM:
+            return tuple(float(math.exp(v)) for v in _signed_rank_interval(logs, tail))
         centre, spread = logs.mean(), stats.t.ppf(1 - tail, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs))
     else:
         x, b = x[np.isfinite(x) & (x > 0)], b[np.isfinite(b) & (b > 0)]
@@ -65,3 +75,21 @@ def ratio_interval(values: list[float], baseline: list[float], paired: bool, lev
         freedom = sum(parts) ** 2 / sum(part**2 / (len(v) - 1) for part, v in zip(parts, (x, b))) if se else 1
         centre, spread = math.log(x.mean() / b.mean()), stats.t.ppf(1 - tail, freedom) * se
     return float(math.exp(centre)), float(math.exp(centre - spread)), float(math.exp(centre + spread))
+
+
+def _signed_rank_interval(d, tail: float) -> tuple[float, float, float]:
+    """(Hodges-Lehmann estimate, low, high) of the centre of d: the median of its Walsh averages
+    (d_i + d_j) / 2, i <= j, and the interval from the c-th smallest of them to the c-th largest,
+    where c - 1 is the largest count with P(T <= c - 1) <= tail under the exact signed-rank
+    distribution (its coverage is 1 - 2 P(T <= c - 1))."""
+    import numpy as np
+
+    n = len(d)
+    walsh = np.sort((d[:, None] + d[None, :])[np.triu_indices(n)] / 2)
+    ways = np.zeros(n * (n + 1) // 2 + 1)  # ways[t]: subsets of the ranks 1..n that sum to t
+    ways[0] = 1
+    for rank in range(1, n + 1):
+        ways[rank:] = ways[rank:] + ways[:-rank].copy()
+    below = np.cumsum(ways) / 2**n  # P(T <= t)
+    c = int(np.searchsorted(below, tail, side="right"))  # the counts t < c have P(T <= t) <= tail
+    return float(np.median(walsh)), float(walsh[c - 1]), float(walsh[len(walsh) - c])
