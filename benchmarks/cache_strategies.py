@@ -1,6 +1,9 @@
-"""Every cache strategy on one model and workload, in one process: KV bytes, compression, peak
-memory (absolute, and over the state before the call), decode speed, noise, roofline fraction and compile time (table.md), and quality against the full-precision
-reference (quality.md). Writes markdown tables (and JSON) for the README.
+"""Every cache strategy on one model and workload, in one process, the jobs taking turns in interleaved
+rounds (kvpipe.job.rounds, as a sweep's do): KV bytes, compression, peak memory (absolute, and over the
+state before the call), decode speed and TPOT with their 95% intervals over the rounds, TPOT against
+dynamic's measured in the same rounds (kvpipe.decide.paired), noise, roofline fraction and compile
+time (table.md), and quality against the full-precision reference (quality.md). Writes markdown
+tables (and JSON) for the README.
 
     python benchmarks/cache_strategies.py                      # embedded model, 1,000-token prompt, 64 new
     python benchmarks/cache_strategies.py --workload chat      # the bundled chat prompts
@@ -15,7 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvpipe.job.runner import run_job
+from kvpipe.decide.paired import ratio
+from kvpipe.job.rounds import run_rounds
+from kvpipe.job.runner import BatchJob
 from kvpipe.spec import compose, make_spec
 from kvpipe.units import human_bytes
 
@@ -41,7 +46,7 @@ def main() -> None:
     parser.add_argument("--workload", choices=("long_context", "chat"), default="long_context")
     parser.add_argument("--prompt-tokens", type=int, default=1000, help="long_context only")
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=6, help="interleaved rounds (workload.repeats)")
     parser.add_argument("--only", nargs="*", help="strategy labels to run (default: all)")
     parser.add_argument("--out", type=Path, default=Path("outputs/benchmarks/cache_strategies"))
     args = parser.parse_args()
@@ -61,15 +66,29 @@ def main() -> None:
         for label, overrides in STRATEGIES
         if not args.only or label in args.only
     ]
-    rows = []
+    jobs = []
     for label, spec in specs:
-        metrics = run_job(spec).metrics
+        job = BatchJob(spec)
+        job.label = label
+        job.prepare()  # loaded, cache built, warmed up
+        jobs.append(job)
+    run_rounds(jobs, seed=0, shuffle=True)  # each round calls every strategy once, in a shuffled order
+    rows, tags = [], {}
+    for (label, _), job in zip(specs, jobs):
+        result = job.result({"measured_order": "interleaved", "round_group": "cache_strategies"})
+        metrics, tags[label] = result.metrics, result.tags
         rows.append({"strategy": label, **metrics})
         print(
             f"{label:28s} kv={human_bytes(metrics['kv_cache_bytes']):>10s} "
             f"x{metrics['kv_compression']:.2f} decode={metrics['decode_tokens_per_s']:.1f} tok/s",
             flush=True,
         )
+    baseline = {f"tags.kvpipe.{k}": v for k, v in tags.get("dynamic", {}).items()}
+    for row in rows:
+        against = (
+            ratio({f"tags.kvpipe.{k}": v for k, v in tags[row["strategy"]].items()}, baseline) if baseline else None
+        )
+        row["tpot_vs_dynamic"] = None if against is None or row["strategy"] == "dynamic" else against.text()
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(rows, indent=2))
@@ -82,8 +101,9 @@ def main() -> None:
                 "kv_compression (vs fp16)": f"{row['kv_compression']:.2f}",
                 "peak memory (absolute)": human_bytes(row["peak_memory_bytes"]),
                 "over baseline": human_bytes(row["peak_over_baseline_bytes"]),
-                "decode tok/s": f"{row['decode_tokens_per_s']:.1f} ± {row['decode_tokens_per_s_std']:.1f}",
-                "TPOT ms": f"{row['tpot_ms']:.1f}",
+                "decode tok/s": _interval(row, "decode_tokens_per_s"),
+                "TPOT ms": _interval(row, "tpot_ms"),
+                "TPOT vs dynamic": row["tpot_vs_dynamic"] or "",
                 "noise": _percent(row.get("timing_noise_cv")),
                 "roofline_fraction": _fixed(row.get("roofline_fraction"), 2),
                 "compile_ms": f"{row['compile_ms']:.0f}" if "compile_ms" in row else "",
@@ -107,7 +127,7 @@ def main() -> None:
     work = f"prompt {args.prompt_tokens} tokens" if args.workload == "long_context" else "the bundled chat prompts"
     header = (
         f"Model `{args.model}`, workload `{args.workload}` ({work}), {args.new_tokens} new tokens, batch 1, "
-        f"{args.repeats} measured repeats after 1 warm-up."
+        f"{args.repeats} interleaved rounds after 1 warm-up; figures with their 95% interval over the rounds."
     )
     for name, table in (("table.md", speed), ("quality.md", quality)):
         if table.empty:
@@ -117,6 +137,13 @@ def main() -> None:
         )
         (args.out / name).write_text(f"{header}\n\n{markdown}\n")
         print(f"{header}\n\n{markdown}\n")
+
+
+def _interval(row: dict, name: str) -> str:
+    low, high = row.get(name + "_ci_low"), row.get(name + "_ci_high")
+    if low is None or high is None:
+        return f"{row[name]:.1f}"
+    return f"{row[name]:.1f} ({low:.1f}–{high:.1f})"
 
 
 def _spread(row: dict, name: str, fmt: str) -> str:

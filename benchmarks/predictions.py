@@ -1,32 +1,25 @@
 """Do calibrated predictions hold? `kvpipe plan --hardware local`, calibrated on two prompt lengths per
 strategy, against measurements at other lengths.
 
-Per strategy (dynamic, and quantized with quanto int4 kivi) on the embedded model, in rounds: a sweep
-at the two calibration prompt lengths, then a sweep at the evaluated ones (shorter than, between and
-longer than the calibrated ones, so extrapolation is included). Then `kvpipe plan --hardware local
---json` for the evaluated lengths, calibrated on every round's calibration runs (plan counts each
-prompt length at the median of its runs). Each prediction's error is (predicted - measured) /
-measured, where measured is the median of the rounds' runs at that length; the rounds' spread,
-(max - min) / median, is reported beside it, as what this machine's noise alone puts between two
-measurements of one job. Goal: median |error| at most 10% and every |error| at most 20%, for TPOT
-and for TTFT.
+Per strategy (dynamic, and quantized with quanto int4 kivi) on the embedded model, one sweep of every
+job: both strategies at the two calibration prompt lengths and at the evaluated ones (shorter than,
+between and longer than the calibrated ones, so extrapolation is included), measured in interleaved
+rounds, so that a slow spell of the machine falls on calibration and evaluation runs alike. Then
+`kvpipe plan --hardware local --calibrate-on CALIBRATION --json` for the evaluated lengths: calibrated
+on the calibration lengths' runs alone (each weighted by its interval), the evaluated ones held out.
+Each prediction's error is (predicted - measured) / measured; the measured figure's 95% interval
+(over its rounds) is reported beside it, as what this machine's noise alone leaves uncertain. Goal:
+median |error| at most 10% and every |error| at most 20%, for TPOT and for TTFT.
 
-Why rounds: on a shared 2-core machine the same job, measured twice a few minutes apart, has read
-up to 32% apart with neither run flagged noisy (uniformly slow calls are not noise within a run);
-one such run among two calibration points tilts a line, and one among the measurements is an
-"error" that no model could avoid. Calibration and evaluation sweeps alternate, so that a slow
-spell falls on both.
-
-    python benchmarks/predictions.py                  # the embedded model (about 16 min, 2 cores)
+    python benchmarks/predictions.py                  # the embedded model (about 10 min, 2 cores)
     python benchmarks/predictions.py --quick          # shorter lengths, fewer tokens
     python benchmarks/predictions.py --model tiny_random --calibrate 16,64 --lengths 8,32,128 --new-tokens 8
 
 Everything runs as `python -m kvpipe` processes in one launch folder (--out/launch, made afresh) with
-its own MLflow store: calibration runs in experiment "predictions" (what plan reads), evaluated ones
-in "predictions-evaluated". The jobs use OMP_NUM_THREADS torch threads (default 2, as on the 2-core
-machine the other benchmarks were measured on; plan measures the local bandwidth with the same
-threads). Contended runs are not calibrated on (kvpipe.predict.calibration), so run it on an idle
-machine. Writes results.json and table.md in --out.
+its own MLflow store (experiment "predictions"). The jobs use OMP_NUM_THREADS torch threads (default
+2, as on the 2-core machine the other benchmarks were measured on; plan measures the local bandwidth
+with the same threads). Contended runs are not calibrated on (kvpipe.predict.calibration), so run it
+on an idle machine. Writes results.json and table.md in --out.
 """
 
 from __future__ import annotations
@@ -51,13 +44,14 @@ STRATEGIES = {
     "dynamic": ["cache=dynamic"],
     "quanto int4 kivi": ["cache=quantized", "backend=quanto", "backend.nbits=4", "axis=kivi"],
 }
-SIZES = {  # (calibration prompt lengths, evaluated prompt lengths, new tokens, repeats, rounds)
-    "full": ([512, 2048], [256, 1024, 4096], 32, 2, 3),
-    "quick": ([256, 1024], [128, 512, 2048], 16, 2, 2),
+BY_STRATEGY = {"dynamic": "dynamic", "quantized": "quanto int4 kivi"}  # a job's cache.strategy -> plan's row
+SIZES = {  # (calibration prompt lengths, evaluated prompt lengths, new tokens, rounds)
+    "full": ([512, 2048], [256, 1024, 4096], 32, 6),
+    "quick": ([256, 1024], [128, 512, 2048], 16, 4),
 }
 GOAL_MEDIAN, GOAL_MAX = 0.10, 0.20
-EXPERIMENT = "predictions"  # the calibration runs: what plan reads
-EVALUATED = "predictions-evaluated"
+EXPERIMENT = "predictions"
+SWEEP_DIR = "outputs/multiruns/predictions"
 
 
 def kvpipe(launch: Path, env: dict, args: list[str], capture: bool = False) -> str:
@@ -69,38 +63,28 @@ def kvpipe(launch: Path, env: dict, args: list[str], capture: bool = False) -> s
     return proc.stdout or ""
 
 
-def sweep(launch: Path, env: dict, name: str, common: list[str], lengths: list[int], experiment: str) -> None:
-    """Each strategy at these prompt lengths: a sweep each, in its own folder (multiruns/NAME/LABEL)."""
-    for label, cache in STRATEGIES.items():
-        print(f"{name}: {label} at {', '.join(map(str, lengths))} prompt tokens", flush=True)
-        kvpipe(launch, env, ["-m", *common, *cache, f"workload.prompt_tokens={','.join(map(str, lengths))}",
-                             f"tracking.experiment={experiment}",
-                             f"hydra.sweep.dir=outputs/multiruns/{name}/{label.replace(' ', '_')}"])  # fmt: skip
+def sweep(launch: Path, env: dict, common: list[str], lengths: list[int]) -> None:
+    """Both strategies at every prompt length, as one sweep whose jobs take turns in rounds."""
+    caches = ["cache=dynamic,quantized", "backend=quanto", "backend.nbits=4", "axis=kivi"]
+    print(f"one interleaved sweep: {', '.join(STRATEGIES)} at {', '.join(map(str, lengths))} prompt tokens", flush=True)
+    kvpipe(launch, env, ["-m", *common, *caches, f"workload.prompt_tokens={','.join(map(str, lengths))}",
+                         f"tracking.experiment={EXPERIMENT}", f"hydra.sweep.dir={SWEEP_DIR}"])  # fmt: skip
 
 
-def measured(launch: Path, name: str, rounds: int) -> dict[tuple[str, int], dict]:
-    """(strategy label, prompt tokens) -> each round's figures of that length's FINISHED job, and their
-    median and spread."""
-    found: dict[tuple[str, int], list[dict]] = {}
-    for index in range(rounds):
-        for label in STRATEGIES:
-            folder = launch / "outputs" / "multiruns" / f"{name}-{index + 1}" / label.replace(" ", "_")
-            for _, result in iter_results(folder):
-                if result.status == "FINISHED":
-                    found.setdefault((label, round(result.metrics["prompt_tokens"])), []).append({
-                        "tpot_ms": result.metrics["tpot_ms"],
-                        "ttft_ms": result.metrics["ttft_ms"],
-                        "contended": result.tags.get("contended") == "true",
-                        "noisy": result.tags.get("noisy") == "true",
-                    })  # fmt: skip
+def measured(launch: Path, lengths: list[int]) -> dict[tuple[str, int], dict]:
+    """(strategy label, prompt tokens) -> that job's figures over its rounds, and their intervals."""
     summary = {}
-    for key, runs in found.items():
-        figures = {"runs": runs, "contended": any(r["contended"] for r in runs), "noisy": any(r["noisy"] for r in runs)}
+    for _, result in iter_results(launch / SWEEP_DIR):
+        prompt = round(result.metrics.get("prompt_tokens") or 0)
+        if result.status != "FINISHED" or prompt not in lengths:
+            continue
+        m = result.metrics
+        figures = {"rounds": m.get("rounds"), "contended": result.tags.get("contended") == "true",
+                   "noisy": result.tags.get("noisy") == "true"}  # fmt: skip
         for figure in ("tpot_ms", "ttft_ms"):
-            values = [r[figure] for r in runs]
-            middle = statistics.median(values)
-            figures[figure], figures[f"{figure}_spread"] = middle, (max(values) - min(values)) / middle
-        summary[key] = figures
+            figures[figure] = m[figure]
+            figures[f"{figure}_half"] = (m[f"{figure}_ci_high"] - m[f"{figure}_ci_low"]) / 2 / m[figure]
+        summary[(BY_STRATEGY[result.config["cache"]["strategy"]], prompt)] = figures
     return summary
 
 
@@ -112,11 +96,11 @@ def compare(plan: dict, truth: dict, calibrated: list[int], new_tokens: int) -> 
         at = next((c for c in by_label[label]["contexts"] if c["context"] == prompt + new_tokens), None)
         row = {"strategy": label, "prompt_tokens": prompt, "contended": figures["contended"], "noisy": figures["noisy"],
                "where": "between" if calibrated[0] <= prompt <= calibrated[-1] else "extrapolated"}  # fmt: skip
-        row["rounds"] = len(figures["runs"])
+        row["rounds"] = figures["rounds"]
         for name in ("tpot_ms", "ttft_ms"):
             predicted = at[name] if at and at["basis"] == "calibrated" else None
             row[f"{name}_measured"], row[f"{name}_predicted"] = figures[name], predicted
-            row[f"{name}_spread"] = figures[f"{name}_spread"]
+            row[f"{name}_half"] = figures[f"{name}_half"]
             row[f"{name}_error"] = None if predicted is None else (predicted - figures[name]) / figures[name]
         rows.append(row)
     return rows
@@ -150,11 +134,11 @@ def markdown(rows: list[dict], totals: dict) -> str:
             "prompt tokens": [f"{r['prompt_tokens']:,}" for r in rows],
             "range": [r["where"] + (" ⚠ contended" if r["contended"] else "") for r in rows],
             "TPOT ms measured": [number(r["tpot_ms_measured"]) for r in rows],
-            "TPOT spread": [f"{r['tpot_ms_spread']:.0%}" for r in rows],
+            "TPOT ±": [f"{r['tpot_ms_half']:.1%}" for r in rows],
             "TPOT ms predicted": [number(r["tpot_ms_predicted"]) for r in rows],
             "TPOT error": [pct(r["tpot_ms_error"]) for r in rows],
             "TTFT ms measured": [number(r["ttft_ms_measured"]) for r in rows],
-            "TTFT spread": [f"{r['ttft_ms_spread']:.0%}" for r in rows],
+            "TTFT ±": [f"{r['ttft_ms_half']:.1%}" for r in rows],
             "TTFT ms predicted": [number(r["ttft_ms_predicted"]) for r in rows],
             "TTFT error": [pct(r["ttft_ms_error"]) for r in rows],
         }
@@ -178,49 +162,44 @@ def main() -> None:
     parser.add_argument("--calibrate", help="the two (or more) calibration prompt lengths, e.g. 512,2048")
     parser.add_argument("--lengths", help="the evaluated prompt lengths (three or more), e.g. 256,1024,4096,6144")
     parser.add_argument("--new-tokens", type=int, help="workload.max_new_tokens of every job")
-    parser.add_argument("--repeats", type=int, help="measured calls per job")
-    parser.add_argument(
-        "--rounds", type=int, help="times each job is measured (calibrated on all, compared to the median)"
-    )
+    parser.add_argument("--rounds", type=int, help="workload.repeats: the interleaved rounds each job is measured in")
     parser.add_argument("--out", type=Path, default=Path("outputs/benchmarks/predictions"))
     parser.add_argument("--reuse", action="store_true",
                         help="measure nothing: predict again from the runs already in --out/launch (after a change "
                              "to the calibration; the same measurements, so the errors compare)")  # fmt: skip
     args = parser.parse_args()
-    calibrate, lengths, new_tokens, repeats, rounds = SIZES["quick" if args.quick else "full"]
+    calibrate, lengths, new_tokens, rounds = SIZES["quick" if args.quick else "full"]
     calibrate = sorted(int(n) for n in args.calibrate.split(",")) if args.calibrate else calibrate
     lengths = sorted(int(n) for n in args.lengths.split(",")) if args.lengths else lengths
-    new_tokens, repeats, rounds = args.new_tokens or new_tokens, args.repeats or repeats, args.rounds or rounds
+    new_tokens, rounds = args.new_tokens or new_tokens, args.rounds or rounds
     embedded_folder()  # converted once, before anything is timed
     launch = (args.out / "launch").resolve()
     if not args.reuse:
         shutil.rmtree(launch, ignore_errors=True)
         launch.mkdir(parents=True)
-    elif not (launch / "outputs" / "multiruns" / f"evaluate-{rounds}").is_dir():
-        sys.exit(f"--reuse: {launch} holds no {rounds} rounds of runs; run without --reuse first")
+    elif not (launch / SWEEP_DIR).is_dir():
+        sys.exit(f"--reuse: {launch} holds no sweep; run without --reuse first")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     common = [f"model={args.model}", "workload=long_context", f"workload.max_new_tokens={new_tokens}",
-              f"workload.repeats={repeats}", "workload.warmup=1", "quality=off"]  # fmt: skip
+              f"workload.repeats={rounds}", "workload.warmup=1", "quality=off"]  # fmt: skip
     started = time.perf_counter()
-    for index in range(1, 0 if args.reuse else rounds + 1):
-        print(f"round {index} of {rounds}", flush=True)
-        sweep(launch, env, f"calibrate-{index}", common, calibrate, EXPERIMENT)
-        sweep(launch, env, f"evaluate-{index}", common, lengths, EVALUATED)
+    if not args.reuse:
+        sweep(launch, env, common, sorted({*calibrate, *lengths}))
     contexts = ",".join(str(n + new_tokens) for n in lengths)
     plan_args = ["plan", *common[:3], f"tracking.experiment={EXPERIMENT}", "--hardware", "local",
-                 "--context", contexts, "--json"]  # fmt: skip
+                 "--calibrate-on", ",".join(map(str, calibrate)), "--context", contexts, "--json"]  # fmt: skip
     plan = json.loads(kvpipe(launch, env, plan_args, capture=True))
-    rows = compare(plan, measured(launch, "evaluate", rounds), calibrate, new_tokens)
+    rows = compare(plan, measured(launch, lengths), calibrate, new_tokens)
     totals = summary(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     document = {
         "model": args.model, "calibrate": calibrate, "lengths": lengths, "new_tokens": new_tokens,
-        "repeats": repeats, "rounds": rounds, "omp_num_threads": env["OMP_NUM_THREADS"],
+        "rounds": rounds, "omp_num_threads": env["OMP_NUM_THREADS"],
         "wall_s": time.perf_counter() - started, "reused": args.reuse,
         "plan_command": "kvpipe " + " ".join(plan_args), "calibration": plan["calibration"],
         "hardware": plan["hardware"], "rows": rows, "summary": totals,
         "calibration_runs": [{"strategy": k[0], "prompt_tokens": k[1], **v}
-                             for k, v in sorted(measured(launch, "calibrate", rounds).items())],
+                             for k, v in sorted(measured(launch, calibrate).items())],
     }  # fmt: skip
     (args.out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
     table = markdown(rows, totals)

@@ -28,21 +28,32 @@ class Metric:
     in_run_table: bool = False  # a row of the run's terminal table (kvpipe.record.report)
     compare: bool = False  # a column of compare's table (where some run has it)
 
-    def number(self, value: float, std: float | None = None) -> str:
-        """The value (± std where there is a spread), without the unit: a table cell under a header
-        that names the unit."""
+    def number(self, value: float, std: float | None = None, interval: tuple | None = None) -> str:
+        """The value and its 95% interval (`51.1 (49.8–52.6)`) where it has one, else ± std where
+        there is a spread, without the unit: a table cell under a header that names the unit."""
         if value is None or value != value:
             return "–"
         if self.spec == "bytes":
             return human_bytes(value)
         text = format(value, self.spec)
-        if std and self.spec.endswith("f"):
+        if interval and all(bound is not None and bound == bound for bound in interval):
+            text += f" ({format(interval[0], self.spec)}–{format(interval[1], self.spec)})"
+        elif std and self.spec.endswith("f"):
             text += f" ± {format(std, self.spec)}"
         return text
 
-    def show(self, value: float, std: float | None = None) -> str:
-        """The value with its unit, for running text and the run's table: `51.1 ± 2.5 ms`."""
-        text = self.number(value, std)
+    def interval_of(self, figures) -> tuple | None:
+        """(low, high) of its 95% interval among a run's figures (a dict, or a row of runs with
+        `metrics.` columns), or None."""
+        for prefix in ("", "metrics."):
+            low, high = figures.get(f"{prefix}{self.name}_ci_low"), figures.get(f"{prefix}{self.name}_ci_high")
+            if low is not None and high is not None:
+                return low, high
+        return None
+
+    def show(self, value: float, std: float | None = None, interval: tuple | None = None) -> str:
+        """The value with its unit, for running text and the run's table: `51.1 (49.8–52.6) ms`."""
+        text = self.number(value, std, interval)
         if text == "–" or not self.unit or self.spec == "bytes":
             return text
         return text + ("" if self.unit == "×" else " ") + self.unit  # 1.95×, but 51.1 ms
@@ -51,9 +62,9 @@ class Metric:
         """A table column's title: the label, and a unit that is a word (ms, tok/s, nats)."""
         return f"{self.label} {self.unit}" if self._unit_in_header() else self.label
 
-    def cell(self, value: float, std: float | None = None) -> str:
+    def cell(self, value: float, std: float | None = None, interval: tuple | None = None) -> str:
         """A table cell under `header()`: the unit only where the header leaves it out (1.95×)."""
-        return self.number(value, std) if self._unit_in_header() else self.show(value, std)
+        return self.number(value, std, interval) if self._unit_in_header() else self.show(value, std, interval)
 
     def _unit_in_header(self) -> bool:
         return bool(self.unit) and self.unit != "×" and self.spec != "bytes"

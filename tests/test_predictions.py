@@ -81,6 +81,17 @@ def test_unknown_hardware_is_one_line_naming_the_choices_and_exit_2(capsys):
     assert "--hardware='h900'" in err and "h100_sxm" in err and "local" in err
 
 
+@pytest.mark.parametrize(
+    "args, named",
+    [(["--calibrate-on", "512,2048"], "use it with --hardware local"),
+     (["--hardware", "local", "--calibrate-on", "512,lots"], "comma-separated token counts")],
+)  # fmt: skip
+def test_calibrate_on_without_a_calibration_or_lengths_is_one_line_and_exit_2(capsys, args, named):
+    assert cli.subcommand(["plan", "model=tiny_random", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "--calibrate-on=" in err and named in err
+
+
 # ---- floors, worked by hand ---------------------------------------------------------------------
 
 
@@ -190,6 +201,17 @@ def test_the_fit_weighs_each_run_by_its_relative_error_as_predictions_are_judged
     line = calibration.fit_line(xs, ys)
     relative = [abs(line.at(x) - y) / y for x, y in zip(xs, ys)]
     assert max(relative) < 0.25  # plain least squares: intercept -1.1, the short one 90% off
+
+
+def test_a_length_measured_tightly_pulls_the_line_harder_than_one_a_slow_spell_widened():
+    xs, ys = [1.0, 2.0, 3.0], [10.0, 20.0, 45.0]  # the third is off the line through the first two
+    unweighted = calibration.fit_line(xs, ys)
+    weighted = calibration.fit_line(xs, ys, [0.1, 0.1, 10.0])  # ±0.1 ms, ±0.1 ms and ±10 ms
+    assert abs(weighted.at(3.0) - 30.0) < 0.5 < abs(unweighted.at(3.0) - 30.0)
+    assert weighted.slope_ms == pytest.approx(10.0, rel=0.02)
+    missing = calibration.fit_line(xs, ys, [0.1, None, 10.0])  # a run without an interval weighs as the typical one
+    assert missing.slope_ms > 0
+    assert calibration.point_weights([10.0, 20.0]) == pytest.approx([1 / 100, 1 / 400])  # none: relative residuals
 
 
 def test_one_prompt_length_is_no_calibration(specs):

@@ -20,9 +20,13 @@ HELP = "KV-cache and weight bytes from the config alone, before anything loads"
 
 
 def parse_contexts(text: str) -> list[int]:
+    return parse_lengths("--context", text)
+
+
+def parse_lengths(flag: str, text: str) -> list[int]:
     parts = text.replace("_", "").split(",")
     if not all(part.strip().isdigit() and int(part) >= 2 for part in parts):
-        raise ConfigError("--context", text, "expected comma-separated token counts of at least 2, e.g. 1024,4096,8192")
+        raise ConfigError(flag, text, "expected comma-separated token counts of at least 2, e.g. 1024,4096,8192")
     return [int(part) for part in parts]
 
 
@@ -48,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="capacity: the most concurrent requests of N tokens each (prompt + new) that fit the memory, and with "
         "--hardware the TPOT floor at that many (needs --memory-budget or --hardware)",
     )
+    parser.add_argument(
+        "--calibrate-on",
+        metavar="N,N",
+        help="with --hardware local: calibrate only on the runs at these prompt lengths, holding the others out "
+        "to check the predictions against (benchmarks/predictions.py)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON document, and nothing else")
 
 
@@ -71,7 +81,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--request-tokens", args.request_tokens, "capacity needs a memory: add --memory-budget or --hardware"
         )
-    plan = make_plan(spec_from(args.overrides), budget, contexts, args.device, args.hardware, args.request_tokens)
+    calibrate_on = None
+    if args.calibrate_on is not None:
+        if args.hardware != hardware.LOCAL:
+            raise ConfigError("--calibrate-on", args.calibrate_on, "use it with --hardware local, which calibrates")
+        calibrate_on = parse_lengths("--calibrate-on", args.calibrate_on)
+    plan = make_plan(
+        spec_from(args.overrides), budget, contexts, args.device, args.hardware, args.request_tokens, calibrate_on
+    )
     if args.json:
         print(json.dumps(plan.as_dict(), indent=2))
     else:

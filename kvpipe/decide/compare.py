@@ -45,7 +45,8 @@ FOOTNOTE = (
 
 def display_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row of strings per run: ★, cache label, varying params, then the catalogue's compare
-    figures that some run measured (kvpipe.catalogue), each as mean ± spread."""
+    figures that some run measured (kvpipe.catalogue), each with its 95% interval where it has one,
+    else ± its spread."""
     marks = zip(runs["pareto"], runs["noisy"], runs["contended"])
     stars = [("★" if p else "") + (" ⚠ contended" if c else " ⚠" if n else "") for p, n, c in marks]
     table = {"★": stars, "cache": list(runs["label"])}
@@ -54,7 +55,10 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
         values = figure_column(runs, metric.name)
         if metric.compare and values.notna().any():
             spreads = column(runs, f"metrics.{metric.name}_std")
-            table[metric.header()] = [metric.cell(v, s if pd.notna(s) else None) for v, s in zip(values, spreads)]
+            intervals = [metric.interval_of(run.dropna()) for _, run in runs.iterrows()]
+            table[metric.header()] = [
+                metric.cell(v, s if pd.notna(s) else None, i) for v, s, i in zip(values, spreads, intervals)
+            ]
     for figure, label in paired.FIGURES.items():  # paired.with_ratios: each against its baseline
         if f"ratio_{figure}" in runs:
             header = f"{label} vs {runs.attrs.get('baseline', 'baseline')}"

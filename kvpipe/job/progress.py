@@ -7,8 +7,9 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def progress_bar(label: str, total: int):
-    """Yields a function that advances a rich progress bar by one step."""
+def progress_bar(label: str, total: int | None):
+    """Yields a function that advances a rich progress bar by one step (total None: not known ahead,
+    as with workload.repeats=auto)."""
     if not sys.stderr.isatty():
         yield lambda: None
         return

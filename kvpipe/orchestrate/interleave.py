@@ -59,14 +59,20 @@ class InterleavedLauncher(Launcher):
         """Prepare each job in its own Hydra context, measure the prepared ones in shared rounds,
         then record each."""
         returns = []
-        for sweep_config in group:
-            returns.append(
-                run_job(
-                    hydra_context=self.hydra_context, task_function=self.task_function, config=sweep_config,
-                    job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir",
-                )
-            )  # fmt: skip
-            configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        try:
+            for sweep_config in group:
+                returns.append(
+                    run_job(
+                        hydra_context=self.hydra_context, task_function=self.task_function, config=sweep_config,
+                        job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir",
+                    )
+                )  # fmt: skip
+                configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        except KeyboardInterrupt:  # the job being prepared is KILLED already; so are those waiting for rounds
+            for ret in returns:
+                if isinstance(ret.return_value, Deferred):
+                    ret.return_value.kill()
+            raise
         waiting = [(ret, ret.return_value) for ret in returns if isinstance(ret.return_value, Deferred)]
         if not waiting:
             return returns

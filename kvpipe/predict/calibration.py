@@ -15,7 +15,9 @@ products (quadratic in the prompt) run other kernels, at another speed; one rate
 short prompts tens of per cent off (README: "Do the predictions hold?"). Two free parameters each,
 by least squares on relative residuals, so that runs at two prompt lengths fix them exactly and more
 leave residuals, shown. Each prompt length counts as the median of its runs, so that one slow run
-among several repeats does not tilt the line.
+among several repeats does not tilt the line, and weighs by how sure it is: by the inverse square of
+its figure's 95% interval where its runs recorded one (a length measured tightly pulls the line
+harder than one a slow spell widened), else as the others do relative to their size.
 A time cannot fall as the work grows: a TPOT line that noise tilts down is taken flat, and a TTFT
 fit with a negative throughput falls back to one rate for both kinds of FLOPs. Where TPOT is not
 calibrated (an offloading cache's traffic is not counted), TTFT is a line in all FLOPs, with its
@@ -44,11 +46,14 @@ class Sample:
     weights_bytes: int  # weight bytes a decode step reads: the TPOT line there is a step without KV
     tpot_ms: float
     ttft_ms: float
+    tpot_half_ms: float | None = None  # half its 95% interval, where the run recorded one
+    ttft_half_ms: float | None = None
 
     @classmethod
-    def of(cls, run_id: str, cost, tpot_ms: float, ttft_ms: float) -> "Sample":
+    def of(cls, run_id: str, cost, tpot_ms: float, ttft_ms: float, tpot_half_ms=None, ttft_half_ms=None) -> "Sample":
         return cls(run_id, cost.prompt_tokens, cost.new_tokens, cost.decode_bytes_per_step, cost.prefill_flops,
-                   cost.prefill_attention_flops, cost.weights_read_bytes_per_step, tpot_ms, ttft_ms)  # fmt: skip
+                   cost.prefill_attention_flops, cost.weights_read_bytes_per_step, tpot_ms, ttft_ms,
+                   tpot_half_ms, ttft_half_ms)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -75,11 +80,25 @@ class Prefill:
         return self.base_ms + self.linear_ms * (flops - attention_flops) + self.attention_ms * attention_flops
 
 
-def fit_prefill(base_ms: float, linear: list[float], attention: list[float], ys: list[float]) -> Prefill:
-    """The two throughputs through TTFT - base, by least squares on relative residuals (exact for two
-    prompt lengths). A negative one is noise, not a law: then one throughput for all FLOPs, and no
-    less than zero."""
-    weights = [1 / y**2 for y in ys]
+SURE_AT_MOST = 0.005  # an interval narrower than 0.5% of its figure weighs as this: no point outweighs all
+
+
+def point_weights(ys: list[float], halves: list[float | None] | None = None) -> list[float]:
+    """Each point's least-squares weight: 1 / its interval's half-width squared where it has one,
+    else as a point of the others' typical relative width (with none, 1 / y squared: relative residuals)."""
+    halves = halves or [None] * len(ys)
+    relative = [h / y for h, y in zip(halves, ys) if h is not None and h == h and y]
+    typical = statistics.median(relative) if relative else 1.0
+    sigmas = [h if h is not None and h == h else typical * y for h, y in zip(halves, ys)]
+    return [1 / max(sigma, SURE_AT_MOST * y) ** 2 for sigma, y in zip(sigmas, ys)]
+
+
+def fit_prefill(base_ms: float, linear: list[float], attention: list[float], ys: list[float],
+                halves: list[float | None] | None = None) -> Prefill:  # fmt: skip
+    """The two throughputs through TTFT - base, by weighted least squares (point_weights; exact for
+    two prompt lengths). A negative one is noise, not a law: then one throughput for all FLOPs, and
+    no less than zero."""
+    weights = point_weights(ys, halves)
     rest = [y - base_ms for y in ys]
     sll = sum(w * x * x for w, x in zip(weights, linear))
     saa = sum(w * x * x for w, x in zip(weights, attention))
@@ -96,21 +115,28 @@ def fit_prefill(base_ms: float, linear: list[float], attention: list[float], ys:
     return Prefill(base_ms, max(rate, 0.0), max(rate, 0.0), True)
 
 
-def by_length(points: list[Sample], x, y) -> tuple[list[float], list[float]]:
-    """(x, the median y) per distinct x: each prompt length once, at the median of its runs."""
-    groups: dict[float, list[float]] = {}
+def by_length(points: list[Sample], x, y, half=lambda p: None) -> tuple[list[float], list[float], list]:
+    """(x, the median y, its half-width or None) per distinct x: each prompt length once, at the
+    median of its runs, as sure as their typical interval over the square root of how many they are."""
+    groups: dict[float, list[Sample]] = {}
     for p in points:
-        groups.setdefault(x(p), []).append(y(p))
-    return list(groups), [statistics.median(found) for found in groups.values()]
+        groups.setdefault(x(p), []).append(p)
+    ys = [statistics.median(y(p) for p in found) for found in groups.values()]
+    halves = []
+    for found in groups.values():
+        known = [half(p) for p in found if half(p) is not None and half(p) == half(p)]
+        halves.append(statistics.median(known) / len(found) ** 0.5 if known else None)
+    return list(groups), ys, halves
 
 
-def fit_line(xs: list[float], ys: list[float]) -> Line:
-    """Least squares on the relative residuals, (fit - y) / y: what a prediction's error is counted
-    in, so a 600 ms prefill weighs as much as a 30 s one (plain least squares would fit the long
-    ones and leave the short ones tens of per cent off). Through both points exactly when there
-    are two. xs must not all be equal. A time cannot fall as the work grows: where noise tilts the
-    line down, it is flat, at the level that minimises the same residuals."""
-    weights = [1 / y**2 for y in ys]
+def fit_line(xs: list[float], ys: list[float], halves: list[float | None] | None = None) -> Line:
+    """Weighted least squares (point_weights): by default on the relative residuals, (fit - y) / y,
+    what a prediction's error is counted in, so a 600 ms prefill weighs as much as a 30 s one (plain
+    least squares would fit the long ones and leave the short ones tens of per cent off); with
+    intervals, each point as sure as its own. Through both points exactly when there are two. xs
+    must not all be equal. A time cannot fall as the work grows: where noise tilts the line down, it
+    is flat, at the level that minimises the same residuals."""
+    weights = point_weights(ys, halves)
     total = sum(weights)
     mean_x = sum(w * x for w, x in zip(weights, xs)) / total
     mean_y = sum(w * y for w, y in zip(weights, ys)) / total
@@ -201,15 +227,15 @@ def calibrate(label: str, points: list[Sample]) -> Calibration | None:
     counted = [p for p in points if p.decode_bytes is not None]
     tpot = None
     if len({p.decode_bytes for p in counted}) >= MIN_PROMPT_LENGTHS:
-        tpot = fit_line(*by_length(counted, lambda p: p.decode_bytes, lambda p: p.tpot_ms))
-    prompts, ys = by_length(points, lambda p: p.prompt_tokens, lambda p: p.ttft_ms)
+        tpot = fit_line(*by_length(counted, lambda p: p.decode_bytes, lambda p: p.tpot_ms, lambda p: p.tpot_half_ms))
+    prompts, ys, halves = by_length(points, lambda p: p.prompt_tokens, lambda p: p.ttft_ms, lambda p: p.ttft_half_ms)
     one_of = {p.prompt_tokens: p for p in points}  # a length's runs share its FLOPs
     flops = [one_of[n].prefill_flops for n in prompts]
     if tpot is None:
-        line = fit_line(flops, ys)
+        line = fit_line(flops, ys, halves)
         ttft = Prefill(line.intercept_ms, line.slope_ms, line.slope_ms, False)
     else:
         attention = [one_of[n].attention_flops for n in prompts]
         base = tpot.at(points[0].weights_bytes)
-        ttft = fit_prefill(base, [f - a for f, a in zip(flops, attention)], attention, ys)
+        ttft = fit_prefill(base, [f - a for f, a in zip(flops, attention)], attention, ys, halves)
     return Calibration(label, tuple(points), tpot, ttft)

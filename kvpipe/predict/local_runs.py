@@ -23,12 +23,13 @@ class LocalRuns:
     store: str | None = None
 
 
-def read_local_runs(spec, dtype: str, device: str, threads: int) -> LocalRuns:
+def read_local_runs(spec, dtype: str, device: str, threads: int, prompt_lengths: list[int] | None = None) -> LocalRuns:
     """The experiment's FINISHED runs of this model and dtype, on this host and device (on CPU, with
     these torch threads: another thread count is another machine to the roofline), at the plan's
     batch size, neither contended nor fallen back to another strategy. Every run counts, a
     measurement's repeats included: each length is fitted at the median of its runs, which a run
-    slower than the others (noisy or not) does not move."""
+    slower than the others (noisy or not) does not move. prompt_lengths: only the runs at these
+    (plan --calibrate-on), the others held out to check the predictions against."""
     from pathlib import Path
 
     from kvpipe.record.runs import column, read_runs
@@ -51,8 +52,12 @@ def read_local_runs(spec, dtype: str, device: str, threads: int) -> LocalRuns:
     contended = column(runs, mlflow_tags.column(mlflow_tags.CONTENDED), "").fillna("") == "true"
     keep &= ~contended & column(runs, mlflow_tags.column(mlflow_tags.FALLBACK_TO), None).isna()
     keep &= column(runs, "metrics.tpot_ms").notna() & column(runs, "metrics.ttft_ms").notna()
+    if prompt_lengths:
+        keep &= column(runs, "metrics.prompt_tokens").round().isin(prompt_lengths)
     what = " · ".join([spec.model.name, dtype, device, f"host {host}"] + ([f"{threads} torch threads"] if device == "cpu"
                       else []) + [f"batch {batch}"])  # fmt: skip
+    if prompt_lengths:
+        what += " at " + ", ".join(str(n) for n in sorted(prompt_lengths)) + " prompt tokens"
     said = f"{int(keep.sum())} of the {len(runs)} FINISHED runs in experiment {experiment!r} ({store}) are {what}"
     return LocalRuns(runs[keep], said, store)
 
@@ -80,8 +85,19 @@ def samples(runs, variant, costs) -> list[Sample]:
     for _, run in matching(runs, variant).iterrows():
         prompt, new = round(run["metrics.prompt_tokens"]), max(1, round(run["metrics.new_tokens"]))
         cost = costs.at(variant.strategy, prompt, new)
-        found.append(Sample.of(run["run_id"], cost, float(run["metrics.tpot_ms"]), float(run["metrics.ttft_ms"])))
+        halves = [_half(run, figure) for figure in ("tpot_ms", "ttft_ms")]
+        found.append(
+            Sample.of(run["run_id"], cost, float(run["metrics.tpot_ms"]), float(run["metrics.ttft_ms"]), *halves)
+        )
     return found
+
+
+def _half(run, figure: str) -> float | None:
+    """Half the run's 95% interval of a figure; None where it recorded none (runs before intervals)."""
+    low, high = run.get(f"metrics.{figure}_ci_low"), run.get(f"metrics.{figure}_ci_high")
+    if low is None or high is None or low != low or high != high:
+        return None
+    return (float(high) - float(low)) / 2
 
 
 def calibrating_command(spec, variant, measured: list[int], new_tokens: int, cap: int) -> str:

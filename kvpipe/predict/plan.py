@@ -117,10 +117,12 @@ class Plan:
 
 
 def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None, device: str | None = None,
-              hardware_name: str | None = None, request_tokens: int | None = None) -> Plan:  # fmt: skip
+              hardware_name: str | None = None, request_tokens: int | None = None,
+              calibrate_on: list[int] | None = None) -> Plan:  # fmt: skip
     """The plan for a spec: every strategy variant at each context (default: 1024, 4096 and the
     model's maximum); with a hardware, the floors there (and on local hardware, the calibration);
-    with request_tokens and a memory, each variant's capacity: the most such requests at once."""
+    with request_tokens and a memory, each variant's capacity: the most such requests at once;
+    calibrate_on: the prompt lengths whose runs the local calibration reads (default: all)."""
     try:
         shape = model.read_shape(spec.model)
     except OSError as exc:  # a hub id with neither network nor a local copy
@@ -163,7 +165,7 @@ def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None
             ) from exc
         threads = use_threads(spec.model, device)  # measured with the threads a run would use
         accelerator = hardware.local(device, dtype)
-        local_runs = machine_runs.read_local_runs(spec, dtype, device, threads)
+        local_runs = machine_runs.read_local_runs(spec, dtype, device, threads, calibrate_on)
     if accelerator is not None:
         accelerator.peak_flops(dtype)  # an entry without this dtype: one line, before any table
     memory = budget if budget is not None or accelerator is None else accelerator.memory_bytes

@@ -22,7 +22,8 @@ def print_run(result: Result, result_path: Path) -> None:
     table.add_column("value", justify="right")
     for metric in workload.metrics().values():
         if metric.in_run_table and metric.name in metrics:
-            table.add_row(metric.label, metric.show(metrics[metric.name], metrics.get(metric.name + "_std")))
+            shown = metric.show(metrics[metric.name], metrics.get(metric.name + "_std"), metric.interval_of(metrics))
+            table.add_row(metric.label, shown)
     console = Console()
     console.print(table)
     if "prompt_count" in metrics:
