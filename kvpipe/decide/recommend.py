@@ -116,7 +116,8 @@ def choose(runs, limits: Limits):
                     f"the {human_bytes(limits.memory_bytes)} budget; {best[kind]['label']} fits"
                 )
             elif dense.empty:
-                why = f"no dynamic or static run was measured; {best[kind]['label']} is the fastest within limits"
+                pace = "as fast as any the runs can tell apart" if ties[kind] else "the fastest"
+                why = f"no dynamic or static run was measured; {best[kind]['label']} is {pace} within limits"
             else:
                 why = "the dense caches miss the limits: " + _closest_text(dense, limits)
             return best[kind], (account(best[kind], limits), why + ties[kind])
