@@ -1,7 +1,8 @@
 """A Gemma-3-style model (sliding-window layers with a few full-attention ones), in one process: what
 each cache holds against what `kvpipe plan` predicts and what a dense count of every layer says,
-compression against a 16-bit DynamicCache, KL against the full-precision reference, and TPOT, for
-dynamic, static, and quantized caches that quantize the full-attention layers only or every layer.
+compression against a 16-bit DynamicCache, KL against the full-precision reference, and TPOT with its
+95% interval over interleaved rounds (the jobs take turns, as a sweep's do), for dynamic, static,
+and quantized caches that quantize the full-attention layers only or every layer.
 
     python benchmarks/sliding_window.py                          # 2,000-token prompt, 32 new tokens
     python benchmarks/sliding_window.py --prompt-tokens 400 --new-tokens 8 --repeats 1
@@ -20,7 +21,8 @@ import pandas as pd
 
 from kvpipe import model as models
 from kvpipe.cache.accounting import dense_bytes, kv_shape
-from kvpipe.job.runner import run_job
+from kvpipe.job.rounds import run_rounds
+from kvpipe.job.runner import BatchJob
 from kvpipe.spec import compose, make_spec
 from kvpipe.units import human_bytes
 
@@ -54,7 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt-tokens", type=int, default=2000)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=6, help="interleaved rounds (workload.repeats)")
     parser.add_argument("--out", type=Path, default=Path("outputs/benchmarks/sliding_window"))
     args = parser.parse_args()
     base = [
@@ -69,9 +71,16 @@ def main() -> None:
     specs = [(label, make_spec(compose(base + overrides))) for label, overrides in STRATEGIES]
     shape = models.read_shape(specs[0][1].model)
     print(f"{shape.layer_summary()}; prompt {args.prompt_tokens} + {args.new_tokens} new", flush=True)
-    rows = []
+    jobs = []
     for label, spec in specs:
-        result = run_job(spec)
+        job = BatchJob(spec)
+        job.label = label
+        job.prepare()
+        jobs.append(job)
+    run_rounds(jobs, seed=0, shuffle=True)
+    rows = []
+    for (label, spec), job in zip(specs, jobs):
+        result = job.result({"measured_order": "interleaved"})
         metrics = result.metrics
         kv = kv_shape(shape, 1, result.tags["dtype"])
         prompt, new = args.prompt_tokens, metrics["kv_cache_tokens"] - args.prompt_tokens + 1
@@ -85,7 +94,7 @@ def main() -> None:
                 "vs fp16": metrics["kv_compression"],
                 "kl": metrics.get("kl_vs_reference"),
                 "tpot_ms": metrics["tpot_ms"],
-                "tpot_ms_std": metrics["tpot_ms_std"],
+                "tpot_ms_ci": (metrics.get("tpot_ms_ci_low"), metrics.get("tpot_ms_ci_high")),
             }
         )
         print(
@@ -104,7 +113,7 @@ def main() -> None:
                 "dense count of every layer": human_bytes(row["dense count"]),
                 "vs fp16": f"{row['vs fp16']:.2f}",
                 "KL nats": "" if row["kl"] is None else f"{row['kl']:.2e}",
-                "TPOT ms": f"{row['tpot_ms']:.1f} ± {row['tpot_ms_std']:.1f}",
+                "TPOT ms": f"{row['tpot_ms']:.1f} ({row['tpot_ms_ci'][0]:.1f}–{row['tpot_ms_ci'][1]:.1f})",
             }
             for row in rows
         ]
@@ -112,7 +121,7 @@ def main() -> None:
     title = (
         f"Model: seeded random Gemma-3-style config, {shape.layer_summary()}, 1 KV head x head_dim 64, "
         f"float32; workload long_context, prompt {args.prompt_tokens} tokens, {args.new_tokens} new, "
-        f"{args.repeats} measured repeats after 1 warm-up."
+        f"{args.repeats} interleaved rounds after 1 warm-up; TPOT with its 95% interval over the rounds."
     )
     markdown = f"{title}\n\n{table.to_markdown(index=False, disable_numparse=True)}\n"
     (args.out / "table.md").write_text(markdown)
