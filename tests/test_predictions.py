@@ -246,6 +246,21 @@ def test_a_calibration_reads_only_the_runs_of_the_rows_own_cache_settings(specs)
     assert list(local_runs.matching(runs, specs["quantized"])["run_id"]) == ["run001"]  # not residual 128's
 
 
+def test_calibrate_on_holds_the_other_prompt_lengths_out_of_the_fit(specs, monkeypatch):
+    from kvpipe.record import runs as record_runs
+
+    runs = recorded_runs(*({"params": specs["dynamic"].params(), "prompt": n, "tpot_ms": 5.0, "ttft_ms": 9.0}
+                           for n in (100, 400, 1600)))  # fmt: skip
+    monkeypatch.setattr(record_runs, "read_runs", lambda *a, **k: (runs, None))
+    monkeypatch.setattr(local_runs.socket, "gethostname", lambda: "here")
+    spec = specs["dynamic"]
+    every = local_runs.read_local_runs(spec, "float32", "cpu", 2)
+    held_out = local_runs.read_local_runs(spec, "float32", "cpu", 2, [100, 400])
+    assert sorted(every.runs["metrics.prompt_tokens"]) == [100, 400, 1600]
+    assert sorted(held_out.runs["metrics.prompt_tokens"]) == [100, 400]
+    assert "at 100, 400 prompt tokens" in held_out.said
+
+
 def test_too_few_runs_show_the_floor_and_the_command_that_would_calibrate(specs, monkeypatch, capsys):
     from kvpipe.job import threads as job_threads
 

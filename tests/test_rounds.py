@@ -150,3 +150,20 @@ def test_a_round_split_by_a_slow_spell_does_not_carry_the_ratio():
     b[3], b[8] = b[3] * 1.6, b[8] / 1.6  # two rounds in which the spell began or ended between the jobs
     verdict = paired.Ratio(*ratio_interval(b, a, paired=True), paired=True)
     assert verdict.clear and 1.07 < verdict.value < 1.13
+
+
+@pytest.mark.slow  # two real jobs of the tiny random model, in this process
+def test_repeats_auto_measures_until_the_interval_is_tight_or_the_cap():
+    from kvpipe.job import runner
+
+    from conftest import TINY, spec_for
+
+    loose = runner.run_job(
+        spec_for(*TINY, "workload.prompts=[Hi.]", "workload.repeats=auto", "workload.target_interval=0.9")
+    )
+    assert loose.metrics["rounds"] == 3 and loose.metrics["rounds_converged"] == 1.0  # the fewest rounds, then done
+    assert len(parse_series(loose.tags["round_tpot_ms"])) == 3 and loose.tags["interval_over"] == "rounds"
+    capped = runner.run_job(spec_for(*TINY, "workload.prompts=[Hi.]", "workload.repeats=auto",
+                                     "workload.target_interval=0.000001", "workload.max_repeats=4"))  # fmt: skip
+    assert capped.metrics["rounds"] == 4 and capped.metrics["rounds_converged"] == 0.0
+    assert any("repeats=auto stopped after 4 rounds" in note for note in capped.notes)
