@@ -201,3 +201,17 @@ def test_a_launcher_that_cannot_interleave_measures_one_after_another_and_says_s
     assert {r["tags"]["measured_order"] for r in results} == {"sequential"}
     assert "hydra/launcher=basic" in results[0]["tags"]["order_reason"]
     assert not (min((tmp_path / "outputs" / "multiruns").glob("*/*")) / "rounds.json").exists()
+
+
+@pytest.mark.slow  # a small sweep over two models
+def test_jobs_on_different_models_take_turns_within_their_models_group(tmp_path):
+    overrides = ["-m", *TINY, "tracking=off", "model=tiny_random,tiny_sliding", "cache=dynamic,static"]
+    proc = run_cli(overrides, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = sweep_results(tmp_path)
+    models = [r["config"]["model"]["name"] for r in results]
+    assert models == ["tiny_random", "tiny_random", "tiny_sliding", "tiny_sliding"]  # in the sweep's order
+    groups = [r["tags"]["round_group"] for r in results]
+    assert groups[0] == groups[1] != groups[2] == groups[3]  # one model in memory at a time
+    rounds = json.loads((min((tmp_path / "outputs" / "multiruns").glob("*/*")) / "rounds.json").read_text())
+    assert [group["jobs"] for group in rounds] == [["#0", "#1"], ["#2", "#3"]]

@@ -50,10 +50,11 @@ class InterleavedLauncher(Launcher):
             with open_dict(sweep_config):
                 sweep_config.hydra.job.id = sweep_config.hydra.job.num = index
             composed.append(sweep_config)
-        returns: list[JobReturn] = []
+        returns: dict[int, JobReturn] = {}
         for group in _by_model(composed):
-            returns += self._run_group(group)
-        return returns
+            for sweep_config, ret in zip(group, self._run_group(group)):
+                returns[sweep_config.hydra.job.num] = ret
+        return [returns[initial_job_idx + offset] for offset in range(len(job_overrides))]  # the sweeper's order
 
     def _run_group(self, group: list) -> list[JobReturn]:
         """Prepare each job in its own Hydra context, measure the prepared ones in shared rounds,
