@@ -163,3 +163,17 @@ def test_a_timings_interval_holds_its_mean_narrows_with_more_calls_and_repeats_f
     assert many_high - many_low < (high - low) / 2  # 20x the calls: an interval about sqrt(20) narrower
     assert bootstrap_interval(few) == (low, high)  # from the seed: the same calls, the same interval
     assert all(v != v for v in bootstrap_interval([51.0]))  # one call: no interval (NaN)
+
+
+def test_a_mean_of_a_few_rounds_gets_an_interval_that_holds_it_as_often_as_it_says():
+    import numpy as np
+
+    from kvpipe.measure.uncertainty import BOOTSTRAP_FROM, bootstrap_interval, mean_interval
+
+    draw = np.random.default_rng(5)
+    for n in (3, 6):
+        held = sum(low <= 10 <= high for low, high in (mean_interval(list(draw.normal(10, 1, n))) for _ in range(400)))
+        assert 0.92 <= held / 400 <= 0.98  # Student's t: a percentile bootstrap holds it 74% (3) to 86% (6) of the time
+    many = list(draw.normal(10, 1, BOOTSTRAP_FROM))
+    assert mean_interval(many) == bootstrap_interval(many)  # many values: the bootstrap, which assumes no shape
+    assert all(v != v for v in mean_interval([51.0]))

@@ -12,7 +12,7 @@ import json
 import math
 import statistics
 
-from kvpipe.measure.uncertainty import bootstrap_interval
+from kvpipe.measure.uncertainty import mean_interval
 
 ROUND_FIGURES = ("ttft_ms", "tpot_ms", "decode_tokens_per_s")
 MIN_ROUNDS = 3  # the fewest an interval is read from over rounds (fewer: over calls)
@@ -40,7 +40,7 @@ def over_rounds(per_round: dict[str, list[float]]) -> dict[str, float]:
     metrics = {"rounds": float(count)}
     if count >= MIN_ROUNDS:
         for name in ROUND_FIGURES:
-            metrics[f"{name}_ci_low"], metrics[f"{name}_ci_high"] = bootstrap_interval(per_round[name])
+            metrics[f"{name}_ci_low"], metrics[f"{name}_ci_high"] = mean_interval(per_round[name])
     return metrics
 
 
@@ -60,7 +60,7 @@ def parse_series(text) -> list[float]:
 
 def relative_half_width(values: list[float]) -> float:
     """Half the 95% interval of the mean, as a fraction of the mean; inf where it cannot be read."""
-    low, high = bootstrap_interval(values)
+    low, high = mean_interval(values)
     middle = _mean(values)
     if math.isnan(low) or not middle:
         return math.inf
