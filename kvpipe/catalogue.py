@@ -42,14 +42,9 @@ class Metric:
             text += f" ± {format(std, self.spec)}"
         return text
 
-    def interval_of(self, figures) -> tuple | None:
-        """(low, high) of its 95% interval among a run's figures (a dict, or a row of runs with
-        `metrics.` columns), or None."""
-        for prefix in ("", "metrics."):
-            low, high = figures.get(f"{prefix}{self.name}_ci_low"), figures.get(f"{prefix}{self.name}_ci_high")
-            if low is not None and high is not None:
-                return low, high
-        return None
+    def interval_of(self, metrics: dict) -> tuple:
+        """(low, high) of its 95% interval among a run's metrics (None where it has none)."""
+        return metrics.get(f"{self.name}_ci_low"), metrics.get(f"{self.name}_ci_high")
 
     def show(self, value: float, std: float | None = None, interval: tuple | None = None) -> str:
         """The value with its unit, for running text and the run's table: `51.1 (49.8–52.6) ms`."""

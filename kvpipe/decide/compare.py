@@ -55,9 +55,10 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
         values = figure_column(runs, metric.name)
         if metric.compare and values.notna().any():
             spreads = column(runs, f"metrics.{metric.name}_std")
-            intervals = [metric.interval_of(run.dropna()) for _, run in runs.iterrows()]
+            lows, highs = column(runs, f"metrics.{metric.name}_ci_low"), column(runs, f"metrics.{metric.name}_ci_high")
             table[metric.header()] = [
-                metric.cell(v, s if pd.notna(s) else None, i) for v, s, i in zip(values, spreads, intervals)
+                metric.cell(v, s if pd.notna(s) else None, (low, high))
+                for v, s, low, high in zip(values, spreads, lows, highs)
             ]
     for figure, label in paired.FIGURES.items():  # paired.with_ratios: each against its baseline
         if f"ratio_{figure}" in runs:

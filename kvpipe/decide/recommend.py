@@ -130,22 +130,24 @@ def fastest_supported(group) -> tuple[object, str]:
     latency, and the tie goes to the one better on the other axes: less peak memory, then less
     quality loss."""
     fastest = group.iloc[0]
-    tied = [fastest]
+    tied = [(fastest, None)]
     for _, run in group.iloc[1:].iterrows():
         against = paired.ratio(run, fastest)
         if against is not None and not against.clear:
-            tied.append(run)
-    chosen = min(tied, key=lambda run: (run["memory_bytes"], _loss(run)))
-    if chosen is fastest:
+            tied.append((run, against))
+    chosen, against = min(tied, key=lambda pair: (pair[0]["memory_bytes"], _loss(pair[0])))
+    if against is None:
         return fastest, ""
-    against = paired.ratio(chosen, fastest)
+    if chosen["memory_bytes"] < fastest["memory_bytes"]:
+        why = (
+            f"takes less memory ({_figure('memory', chosen['memory_bytes'])} vs "
+            f"{_figure('memory', fastest['memory_bytes'])})"
+        )
+    else:
+        why = "loses less quality"
     return chosen, (
         f"; {chosen['label']} over {fastest['label']}: their TPOT differs by no more than the runs can tell "
-        f"({against.figures()}), and {chosen['label']} takes less memory "
-        f"({_figure('memory', chosen['memory_bytes'])} vs {_figure('memory', fastest['memory_bytes'])})"
-        if chosen["memory_bytes"] < fastest["memory_bytes"]
-        else f"; {chosen['label']} over {fastest['label']}: their TPOT differs by no more than the runs can tell "
-        f"({against.figures()}), and {chosen['label']} loses less quality"
+        f"({against.figures()}), and {chosen['label']} {why}"
     )
 
 

@@ -148,8 +148,9 @@ class BatchJob:
         setup.notes.extend(metric_notes)
         metrics.update(over_rounds(self.per_round))
         if self.auto:
-            metrics["rounds_converged"] = float(self.converged())
-            if not self.converged():
+            converged = self.converged()
+            metrics["rounds_converged"] = float(converged)
+            if not converged:
                 setup.notes.append(self._not_converged_note())
         metrics["warmup_ms"] = sum(self.warmup_ms)
         metrics.update(prompt_lengths([n for batch in batches for n in batch.row_tokens]))

@@ -19,16 +19,7 @@ def summarise(calls: list, loaded, strategy) -> tuple[dict[str, float], list[str
     """Metrics over the measured calls (kvpipe.job.generate.Call) of one job; and notes on figures
     that could not be given."""
     metrics: dict[str, float] = {}
-    per_call = {
-        "ttft_ms": [c.timing.ttft_ms for c in calls],
-        "tpot_ms": [c.timing.tpot_ms for c in calls],
-        "e2e_ms": [c.timing.e2e_ms for c in calls],
-        "decode_tokens_per_s": [
-            c.batch_size * len(c.timing.itl_ms) / (sum(c.timing.itl_ms) / 1e3) if c.timing.itl_ms else math.nan
-            for c in calls
-        ],
-        "prefill_tokens_per_s": [c.batch_size * c.prompt_tokens / (c.timing.ttft_ms / 1e3) for c in calls],
-    }
+    per_call = per_call_figures(calls)
     for name in TIMINGS:
         values = [v for v in per_call[name] if not math.isnan(v)]
         mean, std = mean_std(values)
@@ -65,6 +56,20 @@ def summarise(calls: list, loaded, strategy) -> tuple[dict[str, float], list[str
     metrics["new_tokens"] = statistics.fmean(c.timing.steps for c in calls)
     metrics["batch_size"] = calls[0].batch_size
     return metrics, notes
+
+
+def per_call_figures(calls: list) -> dict[str, list[float]]:
+    """Each TIMINGS figure of each call (NaN where a call has none: a decode rate without two tokens)."""
+    return {
+        "ttft_ms": [c.timing.ttft_ms for c in calls],
+        "tpot_ms": [c.timing.tpot_ms for c in calls],
+        "e2e_ms": [c.timing.e2e_ms for c in calls],
+        "decode_tokens_per_s": [
+            c.batch_size * len(c.timing.itl_ms) / (sum(c.timing.itl_ms) / 1e3) if c.timing.itl_ms else math.nan
+            for c in calls
+        ],
+        "prefill_tokens_per_s": [c.batch_size * c.prompt_tokens / (c.timing.ttft_ms / 1e3) for c in calls],
+    }
 
 
 def prompt_lengths(tokens: list[int]) -> dict[str, float]:

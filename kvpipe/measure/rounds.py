@@ -12,6 +12,7 @@ import json
 import math
 import statistics
 
+from kvpipe.measure.metrics import per_call_figures
 from kvpipe.measure.uncertainty import mean_interval
 
 ROUND_FIGURES = ("ttft_ms", "tpot_ms", "decode_tokens_per_s")
@@ -22,15 +23,8 @@ TAG_PREFIX = "round_"  # round_tpot_ms: a JSON list, one value per round
 def round_figures(calls: list) -> dict[str, float]:
     """One round's figures: the mean over its calls (kvpipe.job.generate.Call) of each, as the
     job's own figure is the mean over all its calls."""
-    per_call = {
-        "ttft_ms": [c.timing.ttft_ms for c in calls],
-        "tpot_ms": [c.timing.tpot_ms for c in calls],
-        "decode_tokens_per_s": [
-            c.batch_size * len(c.timing.itl_ms) / (sum(c.timing.itl_ms) / 1e3) if c.timing.itl_ms else math.nan
-            for c in calls
-        ],
-    }
-    return {name: _mean(values) for name, values in per_call.items()}
+    per_call = per_call_figures(calls)
+    return {name: _mean(per_call[name]) for name in ROUND_FIGURES}
 
 
 def over_rounds(per_round: dict[str, list[float]]) -> dict[str, float]:

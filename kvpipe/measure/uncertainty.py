@@ -87,7 +87,8 @@ def ratio_interval(values: list[float], baseline: list[float], paired: bool, lev
             return math.nan, math.nan, math.nan
         if len(logs) >= SIGNED_RANK_FROM:
             return tuple(float(math.exp(v)) for v in _signed_rank_interval(logs, tail))
-        centre, spread = logs.mean(), stats.t.ppf(1 - tail, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs))
+        low, high = mean_interval(list(logs), level)  # Student's t: SIGNED_RANK_FROM is below BOOTSTRAP_FROM
+        return float(math.exp(logs.mean())), float(math.exp(low)), float(math.exp(high))
     else:
         x, b = x[np.isfinite(x) & (x > 0)], b[np.isfinite(b) & (b > 0)]
         if len(x) < 2 or len(b) < 2:

@@ -44,11 +44,16 @@ def record_measured(
     try:
         job = measure()
     except KeyboardInterrupt:
-        killed = Result.unfinished(spec.as_dict(), "KILLED", "interrupted by the user (SIGINT)", spec=spec)
-        recorder.record(spec, killed, run_dir, launch_dir, parent_run_id)
+        record_killed(spec, run_dir, launch_dir, parent_run_id)
         raise
     result = Result.finished(spec, job)
     path = recorder.record(spec, result, run_dir, launch_dir, parent_run_id)
     if print_table:
         report.print_run(result, path)
     return result
+
+
+def record_killed(spec: Spec, run_dir: Path, launch_dir: Path, parent_run_id=None) -> None:
+    """The job recorded as KILLED: Ctrl-C stopped it before it was whole."""
+    killed = Result.unfinished(spec.as_dict(), "KILLED", "interrupted by the user (SIGINT)", spec=spec)
+    recorder.record(spec, killed, run_dir, launch_dir, parent_run_id)

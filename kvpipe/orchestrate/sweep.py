@@ -27,7 +27,7 @@ from kvpipe.errors import ConfigError, KvpipeError, fail
 from kvpipe.job import runner
 from kvpipe.model import loading
 from kvpipe.orchestrate import closing, skips
-from kvpipe.orchestrate.pipeline import record_measured, run_pipeline
+from kvpipe.orchestrate.pipeline import record_killed, record_measured, run_pipeline
 from kvpipe.record import auth, recorder, store, tracking, worker
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.report import print_sweep_end
@@ -309,8 +309,7 @@ def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str | Deferre
 
     def kill() -> None:
         skips.unmark_pending(run_dir)
-        killed = Result.unfinished(spec.as_dict(), "KILLED", "interrupted by the user (SIGINT)", spec=spec)
-        recorder.record(spec, killed, run_dir, launch_dir, parent)
+        record_killed(spec, run_dir, launch_dir, parent)
 
     def finish(job, order_tags: dict) -> str:
         skips.unmark_pending(run_dir)
