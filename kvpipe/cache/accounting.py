@@ -90,9 +90,18 @@ def static_layer_tokens(window: Optional[int], max_cache_len: int) -> int:
     return max_cache_len if window is None else min(window, max_cache_len)
 
 
-def dynamic_bytes(kv: KvShape, prompt_tokens: int, new_tokens: int) -> int:
-    """DynamicCache: keys and values, [batch, kv_heads, tokens, head_dim] each, layer by layer."""
-    return sum(dynamic_layer_tokens(w, prompt_tokens, new_tokens) for w in kv.windows) * kv.token_bytes()
+def dynamic_bytes(kv: KvShape, prompt_tokens: int, new_tokens: int, full_layer_tokens: int | None = None) -> int:
+    """DynamicCache: keys and values, [batch, kv_heads, tokens, head_dim] each, layer by layer;
+    `full_layer_tokens`: what each full-attention layer holds where a press evicted from it."""
+    return (
+        sum(
+            full_layer_tokens
+            if w is None and full_layer_tokens is not None
+            else dynamic_layer_tokens(w, prompt_tokens, new_tokens)
+            for w in kv.windows
+        )
+        * kv.token_bytes()
+    )
 
 
 def static_bytes(kv: KvShape, max_cache_len: int) -> int:

@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
-from kvpipe.cache import accounting
+from kvpipe.cache import accounting, presses
 from kvpipe.errors import ConfigError
 from kvpipe.registry import Registered, Registry
 from kvpipe.units import param_text
@@ -55,15 +55,17 @@ class NoSettings:
 @dataclass(frozen=True)
 class CacheChoice:
     """What a strategy reads of a job: the cache group (every strategy's settings; `strategy` names
-    the one chosen), the backend and axis groups (cache=quantized's), and the tokens each call
-    generates (what a static cache is sized for beyond the prompt)."""
+    the one chosen), the backend and axis groups (cache=quantized's), the tokens each call
+    generates (what a static cache is sized for beyond the prompt), and the press that evicts from
+    its layers (None: press=none)."""
 
     cache: Any
     backend: Any
     axis: Any
     max_new_tokens: int
+    press: Any = None
 
-    GROUPS: ClassVar[tuple[str, ...]] = ("cache", "backend", "axis")  # config groups: what a strategy may read
+    GROUPS: ClassVar[tuple[str, ...]] = ("cache", "backend", "axis", "press")  # config groups: what a strategy may read
 
     @property
     def strategy(self) -> CacheStrategy:
@@ -76,8 +78,12 @@ class CacheChoice:
         return replace(self, cache=replace(self.cache, strategy=name), **groups)
 
     def read_fields(self) -> tuple[str, ...]:
-        """The cache, backend and axis fields its strategy reads."""
-        return get(self.cache.strategy).read_fields(self.backend.name)
+        """The cache, backend and axis fields its strategy reads, and its press's (none for press=none)."""
+        return (*get(self.cache.strategy).read_fields(self.backend.name), *self.press_class.read_fields())
+
+    @property
+    def press_class(self) -> type[presses.Press]:
+        return presses.get("none" if self.press is None else self.press.name)
 
     def params(self) -> dict[str, str]:
         """The fields its strategy reads, as plain-text params (a late setting left unset: what it
@@ -85,6 +91,8 @@ class CacheChoice:
         read, late = self.read_fields(), get(self.cache.strategy).late_defaults
         params = {}
         for group in self.GROUPS:
+            if getattr(self, group) is None:
+                continue
             for key, value in dataclasses.asdict(getattr(self, group)).items():
                 name = f"{group}.{key}"
                 if name not in read and f"{group}.*" not in read:
@@ -115,6 +123,9 @@ class CacheStrategy(Registered):
     late_defaults: ClassVar[dict[str, Any]] = {}
     # What `kvpipe advise` searches of it: one point per entry, each the overrides beside cache=NAME
     search_variants: ClassVar[tuple[dict[str, str], ...]] = ({},)
+    # The layers a press (kvpipe.cache.presses) may evict from: "dense", "quantized", or None where
+    # evicting would free nothing (a preallocated, offloaded or paged cache)
+    press_layers: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs) -> None:
         if "name" in cls.__dict__ and cls.family not in FAMILIES:
@@ -126,6 +137,9 @@ class CacheStrategy(Registered):
         self.settings = self.Settings(
             **{f.name: getattr(choice.cache, f.name) for f in dataclasses.fields(self.Settings)}
         )
+        self.press = choice.press_class(choice.press) if choice.press is not None else presses.get("none")(None)
+        if self.press.evicts:
+            self.lossless = False  # what it dropped is gone: its quality is measured, never assumed
 
     # ---- what it reads ------------------------------------------------------------------------
 
@@ -161,9 +175,9 @@ class CacheStrategy(Registered):
     def describe(self) -> str:
         """Every setting this strategy reads, as overrides: the one-line name of a combination."""
         params = self.choice.params()
-        words = self.command_overrides(params)
+        words = [*self.command_overrides(params), *type(self.press).command_overrides(params)]
         said = {word.split("=")[0] for word in words}
-        for name in self.read_fields(self.choice.backend.name):
+        for name in self.choice.read_fields():
             group, _, key = name.partition(".")
             named_by_option = key in ("strategy", "name", "layout") and group in said
             if name not in said and not named_by_option and params.get(name, "None") != "None":
@@ -188,6 +202,8 @@ class CacheStrategy(Registered):
         if not uses_backend and overridden & {"backend", "axis"}:
             users = ", ".join(f"cache={s.name}" for s in registered() if "backend.name" in s.read_fields("quanto"))
             warnings.append(f"backend/axis settings apply to {users} only; cache={self.name} ignores them")
+        warnings += self.press.check()
+        self.press.check_compose(self.name, self.press_layers)
         return warnings
 
     @classmethod
@@ -205,6 +221,7 @@ class CacheStrategy(Registered):
                 f"every layer of this model slides, so cache={self.name} would offload nothing (and transformers' "
                 "prefetch fails when no layer is offloaded); expected cache.offload_only_non_sliding=false",
             )
+        self.press.check_for_model(shape.model_type, shape.full_layers)
         if shape.has_sliding_layers and not self.supports_sliding_window:
             raise ConfigError(
                 "cache.strategy",
@@ -213,9 +230,37 @@ class CacheStrategy(Registered):
                 "use " + " or ".join(s.name for s in registered() if s.supports_sliding_window and s.lossless),
             )
 
+    def check_prompts(self, shortest_prompt: int, padded: bool) -> None:
+        """Checks against the job's tokenized prompts, before the weights load: a press's window
+        must fit the shortest, and it scores each row's own tokens (no padding)."""
+        if not self.press.evicts:
+            return
+        if padded:
+            raise ConfigError(
+                "press.name", self.press.name,
+                "a press keeps each prompt's own tokens, and this workload pads prompts of different lengths into one "
+                "batch; expected workload.batch_size=1 (or prompts of one length)",
+            )  # fmt: skip
+        self.press.check_prompt(shortest_prompt)
+
     # ---- building -----------------------------------------------------------------------------
 
     def setup(self, loaded: LoadedModel, longest_prompt: int) -> CacheSetup:
+        """The CacheSetup for this model and device (`built`), with its press on every cache it makes."""
+        built = self.built(loaded, longest_prompt)
+        if not self.press.evicts:
+            return built
+        make, press = built.make_cache, self.press
+
+        def make_pressed(capacity: int = 0):
+            from kvpipe.cache.presses._layers import attach
+
+            return attach(press, make(capacity), loaded.model)
+
+        effective = f"{built.effective}+{press.label()}"
+        return replace(built, make_cache=make_pressed, effective=effective, is_reference=False)
+
+    def built(self, loaded: LoadedModel, longest_prompt: int) -> CacheSetup:
         """The CacheSetup for this model and device; an offloading strategy off CUDA runs as its
         `runs_as_without_cuda` strategy and says so."""
         if self.runs_as_without_cuda and loaded.device != "cuda":
@@ -241,23 +286,29 @@ class CacheStrategy(Registered):
         """How the quality pass may batch its windows with this cache without changing a score:
         "padded" (left-padded, masked: dense layers see only their own row's tokens), "equal_length"
         (only windows of one prefix length, unpadded), or "apart". A compiled decode step keeps its
-        one traced signature: no mask."""
-        return "equal_length" if compiled else "padded"
+        one traced signature: no mask. A press keeps each row's own tokens: no padding either."""
+        return "equal_length" if compiled or self.press.evicts else "padded"
 
     # ---- bytes ---------------------------------------------------------------------------------
 
     def predict_kv_bytes(self, kv: KvShape, prompt_tokens: int, new_tokens: int) -> int:
         """What accounting.kv_cache_bytes reports once new_tokens follow the prompt (all layers)."""
-        return accounting.dynamic_bytes(kv, prompt_tokens, new_tokens)
+        full = self.press.layer_tokens(prompt_tokens, new_tokens) if self.press.evicts else None
+        return accounting.dynamic_bytes(kv, prompt_tokens, new_tokens, full_layer_tokens=full)
+
+    def full_layer_prompt(self, prompt_tokens: int) -> int:
+        """The prompt tokens a full-attention layer keeps after prefill (its press's choice)."""
+        return self.press.kept(prompt_tokens) if self.press.evicts else prompt_tokens
 
     def bytes_per_token(self, kv: KvShape) -> float:
         """What one more cached token costs in the long run: past their windows only the
-        full-attention layers grow."""
-        return kv.full_layers * kv.token_bytes()
+        full-attention layers grow (by what a press leaves of each prompt token)."""
+        return kv.full_layers * kv.token_bytes() * self.press.token_share()
 
     def window_bytes(self, kv: KvShape) -> int:
-        """What the sliding layers hold once past their windows, however long the context: fixed."""
-        return accounting.window_bytes(kv)
+        """What the sliding layers hold once past their windows, however long the context: fixed
+        (with a press's fixed budget in each full-attention layer)."""
+        return accounting.window_bytes(kv) + kv.full_layers * self.press.fixed_tokens() * kv.token_bytes()
 
     def decode_kv_traffic_bytes(self, kv: KvShape, kv_bytes: int, prompt_tokens: int, new_tokens: int,
                                 device: str) -> int | None:  # fmt: skip

@@ -9,6 +9,7 @@ class Dynamic(CacheStrategy):
     name = "dynamic"
     family = "dynamic"
     order = 10
+    press_layers = "dense"
 
     def build(self, loaded, longest_prompt: int) -> CacheSetup:
         from transformers import DynamicCache

@@ -14,6 +14,7 @@ class Offloaded(Dynamic):
     order = 30
     offloading = True
     runs_as_without_cuda = "dynamic"  # transformers' offloading asserts CUDA
+    press_layers = None  # its layers move between host and device: kvpipe does not evict from them
     late_defaults = {"offload_only_non_sliding": False}  # DynamicCache's own default
 
     @dataclass

@@ -26,6 +26,7 @@ class Quantized(CacheStrategy):
     order = 50
     in_label = ("backend.name", "backend.nbits", "axis.layout")
     late_defaults = {"quantize_sliding": False}
+    press_layers = "quantized"  # a press evicts from the prompt, then the layer quantizes what is kept
 
     @dataclass
     class Settings:
@@ -133,21 +134,25 @@ class Quantized(CacheStrategy):
     def _dequantized_tokens(self, kv, prompt_tokens: int, new_tokens: int) -> list[int]:
         """Per quantized layer, the tokens a decode step dequantizes (a window's at most)."""
         return [
-            self.backend.dequantized_tokens(window, prompt_tokens, new_tokens)
+            self.backend.dequantized_tokens(window, self.layer_prompt(window, prompt_tokens), new_tokens)
             for window in kv.windows
             if self.quantizes(window)
         ]
 
+    def layer_prompt(self, window, prompt_tokens: int) -> int:
+        """The prompt a layer stores: a full-attention layer stores what its press kept."""
+        return self.full_layer_prompt(prompt_tokens) if window is None else prompt_tokens
+
     def predict_kv_bytes(self, kv, prompt_tokens: int, new_tokens: int) -> int:
         return sum(
-            self.backend.layer_bytes(kv, window, prompt_tokens, new_tokens)
+            self.backend.layer_bytes(kv, window, self.layer_prompt(window, prompt_tokens), new_tokens)
             if self.quantizes(window)
             else accounting.dynamic_layer_tokens(window, prompt_tokens, new_tokens) * kv.token_bytes()
             for window in kv.windows
         )
 
     def bytes_per_token(self, kv) -> float:
-        return kv.full_layers * self.backend.token_bytes(kv)
+        return kv.full_layers * self.backend.token_bytes(kv) * self.press.token_share()
 
     def window_bytes(self, kv) -> int:
         if not self.settings.quantize_sliding:

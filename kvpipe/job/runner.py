@@ -21,7 +21,7 @@ from kvpipe.measure.memory import freeze_long_lived_objects
 from kvpipe.measure.metrics import prompt_lengths, summarise
 from kvpipe.measure.rounds import MIN_ROUNDS, ROUND_FIGURES, over_rounds, relative_half_width, round_figures, round_tags
 from kvpipe.spec import Spec
-from kvpipe.workload import longest_prompt_of
+from kvpipe.workload import longest_prompt_of, shortest_and_padded
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ class BatchJob:
         workload.check_fits(shape, self.batches)
         longest_prompt = longest_prompt_of(self.batches, spec.workload.max_new_tokens)
         spec.strategy.check_for_model(shape, longest_prompt)
+        spec.strategy.check_prompts(*shortest_and_padded(self.batches))
 
         load_started = time.perf_counter()
         self.loaded = loaded = model.load(spec.model)

@@ -98,11 +98,12 @@ def teacher_forced_rows(loaded: LoadedModel, make_cache, prefixes, continuations
         out = loaded.model(input_ids=ids, cache=cache, use_cache=True, **masking)
         logprobs.append(torch.log_softmax(out.logits[:, -1].float(), dim=-1))
         for offset in range(length - 1):
+            # each row's own position, said outright: a cache a press evicted from holds fewer tokens than it has read
+            masking = {"position_ids": positions[:, -1:] + offset + 1}
             if padded:
                 mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=-1)
-                masking = {"attention_mask": mask, "position_ids": positions[:, -1:] + offset + 1}
-            out = step(input_ids=tokens[:, offset : offset + 1], cache=cache, use_cache=True,
-                       cache_position=torch.tensor([longest + offset], device=device), **masking)  # fmt: skip
+                masking["attention_mask"] = mask
+            out = step(input_ids=tokens[:, offset : offset + 1], cache=cache, use_cache=True, **masking)
             logprobs.append(torch.log_softmax(out.logits[:, -1].float(), dim=-1))
     return torch.stack(logprobs, dim=1)
 

@@ -41,6 +41,7 @@ class ModelShape:
     head_dim: int
     max_positions: int
     layers: tuple[Layer, ...] = ()  # one per decoder layer; empty: every layer full attention
+    model_type: str = ""  # transformers' model_type of the decoder ("llama", "gemma3_text"); "": unknown
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -124,6 +125,7 @@ def _shape(config: dict, layers: tuple[Layer, ...]) -> ModelShape:
         head_dim=config.get("head_dim") or config["hidden_size"] // heads,
         max_positions=config.get("max_position_embeddings", 0),
         layers=layers,
+        model_type=config.get("model_type") or "",
     )
 
 

@@ -40,10 +40,10 @@ def measurement_key(spec) -> str:
         data["quality"]["scored_tokens"] = None
     read, late = spec.read_fields(), cache_strategies.get(spec.cache.strategy).late_defaults
     for group in cache_strategies.CacheChoice.GROUPS:
-        kept = {k: v for k, v in data[group].items() if f"{group}.{k}" in read or f"{group}.*" in read}
+        kept = {k: v for k, v in data.get(group, {}).items() if f"{group}.{k}" in read or f"{group}.*" in read}
         data[group] = kept
         if not kept:
-            data.pop(group)
+            data.pop(group, None)
     # settings added since runs were first keyed leave the key alone at what they mean unset
     for key in late:
         if key in data.get("cache", {}) and data["cache"][key] in (None, late[key]):

@@ -1,6 +1,6 @@
 """The whole config's typed schema, assembled from the registries and stored in Hydra's ConfigStore.
 
-The `cache`, `backend` and `workload` schemas are the union of what the registered strategies,
+The `cache`, `backend`, `press` and `workload` schemas are the union of what the registered strategies,
 backends and workloads read (each declares its own `Settings`; kvpipe.config.union), so adding one
 never edits a schema; the other groups' schemas are kvpipe.config's. `KvpipeConfig` is the first
 entry of `conf/config.yaml`'s defaults list (`register_schemas`), so a misspelt key or a wrong type
@@ -15,7 +15,7 @@ from typing import List, Optional
 from hydra.core.config_store import ConfigStore
 
 from kvpipe import cache, load, workload
-from kvpipe.cache import backends
+from kvpipe.cache import backends, presses
 
 # OmegaConf reads KvpipeConfig's field types by name in this module's namespace: the plain schemas by
 # import, the unions as rebuilt by register_schemas.
@@ -23,15 +23,17 @@ from kvpipe.config import AxisConfig, ModelConfig, QualityConfig, TrackingConfig
 
 
 def _build_unions() -> None:
-    global CacheConfig, BackendConfig, WorkloadConfig, LoadConfig
+    global CacheConfig, BackendConfig, PressConfig, WorkloadConfig, LoadConfig
     CacheConfig = union("CacheConfig", "strategy", cache.registered(), __name__)
     BackendConfig = union("BackendConfig", "name", backends.registered(), __name__)
+    PressConfig = union("PressConfig", "name", presses.registered(), __name__)
     WorkloadConfig = union("WorkloadConfig", "kind", workload.registered(), __name__, common=workload.Common)
     LoadConfig = union("LoadConfig", "kind", load.registered(), __name__, common=load.Common)
 
 
 CacheConfig: type
 BackendConfig: type
+PressConfig: type
 WorkloadConfig: type
 LoadConfig: type
 _build_unions()
@@ -44,6 +46,7 @@ class KvpipeConfig:
     cache: CacheConfig = field(default_factory=lambda: CacheConfig())
     backend: BackendConfig = field(default_factory=lambda: BackendConfig())
     axis: AxisConfig = field(default_factory=AxisConfig)
+    press: PressConfig = field(default_factory=lambda: PressConfig())  # eviction (press=none|streaming|knorm|snapkv)
     workload: WorkloadConfig = field(default_factory=lambda: WorkloadConfig())
     quality: QualityConfig = field(default_factory=QualityConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)

@@ -38,6 +38,7 @@ class Spec:
     tracking: config.TrackingConfig
     fallback: tuple[str, ...] = ()
     load: Any = None  # schema.LoadConfig (how requests arrive), or None: the workload's batches one after another
+    press: Any = None  # schema.PressConfig (eviction from the cache's layers), or None: press=none
     warnings: tuple[str, ...] = field(default=())
     overrides: tuple[str, ...] = field(default=())  # the user's Hydra overrides that made this job
 
@@ -46,12 +47,16 @@ class Spec:
         data.pop("warnings"), data.pop("overrides")
         if self.load is None:
             data.pop("load")  # result.json as it was before loads: a job without one has no load key
+        if self.press is None:
+            data.pop("press")  # likewise before presses
         return data
 
     @property
     def cache_choice(self) -> cache_strategies.CacheChoice:
         """What its cache strategy reads of it: the cache, backend and axis groups and the new tokens."""
-        return cache_strategies.CacheChoice(self.cache, self.backend, self.axis, self.workload.max_new_tokens)
+        return cache_strategies.CacheChoice(
+            self.cache, self.backend, self.axis, self.workload.max_new_tokens, self.press
+        )
 
     @property
     def strategy(self) -> cache_strategies.CacheStrategy:
@@ -139,6 +144,7 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
     typed.workload = _check_workload(typed.workload)
     _check_quality(typed.quality)
     _check_load(typed.load, typed.workload)
+    require_choice("press.name", typed.press.name, cache_strategies.presses.names())
     batch_caches = [s.name for s in cache_strategies.registered() if not s.continuous]
     for index, strategy in enumerate(typed.fallback):
         require_choice(f"fallback[{index}]", strategy, cache_strategies.names())
@@ -153,6 +159,7 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
         tracking=typed.tracking,
         fallback=tuple(typed.fallback),
         load=typed.load,
+        press=None if typed.press.name == "none" else typed.press,
     )
     _check_serving(spec)
     overridden = frozenset(override_group(o) for o in overrides)
@@ -304,6 +311,12 @@ def _check_serving(spec: Spec) -> None:
             f"cache={strategy.name} serves many requests at once by continuous batching; choose how they arrive: "
             + ", ".join(f"load={name}" for name in loads.names()),
         )
+    if spec.press is not None and spec.load is not None:
+        raise ConfigError(
+            "press.name", spec.press.name,
+            f"a press is measured batch by batch, and load={spec.load.kind} batches requests of different lengths; "
+            "expected load=null, or press=none under a load",
+        )  # fmt: skip
     refusal = getattr(strategy, "attention_refusal", None)
     reason = refusal(spec.model.attn_implementation) if refusal else None
     if reason:

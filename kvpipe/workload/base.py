@@ -247,6 +247,12 @@ def longest_prompt_of(batches: list[Batch], new_tokens: int) -> int:
     return max(b.prompt_tokens + (b.max_new_tokens or new_tokens) for b in batches) - new_tokens
 
 
+def shortest_and_padded(batches: list[Batch]) -> tuple[int, bool]:
+    """The shortest prompt (without padding), and whether any batch pads its rows."""
+    rows = [(min(b.row_tokens), b.prompt_tokens) for b in batches]
+    return min(shortest for shortest, _ in rows), any(shortest != longest for shortest, longest in rows)
+
+
 def padded_batch(tokenizer, rows: list[list[int]], device: str, facts: list | None = None, **extra) -> Batch:
     """Rows of ids as one left-padded batch (the tokenizer's padding side and pad token)."""
     encoded = tokenizer.pad({"input_ids": rows}, return_tensors="pt", padding=True)
