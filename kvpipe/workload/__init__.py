@@ -16,11 +16,11 @@ from kvpipe.workload.base import (
     Workload,
     get,
     longest_prompt_of,
-    shortest_and_padded,
     metrics,
     names,
     reads,
     registered,
+    shortest_and_padded,
 )
 
 import_plugins(__name__, __path__, packages=True)
