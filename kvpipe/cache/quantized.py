@@ -118,7 +118,8 @@ class Quantized(CacheStrategy):
         return f"{self.name}:{self.backend.label()}"
 
     def quality_batching(self, compiled: bool = False) -> str:
-        return self.backend.quality_batching()
+        batching = self.backend.quality_batching()
+        return "equal_length" if batching == "padded" and self.press.evicts else batching  # a press: no padding
 
     def decode_kv_traffic_bytes(self, kv, kv_bytes: int, prompt_tokens: int, new_tokens: int, device: str):
         """Each step reads the packed cache, the residual and the dense sliding layers (kv_bytes), writes
