@@ -30,7 +30,13 @@ PRESSES = {
 CACHES = {
     "dynamic": ("cache=dynamic",),
     "quanto": ("cache=quantized", "backend=quanto", "backend.residual_length=3", "backend.q_group_size=32"),
-    "hqq": ("cache=quantized", "backend=hqq", "backend.nbits=2", "backend.residual_length=2", "backend.q_group_size=32"),
+    "hqq": (
+        "cache=quantized",
+        "backend=hqq",
+        "backend.nbits=2",
+        "backend.residual_length=2",
+        "backend.q_group_size=32",
+    ),
 }
 MODELS = {"llama-style": ("model=tiny_random",), "gemma3-style": ("model=tiny_sliding",)}
 
@@ -250,7 +256,9 @@ def test_a_press_config_it_cannot_run_is_one_line_before_anything_loads(override
         (("press=knorm", "model.sliding_window=16"), "press.name", "every layer of this model slides"),
     ],
 )
-def test_a_press_that_does_not_fit_the_prompts_or_model_exits_2_before_the_model_loads(overrides, field, hint, tmp_path):
+def test_a_press_that_does_not_fit_the_prompts_or_model_exits_2_before_the_model_loads(
+    overrides, field, hint, tmp_path
+):
     proc = run_cli(["model=tiny_random", "workload=long_context", "workload.prompt_tokens=100", "quality=off",
                     *overrides], cwd=tmp_path)  # fmt: skip
     lines = proc.stderr.strip().splitlines()
@@ -277,3 +285,29 @@ def test_the_press_schema_has_every_presss_settings():
 
     names = {f.name for f in dataclasses.fields(schema.PressConfig)}
     assert names == {"name", "ratio", "sinks", "window", "kernel"}
+
+
+# ---- the search: presses as one more family, walked from the safest ratio -----------------------
+
+
+def test_a_search_walks_each_press_from_its_smallest_ratio_and_infers_what_lies_beyond_a_miss():
+    from kvpipe.orchestrate.search.frontier import inferred_misses, safer_neighbours
+    from kvpipe.orchestrate.search.space import build
+
+    space = build(64, "cpu", {"press": ["knorm", "snapkv"]})
+    by_label = {p.label(): p for p in space.points}
+    half = by_label["cache=dynamic press=knorm press.ratio=0.5"]
+    assert [p.label() for p in safer_neighbours(space, half)] == ["cache=dynamic press=knorm press.ratio=0.25"]
+    missed = {by_label["cache=dynamic press=knorm press.ratio=0.25"]: [1e6, 10.0, 0.9]}
+    inferred = {p.label() for p in inferred_misses(space, missed, quality_limit=0.1)}
+    assert inferred == {f"cache=dynamic press=knorm press.ratio={r}" for r in (0.5, 0.75)}  # snapkv is its own family
+
+
+def test_a_search_leaves_out_a_press_the_model_cannot_take_and_says_why():
+    from kvpipe.orchestrate.search.space import build
+
+    shape = ModelShape(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, max_positions=64, model_type="phi3")
+    space = build(16, "cpu", shape=shape)
+    assert not any(p.get("press") == "snapkv" for p in space.points)
+    assert any(p.get("press") == "knorm" for p in space.points)
+    assert any(line.startswith("press=snapkv (press=snapkv recomputes") for line in space.left_out)

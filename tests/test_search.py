@@ -73,6 +73,9 @@ def test_overrides_narrow_the_space_or_stay_fixed_and_a_sweep_elsewhere_is_one_l
         "cache=dynamic",
         "cache=quantized backend=hqq backend.nbits=2 axis=per_token backend.q_group_size=32 backend.residual_length=0",
         "cache=quantized backend=hqq backend.nbits=4 axis=per_token backend.q_group_size=32 backend.residual_length=0",
+    ]  # a space narrowed to caches and backends leaves the presses out, unless it names one
+    assert [p.label() for p in build(32, "cpu", {"press": ["snapkv"]}).points] == [
+        f"cache=dynamic press=snapkv press.ratio={ratio}" for ratio in (0.25, 0.5, 0.75)
     ]
     with pytest.raises(ConfigError, match=r"^workload.max_new_tokens=.*a search sweeps only the cache space"):
         split_arguments(["workload.max_new_tokens=4,8"])

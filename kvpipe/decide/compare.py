@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 OUTPUT_FILES = ("compare.md", "compare.csv", "memory_vs_context.png", "tpot_vs_memory.png")
 RETRIEVAL_FILES = ("retrieval_heatmaps.png", "accuracy_vs_kv_bytes.png")  # when the runs measured retrieval
 SERVING_FILES = ("serving_curve.png",)  # when some runs served requests under a load
+FRONT_FILES = ("quality_vs_kv_bytes.png",)  # when some run evicted (press=...): each family a series
 FOOTNOTE = (
     "★ Pareto front of each workload over peak memory, TPOT and KL (lower is better; lossy runs without a "
     "quality pass are left off); where every run measured passkey retrieval, over its accuracy in place of KL "
@@ -139,6 +140,9 @@ def write_outputs(runs: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
     if column(runs, "metrics.output_tokens_per_s").notna().any():
         plots.serving_curve(runs, out_dir / "serving_curve.png")
         written += SERVING_FILES
+    if (runs["press"] != "none").any():
+        plots.quality_vs_kv_bytes(runs, out_dir / "quality_vs_kv_bytes.png")
+        written += FRONT_FILES
     if has_retrieval(runs):
         passkey = runs[column(runs, "metrics.retrieval_accuracy").notna()]
         plots.retrieval_heatmaps(passkey, out_dir / "retrieval_heatmaps.png")

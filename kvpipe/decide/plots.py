@@ -9,6 +9,7 @@ import pandas as pd
 
 from kvpipe.decide.runs import (
     CACHE_PARAMS,
+    FRONT_FAMILIES,
     column,
     context_params,
     retrieval_by_length,
@@ -121,6 +122,44 @@ def accuracy_vs_kv_bytes(runs: pd.DataFrame, path: Path) -> None:
            title="retrieval accuracy vs KV cache bytes")  # fmt: skip
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
+    figure.savefig(path, dpi=110)
+
+
+def quality_vs_kv_bytes(runs: pd.DataFrame, path: Path) -> None:
+    """The front a user picks a smaller cache on: quality against the KV cache's bytes, each way of
+    shrinking it its own series (fewer bits, fewer tokens, both), a panel per workload. Quality is
+    KL to the full-precision reference, or passkey retrieval accuracy where the runs measured it."""
+    from matplotlib.figure import Figure
+
+    runs = runs.assign(kv=column(runs, "metrics.kv_cache_bytes") / MIB)
+    panels = list(runs.groupby("workload", sort=False))
+    figure = Figure(figsize=(7.5 * len(panels), 5.5), layout="constrained")
+    for ax, (workload, group) in zip(figure.subplots(1, len(panels), squeeze=False).ravel(), panels):
+        accuracy = column(group, "metrics.retrieval_accuracy")
+        retrieval = accuracy.notna().all()
+        group = group.assign(quality=accuracy if retrieval else group["quality_loss"]).dropna(subset=["quality", "kv"])
+        for family, marker in zip(FRONT_FAMILIES, "s^ovD"):
+            members = group[group["family"] == family].sort_values("kv")
+            if members.empty:
+                continue
+            ax.plot(members["kv"], members["quality"], marker=marker, linestyle="none", markersize=8, label=family)
+            for run in members.itertuples():
+                ax.annotate(
+                    run.point, (run.kv, run.quality), textcoords="offset points", xytext=(4, 4), fontsize="x-small"
+                )
+        ax.set_xscale("log")
+        if retrieval:
+            ax.set_ylim(-0.05, 1.05)
+            ax.yaxis.set_major_formatter("{x:.0%}")
+        ylabel = (
+            "passkey retrieval accuracy (higher is better)"
+            if retrieval
+            else "KL to full precision, nats (lower is better)"
+        )
+        ax.set(xlabel="KV cache (MiB, log scale)", ylabel=ylabel, title=workload or "quality vs KV cache bytes")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    figure.suptitle("quality vs KV cache bytes: fewer bits, fewer tokens, or both")
     figure.savefig(path, dpi=110)
 
 

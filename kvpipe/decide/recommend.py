@@ -2,8 +2,9 @@
 
 The guide's rules, in order, over the runs that meet every limit: dynamic, which grows only as needed,
 unless static (or static+compile) is at least 10% faster; static when dynamic misses a limit; when memory
-binds (every dense run is over budget), offloaded (lossless) before quantized (fastest within --max-kl
-and --min-accuracy).
+binds (every dense run is over budget), offloaded (lossless) before the lossy savers: quantized caches
+and caches a press evicted from (kvpipe.cache.presses), alone or together, the fastest within --max-kl
+and --min-accuracy.
 Otherwise no recommendation, and the run that comes closest, with the limits it misses.
 """
 
@@ -26,8 +27,11 @@ DYNAMIC, STATIC, OFFLOADED, QUANTIZED = cache.FAMILIES[:4]  # the guide's rules 
 DENSE, MEMORY_SAVERS = (DYNAMIC, STATIC), (OFFLOADED, QUANTIZED)  # lossless before lossy, when memory binds
 
 
-def family(strategy: str) -> str | None:
-    """What the registry says recommend should weigh this strategy as."""
+def family(strategy: str, press: str = "none") -> str | None:
+    """What the registry says recommend should weigh this strategy as; a cache a press evicted from
+    is weighed with the quantized ones: smaller, and lossy."""
+    if press != "none" and strategy in cache.REGISTRY:
+        return QUANTIZED
     return cache.REGISTRY[strategy].family if strategy in cache.REGISTRY else None
 
 
@@ -57,7 +61,7 @@ def account(run, limits: Limits, baseline=None) -> str:
         f"peak {_figure('memory', run['memory_bytes'])}"
         + (f" within {_figure('memory', limits.memory_bytes)}" if limits.memory_bytes is not None else "")
     )
-    lossless = is_lossless(run["strategy"]) and run["quality_loss"] == 0
+    lossless = is_lossless(run["strategy"]) and run.get("press", "none") == "none" and run["quality_loss"] == 0
     if lossless:
         parts.append("lossless")
     elif run["quality_loss"] == run["quality_loss"]:  # not NaN: measured
@@ -80,7 +84,9 @@ def account(run, limits: Limits, baseline=None) -> str:
 
 def choose(runs, limits: Limits):
     """(chosen run or None, why): the guide's rules over measured runs, in order."""
-    runs = runs.assign(kind=runs["strategy"].map(family), tpot=runs["metrics.tpot_ms"])
+    runs = runs.assign(
+        kind=[family(s, p) for s, p in zip(runs["strategy"], runs["press"])], tpot=runs["metrics.tpot_ms"]
+    )
     ok = runs[[not limits.misses(run) for _, run in runs.iterrows()]].sort_values(["tpot", "quality_loss"])
     best, ties = {}, {}
     for kind, group in ok.groupby("kind"):
@@ -214,7 +220,8 @@ def cache_overrides(run) -> list[str]:
         if name.startswith("params.") and isinstance(value, str)
     }
     strategy = cache.get(params.get("cache.strategy") or run["strategy"])
-    return strategy.command_overrides(params)
+    press = cache.presses.get(params.get("press.name") or "none")
+    return [*strategy.command_overrides(params), *press.command_overrides(params)]
 
 
 def snippet(run) -> str:

@@ -12,7 +12,10 @@ from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.runs import column, read_runs, retrieval_history
 
 NOT_MEASURED = ("tracking.", "print_table", "resume", "sweep_name", "fallback")
-CACHE_PARAMS = ("cache.", "backend.", "axis.")  # the rest says what was measured: the workload
+CACHE_PARAMS = ("cache.", "backend.", "axis.", "press.")  # the rest says what was measured: the workload
+# How a run makes its cache smaller, for the front compare draws: fewer bits, fewer tokens, or both
+QUANTIZED = cache.FAMILIES[3]  # the family that stores fewer bits
+FRONT_FAMILIES = ("full precision", "quantization", "eviction", "quantization + eviction")
 
 
 def context_params() -> tuple[str, ...]:
@@ -21,8 +24,12 @@ def context_params() -> tuple[str, ...]:
 
 
 def in_label() -> set[str]:
-    """Params the cache label spells out (quantized:quanto:int4:kivi, static+compile): not columns."""
-    return {"cache.strategy", *(name for strategy in cache.registered() for name in strategy.in_label)}
+    """Params the cache label spells out (quantized:quanto:int4:kivi, static+compile, +snapkv0.5): not columns."""
+    return {
+        "cache.strategy",
+        *(name for strategy in cache.registered() for name in strategy.in_label),
+        *(name for press in cache.presses.registered() for name in press.in_label),
+    }
 
 
 def load_runs(
@@ -58,8 +65,10 @@ def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
     runs["noisy"] = column(runs, mlflow_tags.column(mlflow_tags.NOISY), "").fillna("") == "true"
     # Other processes held cores the job counted on while it measured: every timing is slow alike.
     runs["contended"] = column(runs, mlflow_tags.column(mlflow_tags.CONTENDED), "").fillna("") == "true"
-    # Without a quality pass only a lossless strategy has a known loss.
-    lossless = pd.Series(0.0, index=runs.index).where(runs["strategy"].map(is_lossless))
+    runs["press"] = column(runs, "params.press.name", None).fillna("none")
+    runs["family"] = [front_family(s, p) for s, p in zip(runs["strategy"], runs["press"])]
+    # Without a quality pass only a lossless strategy, with nothing evicted, has a known loss.
+    lossless = pd.Series(0.0, index=runs.index).where(runs["strategy"].map(is_lossless) & (runs["press"] == "none"))
     runs["quality_loss"] = column(runs, "metrics.kl_vs_reference").fillna(lossless)
     # The measured prompt length: workload.prompt_tokens means nothing to a chat workload.
     runs["context_tokens"] = column(runs, "metrics.prompt_tokens").fillna(
@@ -118,6 +127,12 @@ def non_dominated(points) -> list[bool]:
     return [not np.isnan(p).any() and not ((known <= p).all(axis=1) & (known < p).any(axis=1)).any() for p in points]
 
 
+def front_family(strategy: str, press: str) -> str:
+    """One of FRONT_FAMILIES: whether the run stored fewer bits (a quantized cache), fewer tokens (a press), or both."""
+    quantized = strategy in cache.REGISTRY and cache.REGISTRY[strategy].family == QUANTIZED
+    return FRONT_FAMILIES[quantized + 2 * (press != "none")]
+
+
 def is_lossless(strategy: str) -> bool:
     """From the registry; a strategy no longer registered is not assumed lossless."""
     return strategy in cache.REGISTRY and cache.REGISTRY[strategy].lossless
@@ -129,6 +144,9 @@ def _reads(run, param: str) -> bool:
         return workload.reads(run.get("params.workload.kind"), param)
     if not param.startswith(CACHE_PARAMS):
         return True
+    if param.startswith("press."):
+        press = cache.presses.base.REGISTRY.get(run.get("params.press.name") or "none")
+        return press is None or param in press.read_fields()
     strategy = cache.REGISTRY.get(run.get("params.cache.strategy"))
     if strategy is None:
         return True
@@ -136,7 +154,12 @@ def _reads(run, param: str) -> bool:
     return param in read or f"{param.split('.')[0]}.*" in read
 
 
-_READ_BY = ("params.workload.kind", "params.cache.strategy", "params.backend.name")  # what _reads looks at
+_READ_BY = (
+    "params.workload.kind",
+    "params.cache.strategy",
+    "params.backend.name",
+    "params.press.name",
+)  # what _reads looks at
 
 
 def _read_by(runs: pd.DataFrame) -> list[dict]:

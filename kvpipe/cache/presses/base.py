@@ -33,6 +33,7 @@ class Press(Registered):
     # the cache layers it composes with: "dense" (DynamicCache's) and "quantized" (evict, then quantize)
     composes_with: ClassVar[tuple[str, ...]] = ("dense", "quantized")
     search_ratios: ClassVar[tuple[float, ...]] = (0.25, 0.5, 0.75)  # what `kvpipe advise` walks, safest first
+    in_label: ClassVar[tuple[str, ...]] = ("press.name", "press.ratio")  # params its label spells out
 
     def __init__(self, press_cfg):
         self.settings = self.Settings(**{f.name: getattr(press_cfg, f.name) for f in dataclasses.fields(self.Settings)})
@@ -91,11 +92,12 @@ class Press(Registered):
     def compatible_caches(self) -> str:
         return " or ".join({"dense": "cache=dynamic", "quantized": "cache=quantized"}[k] for k in self.composes_with)
 
-    def check_for_model(self, model_type: str, full_layers: int) -> None:
+    @classmethod
+    def check_for_model(cls, model_type: str, full_layers: int) -> None:
         """Checks that need the model's config, before the weights load."""
         if full_layers == 0:
             raise ConfigError(
-                "press.name", self.name,
+                "press.name", cls.name,
                 "every layer of this model slides, and a press evicts from full-attention layers only; expected press=none",
             )  # fmt: skip
 

@@ -22,7 +22,8 @@ class NoPress(Press):
     def check_compose(self, strategy, layers) -> None:
         pass
 
-    def check_for_model(self, model_type, full_layers) -> None:
+    @classmethod
+    def check_for_model(cls, model_type, full_layers) -> None:
         pass
 
     def label(self) -> str:

@@ -45,13 +45,14 @@ class SnapKV(Press):
             raise ConfigError("press.kernel", kernel, "expected an odd positive pooling width (5 in SnapKV)")
         return warnings
 
-    def check_for_model(self, model_type: str, full_layers: int) -> None:
+    @classmethod
+    def check_for_model(cls, model_type: str, full_layers: int) -> None:
         super().check_for_model(model_type, full_layers)
-        if model_type not in self.QUERY_MODELS:
+        if model_type not in cls.QUERY_MODELS:
             raise ConfigError(
-                "press.name", self.name,
+                "press.name", cls.name,
                 f"press=snapkv recomputes the prompt's queries, and kvpipe reads them only from the attention of "
-                f"{', '.join(self.QUERY_MODELS)}, not {model_type or 'this model'}'s; expected press=knorm or press=streaming",
+                f"{', '.join(cls.QUERY_MODELS)}, not {model_type or 'this model'}'s; expected press=knorm or press=streaming",
             )  # fmt: skip
 
     def check_prompt(self, prompt_tokens: int) -> None:

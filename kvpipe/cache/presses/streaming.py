@@ -21,6 +21,7 @@ class Streaming(Press):
     name = "streaming"
     order = 10
     bounds = True
+    in_label = ("press.name", "press.ratio", "press.window")
     composes_with = ("dense",)  # re-quantizing a layer at every step would cost more than it saves
 
     @dataclass

@@ -9,10 +9,12 @@ Two things are known before a job runs:
   (SAFER; LAYOUTS_SAFER_THAN in kvpipe.cache.backends.base), so a configuration's quality loss is no
   smaller than that of any configuration below it in that order. It is a prior, from quantization
   research (KIVI, KVQuant), that kvpipe's own grids bear out (the grid of benchmarks/search_vs_grid.py:
-  all 38 of its ordered pairs); nothing it implies is reported as measured.
+  all 38 of its ordered pairs); nothing it implies is reported as measured. Within one press, a
+  smaller ratio evicts fewer tokens (the press's scores rank the same tokens, and a smaller ratio keeps a
+  superset of them), likewise a prior (benchmarks/eviction.py measures it).
 
 The walk measures the dense strategies first (exact, few, and the fast end of the front), then each
-quantized family from its safest point toward more compression: a configuration becomes eligible once
+quantized or evicting family from its safest point toward more compression: a configuration becomes eligible once
 every one step safer neighbour has been measured within the quality limit. Among eligible ones it
 measures the one whose optimistic figures (its exact bytes, the best TPOT its backend has shown, the
 quality loss its safer neighbours prove it cannot beat) would add the most hypervolume to the front
@@ -34,8 +36,13 @@ from kvpipe.cache.backends.base import LAYOUTS_SAFER_THAN
 from kvpipe.orchestrate.search.space import Point, Space
 
 # The ordered numeric dimensions of a quantized configuration, and which way is safer (keeps more exact)
-SAFER = {"backend.nbits": 1, "backend.residual_length": 1, "backend.q_group_size": -1}
+SAFER = {"backend.nbits": 1, "backend.residual_length": 1, "backend.q_group_size": -1, "press.ratio": -1}
 ORDERED = (*SAFER, "axis")
+
+
+def compresses(point: Point) -> bool:
+    """Whether the point stores fewer bits or fewer tokens: the points a quality order covers."""
+    return point.get("backend") is not None or point.get("press") is not None
 
 
 def family(point: Point) -> tuple:
@@ -52,14 +59,14 @@ def _safer_value(name: str, safer: str, value: str) -> bool:
 
 def at_least_as_safe(safer: Point, point: Point) -> bool:
     """Whether `safer` keeps at least as much exact as `point` in every ordered dimension (same family)."""
-    if point.get("backend") is None or family(safer) != family(point):
+    if not compresses(point) or family(safer) != family(point):
         return False
     return all(_safer_value(name, safer.get(name), point.get(name)) for name in ORDERED if point.get(name) is not None)
 
 
 def safer_neighbours(space: Space, point: Point) -> list[Point]:
     """The configurations one step safer than `point` in one ordered dimension (same family)."""
-    if point.get("backend") is None:
+    if not compresses(point):
         return []
     same = [p for p in space.points if family(p) == family(point)]
     found = []
@@ -134,7 +141,7 @@ class FrontierSampler(BaseSampler):
                     feasible[point] = list(trial.values)
         misses = inferred_misses(self.space, measured, self.quality_limit)
         left = [p for p in self.space.points if p not in asked and p not in misses]
-        dense = [p for p in left if p.get("backend") is None]
+        dense = [p for p in left if not compresses(p)]
         if dense:
             return dense[0]
         if not left:
@@ -163,8 +170,8 @@ class FrontierSampler(BaseSampler):
         """The fastest TPOT measured in its family, else its backend, else any quantized point, else any."""
         for same in (
             lambda p: family(p) == family(point),
-            lambda p: p.get("backend") == point.get("backend"),
-            lambda p: p.get("backend") is not None,
+            lambda p: (p.get("backend"), p.get("press")) == (point.get("backend"), point.get("press")),
+            lambda p: compresses(p),
             lambda p: True,
         ):
             tpots = [v[1] for p, v in measured.items() if same(p)]

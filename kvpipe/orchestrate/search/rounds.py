@@ -192,14 +192,20 @@ def _state(name: str):
 def _extremes(points: list[Point]) -> list[Point]:
     """A first generation that spans the space: every dense point, and each backend's fewest and most
     bits at its first layout, group size and residual length."""
-    dense = [p for p in points if p.get("backend") is None]
+    dense = [p for p in points if p.get("backend") is None and p.get("press") is None]
     quantized: dict[str, list[Point]] = {}
+    evicting: dict[str, list[Point]] = {}
     for point in points:
         if point.get("backend") is not None:
             quantized.setdefault(point.get("backend"), []).append(point)
+        elif point.get("press") is not None:
+            evicting.setdefault(point.get("press"), []).append(point)
     ends = []
     for group in quantized.values():
         bits = sorted({int(p.get("backend.nbits")) for p in group})
         for nbits in dict.fromkeys((bits[0], bits[-1])):
             ends.append(next(p for p in group if int(p.get("backend.nbits")) == nbits))
+    for group in evicting.values():  # each press's least and most evicted
+        ratios = sorted(group, key=lambda p: float(p.get("press.ratio")))
+        ends += list(dict.fromkeys((ratios[0], ratios[-1])))
     return dense + ends

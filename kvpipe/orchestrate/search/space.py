@@ -2,7 +2,8 @@
 
 Each strategy and backend lists its own points (`search_points`): the dense strategies and their
 variants (static + compile), and per quantization backend its bit widths, axis layouts, the group
-sizes that divide this model's head_dim, and residual lengths. A point is a set of Hydra overrides.
+sizes that divide this model's head_dim, and residual lengths. Each eviction press (kvpipe.cache.presses)
+lists its ratios, on the dense cache it composes with. A point is a set of Hydra overrides.
 
 Optuna sees the space flat: one categorical parameter per dimension (the strategy variant, backend,
 backend.nbits, axis, group size, residual length), every one present in every trial, so that NSGA-II's crossover and
@@ -20,10 +21,12 @@ from kvpipe import cache
 from kvpipe.cache import backends
 
 # Overrides a search may set, and so the ones a user's override narrows rather than fixes
-DIMENSIONS = ("cache", "backend", "backend.nbits", "axis", "backend.q_group_size", "backend.residual_length")
+DIMENSIONS = ("cache", "backend", "backend.nbits", "axis", "backend.q_group_size", "backend.residual_length",
+              "press", "press.ratio")  # fmt: skip
 # What Optuna sees, in decoding order: each narrows the points left. `variant` is the strategy with its
-# own settings (cache=static cache.compile=true), quantized for every quantized point.
-PARAMETERS = ("variant", *DIMENSIONS[1:])
+# own settings and press (cache=static cache.compile=true, cache=dynamic press=snapkv), quantized for every
+# quantized point.
+PARAMETERS = ("variant", *(name for name in DIMENSIONS[1:] if name != "press"))
 GROUP_SIZES = (32, 64, 128)
 RESIDUAL_LENGTHS = (0, 64, 128, 256)
 
@@ -42,7 +45,7 @@ class Point:
 
     def get(self, name: str) -> str | None:
         if name == "variant":
-            own = [f"{k}={v}" for k, v in self.settings if k == "cache" or k.startswith("cache.")]
+            own = [f"{k}={v}" for k, v in self.settings if k in ("cache", "press") or k.startswith("cache.")]
             return " ".join(own) if self.get("backend") is None else "cache=quantized"
         return dict(self.settings).get(name)
 
@@ -94,9 +97,9 @@ def _nearest(value: str, values: list[str]) -> str:
 
 
 def build(head_dim: int, device: str, restrict: dict[str, list[str]] | None = None,
-          group_sizes=GROUP_SIZES, residual_lengths=RESIDUAL_LENGTHS) -> Space:  # fmt: skip
-    """Every point the registries offer on this model and device, less those `restrict` rules out
-    (dimension -> the values the user allows)."""
+          group_sizes=GROUP_SIZES, residual_lengths=RESIDUAL_LENGTHS, shape=None) -> Space:  # fmt: skip
+    """Every point the registries offer on this model (its `shape`, where known) and device, less those
+    `restrict` rules out (dimension -> the values the user allows)."""
     restrict = restrict or {}
     # values the user names are the values searched, whether or not the defaults hold them
     group_sizes = [int(v) for v in restrict.get("backend.q_group_size", group_sizes)]
@@ -108,6 +111,9 @@ def build(head_dim: int, device: str, restrict: dict[str, list[str]] | None = No
             left_out.append(f"cache={strategy.name} (it runs as {strategy.runs_as_without_cuda} without CUDA)")
             continue
         points += [Point.of(p) for p in strategy.search_points(head_dim, group_sizes, residual_lengths)]
+    # a space narrowed to caches or backends asks about those; presses join when unnarrowed or named
+    if not restrict or restrict.keys() & {"press", "press.ratio"}:
+        points += _press_points(shape, left_out)
     for backend in backends.registered():
         reason = _unavailable(backend)
         if reason:
@@ -118,6 +124,25 @@ def build(head_dim: int, device: str, restrict: dict[str, list[str]] | None = No
         # a dense point has no backend: restricting the backend (or nbits, ...) leaves quantized points only
         points = [p for p in points if p.get(name) is not None or name == "cache" or "cache" in restrict]
     return Space(points=list(dict.fromkeys(points)), left_out=left_out)
+
+
+def _press_points(shape, left_out: list[str]) -> list[Point]:
+    """Each press's ratios on the dense cache it composes with, where the model lets it evict."""
+    from kvpipe.errors import ConfigError
+
+    dense = [s.name for s in cache.registered() if s.press_layers == "dense"][:1]
+    points = []
+    for press in cache.presses.registered():
+        if not press.evicts or not dense:
+            continue
+        try:
+            if shape is not None:
+                press.check_for_model(shape.model_type, shape.full_layers)
+        except ConfigError as exc:
+            left_out.append(f"press={press.name} ({exc.expected.split(';')[0]})")
+            continue
+        points += [Point.of({"cache": dense[0], **point}) for point in press.search_points()]
+    return points
 
 
 def _unavailable(backend) -> str | None:

@@ -105,7 +105,7 @@ class SearchStudy:
         spec = spec_from(fixed)
         shape = model.read_shape(spec.model)
         device = model.resolve_device(spec.model.device) if spec.model.device == "auto" else spec.model.device
-        space = build(shape.head_dim, device, restrict, settings.group_sizes, settings.residual_lengths)
+        space = build(shape.head_dim, device, restrict, settings.group_sizes, settings.residual_lengths, shape)
         if not space.points:
             raise KvpipeError(f"the search space is empty after {restrict}; loosen the restriction")
         fixed = _scored_alike(fixed, spec, space)
