@@ -311,3 +311,21 @@ def test_a_search_leaves_out_a_press_the_model_cannot_take_and_says_why():
     assert not any(p.get("press") == "snapkv" for p in space.points)
     assert any(p.get("press") == "knorm" for p in space.points)
     assert any(line.startswith("press=snapkv (press=snapkv recomputes") for line in space.left_out)
+
+
+# ---- plan ------------------------------------------------------------------------------------------
+
+
+def test_plan_has_a_row_per_press_or_the_jobs_press_on_each_cache_it_composes_with():
+    spec = spec_for("model=tiny_sliding", *JOB)
+    shape = models.read_shape(spec.model)
+    labels = [label for label, _ in plan.variants(spec, shape)]
+    assert labels[-3:] == ["dynamic + streaming0.5", "dynamic + knorm0.5", "dynamic + snapkv0.5"]
+    assert not any("+ " in label for label in labels[:-3])  # every other row unpressed, as before presses
+    chosen = spec_for("model=tiny_sliding", *JOB, "press=snapkv", "press.ratio=0.25")
+    rows = dict(plan.variants(chosen, shape))
+    assert [label for label in rows if "snapkv" in label] == ["dynamic + snapkv0.25", "quanto int4 kivi + snapkv0.25"]
+    kv = accounting.kv_shape(shape, 1, "float32")
+    assert rows["dynamic + snapkv0.25"].strategy.predict_kv_bytes(kv, 100, 8) == chosen.strategy.predict_kv_bytes(
+        kv, 100, 8
+    )

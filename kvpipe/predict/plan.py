@@ -17,7 +17,7 @@ calibrates predictions on its runs (kvpipe.predict.calibration).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from kvpipe import cache, model
 from kvpipe.cache.accounting import KvShape, UnpredictableLayers, kv_shape
@@ -36,9 +36,43 @@ def predict_kv_bytes(spec, kv, prompt_tokens: int, new_tokens: int) -> int:
 
 
 def variants(spec, shape) -> list[tuple[str, object]]:
-    """(label, spec) for every row: each registered strategy's variants of the spec's cache choice, in table order."""
-    rows = [row for strategy in cache.registered() for row in strategy.plan_variants(spec.cache_choice, shape)]
-    return [(label, spec.with_choice(choice)) for label, choice in rows]
+    """(label, spec) for every row: each registered strategy's variants of the spec's cache choice, in
+    table order, then the eviction presses (press_variants)."""
+    plain = replace(spec.cache_choice, press=None)
+    rows = [row for strategy in cache.registered() for row in strategy.plan_variants(plain, shape)]
+    return [(label, spec.with_choice(choice)) for label, choice in rows + press_variants(spec.cache_choice, shape)]
+
+
+def press_variants(choice, shape) -> list[tuple[str, object]]:
+    """Rows for eviction: the job's press (press=...) on each cache it composes with, or without one,
+    each press at its middle ratio on the first cache it composes with; a press the model cannot take
+    has no row."""
+    chosen = choice.press is not None
+    presses = [choice.press_class] if chosen else [p for p in cache.presses.registered() if p.evicts]
+    rows = []
+    for press in presses:
+        try:
+            press.check_for_model(shape.model_type, shape.full_layers)
+        except ConfigError:
+            continue
+        settings = choice.press if chosen else config_for(press)
+        for strategy in cache.registered():
+            if strategy.press_layers not in press.composes_with:
+                continue
+            label, variant = strategy.plan_variants(replace(choice, press=None), shape)[0]
+            pressed = replace(variant, press=settings)
+            rows.append((f"{label} + {pressed.strategy.press.label()}", pressed))
+            if not chosen:
+                break
+    return rows
+
+
+def config_for(press):
+    """The press config of `press` at its middle search ratio (the YAML's other settings)."""
+    from kvpipe.spec import schema
+
+    ratio = press.search_ratios[len(press.search_ratios) // 2]
+    return schema.PressConfig(name=press.name, ratio=ratio)
 
 
 def largest_context(kv_bytes_at, available_bytes: int, cap: int) -> int:
@@ -230,4 +264,10 @@ def _notes(spec, shape, device: str, cap: int, contexts: list[int]) -> list[str]
         notes.append("without CUDA, " + " and ".join(f"{s.name} runs as {s.runs_as_without_cuda}" for s in offloading))
     for strategy in cache.registered():
         notes += strategy.plan_notes(spec.cache_choice, shape)
+    if press_variants(spec.cache_choice, shape):
+        notes.append(
+            "+ press rows: after prefill each full-attention layer keeps what the press leaves of the prompt "
+            "(1 - press.ratio, rounded up), and the generated tokens after it (streaming: never more than its budget); "
+            "their KV B/token is a prompt token's share"
+        )
     return notes

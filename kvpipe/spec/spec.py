@@ -80,8 +80,8 @@ class Spec:
         return replace(self, cache=cache, **groups)
 
     def with_choice(self, choice: cache_strategies.CacheChoice) -> "Spec":
-        """This spec with a choice's cache, backend and axis groups (`kvpipe plan`'s rows)."""
-        return replace(self, cache=choice.cache, backend=choice.backend, axis=choice.axis)
+        """This spec with a choice's cache, backend, axis and press groups (`kvpipe plan`'s rows)."""
+        return replace(self, cache=choice.cache, backend=choice.backend, axis=choice.axis, press=choice.press)
 
     def read_fields(self) -> tuple[str, ...]:
         """The cache, backend and axis fields this job's strategy reads (from the registry); with
