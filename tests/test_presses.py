@@ -329,3 +329,49 @@ def test_plan_has_a_row_per_press_or_the_jobs_press_on_each_cache_it_composes_wi
     assert rows["dynamic + snapkv0.25"].strategy.predict_kv_bytes(kv, 100, 8) == chosen.strategy.predict_kv_bytes(
         kv, 100, 8
     )
+
+
+# ---- compare and recommend ----------------------------------------------------------------------
+
+
+def _pressed_runs():
+    from test_compare import fake_runs
+
+    dynamic = {"cache": "dynamic", "tpot_ms": 40.0, "peak_mib": 900}
+    quanto = {"backend.name": "quanto", "backend.nbits": "4", "axis.layout": "kivi"}
+    int4 = {"cache": "quantized:quanto:int4:kivi", "tpot_ms": 55.0, "peak_mib": 520, "kl": 0.006, "params": quanto}
+    snapkv = {"cache": "dynamic+snapkv0.5", "tpot_ms": 41.0, "peak_mib": 700, "kl": 0.02,
+              "params": {"press.name": "snapkv", "press.ratio": "0.5", "press.window": "64"}}  # fmt: skip
+    both = {"cache": "quantized:quanto:int4:kivi+snapkv0.5", "tpot_ms": 58.0, "peak_mib": 480, "kl": 0.03,
+            "params": {**quanto, "press.name": "snapkv", "press.ratio": "0.5", "press.window": "64"}}  # fmt: skip
+    unscored = {"cache": "dynamic+knorm0.5", "tpot_ms": 39.0, "peak_mib": 650,
+                "params": {"press.name": "knorm", "press.ratio": "0.5"}}  # fmt: skip
+    return fake_runs(dynamic, int4, snapkv, both, unscored)
+
+
+def test_compare_sets_each_run_in_its_family_and_never_assumes_an_evicted_cache_lossless():
+    runs = _pressed_runs()
+    assert list(runs["family"]) == ["full precision", "quantization", "eviction", "quantization + eviction", "eviction"]
+    assert runs["quality_loss"].isna().tolist() == [False, False, False, False, True]  # no KL: not known to be 0
+    assert runs["workload"].nunique() == 1  # a press is a cache setting: one front, not a workload per press
+
+
+def test_compare_draws_the_front_of_quality_against_kv_bytes_when_a_run_evicted(tmp_path):
+    from kvpipe.decide import compare
+
+    runs = _pressed_runs().assign(**{"metrics.kv_cache_bytes": [4e7, 7e6, 2e7, 4e6, 2e7]})
+    written = compare.write_outputs(runs, tmp_path, "presses")
+    assert tmp_path / "quality_vs_kv_bytes.png" in written and (tmp_path / "quality_vs_kv_bytes.png").stat().st_size
+
+
+@pytest.mark.parametrize(
+    "memory_mib,expected", [(600, "quantized:quanto:int4:kivi"), (500, "quantized:quanto:int4:kivi+snapkv0.5")]
+)
+def test_recommend_can_answer_int4_alone_or_with_a_press_whichever_the_limits_pick(memory_mib, expected):
+    from kvpipe.decide.limits import Limits
+    from kvpipe.decide.recommend import choose, use_command
+
+    run, _ = choose(_pressed_runs(), Limits(memory_mib * 2**20, 60, 0.05))
+    assert run["label"] == expected
+    if "snapkv" in expected:
+        assert "press=snapkv" in use_command(run)
