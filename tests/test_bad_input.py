@@ -35,6 +35,9 @@ CATALOGUE = {
         "interleave='true'",
         "hydra/launcher=interleaved can",
     ),
+    "a press ratio of 1 or more": (["press=snapkv", "press.ratio=1"], "press.ratio=1", "not including) 1"),
+    "a press on a cache it cannot evict from": (["press=knorm", "cache=static"], "press.name", "cache=dynamic"),
+    "an unknown press": (["press=h2o"], "press=h2o", "snapkv"),
     "an unknown interleave": (
         ["-m", "cache=dynamic,static", "interleave=sometimes"],
         "interleave",

@@ -375,3 +375,14 @@ def test_recommend_can_answer_int4_alone_or_with_a_press_whichever_the_limits_pi
     assert run["label"] == expected
     if "snapkv" in expected:
         assert "press=snapkv" in use_command(run)
+
+
+def test_a_space_narrowed_to_a_backend_and_presses_holds_both_families_and_no_other():
+    from kvpipe.orchestrate.search.space import build
+
+    labels = [p.label() for p in build(64, "cpu", {"backend": ["quanto"], "press": ["snapkv"]}).points]
+    assert any(label.startswith("cache=quantized backend=quanto") for label in labels)
+    assert [label for label in labels if "press" in label] == [
+        f"cache=dynamic press=snapkv press.ratio={ratio}" for ratio in (0.25, 0.5, 0.75)
+    ]
+    assert all("backend=quanto" in label or "press=snapkv" in label for label in labels)

@@ -121,8 +121,14 @@ def build(head_dim: int, device: str, restrict: dict[str, list[str]] | None = No
             points = [p for p in points if p.get("backend") != backend.name]
     for name, allowed in restrict.items():
         points = [p for p in points if p.get(name) is None or p.get(name) in allowed]
-        # a dense point has no backend: restricting the backend (or nbits, ...) leaves quantized points only
-        points = [p for p in points if p.get(name) is not None or name == "cache" or "cache" in restrict]
+        # a dense point has no backend: restricting the backend (or nbits, ...) leaves quantized points only,
+        # and those of another family the user also named (backend=quanto press=snapkv: both families)
+        others = [other for other in restrict if other not in (name, "cache")]
+        points = [
+            p
+            for p in points
+            if p.get(name) is not None or name == "cache" or "cache" in restrict or any(p.get(o) for o in others)
+        ]
     return Space(points=list(dict.fromkeys(points)), left_out=left_out)
 
 
