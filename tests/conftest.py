@@ -241,7 +241,7 @@ def existing_store(_migrated_store):
     """existing_store(launch_dir): give launch_dir an MLflow store that exists already (a copy of an empty,
     migrated one) where kvpipe looks by default, outputs/mlflow.db, and return its path; or at `db`.
     For tests about what kvpipe records, not about MLflow making a store: two concurrent jobs
-    (test_resilience) start without one, and the first run makes it."""
+    (test_resilience) and a first run's log (test_pipeline) start without one, and the first run makes it."""
 
     def give(launch_dir: Path, db: str = "outputs/mlflow.db") -> Path:
         (launch_dir / db).parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ from kvpipe.decide import compare
 from kvpipe.decide import runs as recorded
 from kvpipe.errors import KvpipeError
 from kvpipe.orchestrate import closing
+from kvpipe.record import tags as mlflow_tags
 
 from conftest import run_cli
 
@@ -168,6 +169,35 @@ def test_sweep_ends_with_compare_files_in_its_dir_and_as_artifacts_of_its_parent
     _, parent = recorded.load_runs("kvpipe", None, store(sweep_dir))
     logged = {a.path for a in MlflowClient().list_artifacts(parent.info.run_id, "compare")}
     assert logged == {f"compare/{name}" for name in compare.OUTPUT_FILES}
+
+
+@pytest.mark.slow  # reads the session's real sweep (conftest.tiny_sweep)
+def test_sweep_parent_run_shows_its_compare_table_as_its_description(sweep_dir):
+    from mlflow.tracking import MlflowClient
+
+    _, parent = recorded.load_runs("kvpipe", None, store(sweep_dir))
+    note = MlflowClient().get_run(parent.info.run_id).data.tags["mlflow.note.content"]
+    assert note.startswith("# kvpipe compare")
+    rows = [line for line in note.splitlines() if line.startswith("| ")]
+    assert "cache" in rows[0] and "TPOT ms" in rows[0]
+    assert len(rows) == 1 + len(CACHES)
+
+
+def test_a_short_table_is_the_description_whole():
+    markdown = "# title\n\n| cache | TPOT ms |\n|---:|---:|\n| dynamic | 40.0 |\n\nfootnote\n"
+    assert mlflow_tags.note(markdown, "compare/compare.md") == markdown
+
+
+def test_a_table_too_long_for_a_description_is_cut_between_rows_and_names_the_whole_one():
+    from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
+    rows = "\n".join(f"| quantized:hqq:int{i} | {i * 1.5:.1f} |" for i in range(1000))
+    markdown = f"# title\n\n| cache | TPOT ms |\n|---:|---:|\n{rows}\n\nfootnote\n"
+    note = mlflow_tags.note(markdown, "compare/compare.md")
+    assert len(note) <= MAX_TAG_VAL_LENGTH  # MLflow would cut it itself, mid-row
+    *kept, blank, last = note.splitlines()
+    assert kept == markdown.splitlines()[: len(kept)] and kept[-1].endswith("|")  # whole rows only
+    assert blank == "" and "compare/compare.md" in last  # apart from the table, not read as a row
 
 
 @pytest.mark.slow  # reads the session's real sweep (conftest.tiny_sweep)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -35,7 +36,7 @@ def test_mlflow_run_reads_back_with_params_metrics_tags_and_artifacts(tmp_path, 
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    existing_store(tmp_path, "mlflow.db")  # a first run making a store: test_resilience (slow)
+    existing_store(tmp_path, "mlflow.db")  # a first run making a store: below, and test_resilience
     spec = tracked_tiny_spec(tmp_path)
     result = run_pipeline(spec, tmp_path / "run", tmp_path, print_table=False)
     mlflow.set_tracking_uri(spec.tracking.uri)
@@ -52,6 +53,49 @@ def test_mlflow_run_reads_back_with_params_metrics_tags_and_artifacts(tmp_path, 
     assert tags["kvpipe.torch_version"] and tags["kvpipe.transformers_version"]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "texts.json", "result.json"} <= artifacts
+
+
+@pytest.mark.slow  # an MLflow store (a migrated one, copied)
+@pytest.mark.parametrize("made_before", [False, True], ids=["made by kvpipe", "made before without a kind"])
+def test_an_experiment_kvpipe_writes_to_opens_on_its_runs_in_mlflows_ui(made_before, tmp_path, existing_store):
+    from mlflow.tracking import MlflowClient
+
+    from kvpipe.config import TrackingConfig
+    from kvpipe.record.store import open_experiment
+
+    tracking = TrackingConfig(uri=f"sqlite:///{existing_store(tmp_path, 'mlflow.db')}")
+    if made_before:
+        MlflowClient(tracking.uri).create_experiment(tracking.experiment)
+    experiment_id = open_experiment(tracking, tmp_path)
+    # MLflow 3 opens an experiment without a kind in its GenAI view, which lists traces, not runs
+    assert MlflowClient(tracking.uri).get_experiment(experiment_id).tags["mlflow.experimentKind"] == (
+        "custom_model_development"
+    )
+
+
+@pytest.mark.slow  # an MLflow store (a migrated one, copied)
+def test_an_experiment_kind_the_user_chose_is_kept(tmp_path, existing_store):
+    from mlflow.tracking import MlflowClient
+
+    from kvpipe.config import TrackingConfig
+    from kvpipe.record.store import open_experiment
+
+    tracking = TrackingConfig(uri=f"sqlite:///{existing_store(tmp_path, 'mlflow.db')}")
+    client = MlflowClient(tracking.uri)
+    client.create_experiment(tracking.experiment, tags={"mlflow.experimentKind": "genai_development"})
+    experiment_id = open_experiment(tracking, tmp_path)
+    assert client.get_experiment(experiment_id).tags["mlflow.experimentKind"] == "genai_development"
+
+
+@pytest.mark.slow  # a real job making a new MLflow store
+def test_a_first_run_makes_its_store_without_mlflows_migration_lines(tmp_path):
+    args = ["model=tiny_random", "workload.max_new_tokens=3", "workload.warmup=0", "quality=off"]
+    proc = run_cli([*args, "workload.prompts=[Hi.]"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "outputs" / "mlflow.db").is_file()
+    assert "MLflow run" in proc.stdout  # kvpipe's own INFO lines still show (Hydra logs to stdout)
+    for line in (proc.stderr + proc.stdout).splitlines():
+        assert not re.search(r"database tables|alembic|SQLiteImpl|non-transactional DDL", line, re.I), line
 
 
 def test_default_store_is_absolute_sqlite_under_outputs(tmp_path):

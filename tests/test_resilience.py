@@ -208,7 +208,7 @@ def test_sigkilled_sweep_resumes_only_the_missing_jobs(tmp_path, existing_store)
 
 @pytest.mark.slow  # two kvpipe processes at once, making one new store between them
 def test_two_concurrent_jobs_on_one_sqlite_store_lose_no_run(tmp_path):
-    # No store yet: the first run makes outputs/mlflow.db (the one kvpipe run in the suite that does)
+    # No store yet: the first run makes outputs/mlflow.db (as test_pipeline's first run does)
     procs = [start_cli([*TINY, f"workload.seed={seed}"], tmp_path) for seed in (1, 2)]
     for proc in procs:
         output, _ = proc.communicate(timeout=300)

@@ -22,11 +22,13 @@ from kvpipe.decide.runs import (
 )
 from kvpipe.decide.shown import Shown
 from kvpipe.predict.predicted_runs import PREDICTED
+from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.auth import TrackingRefused, refusals
 from kvpipe.units import human_bytes
 
 log = logging.getLogger(__name__)
 
+ARTIFACT_DIR = "compare"  # the files' folder on the sweep's parent run
 OUTPUT_FILES = ("compare.md", "compare.csv", "memory_vs_context.png", "tpot_vs_memory.png")
 RETRIEVAL_FILES = ("retrieval_heatmaps.png", "accuracy_vs_kv_bytes.png")  # when the runs measured retrieval
 SERVING_FILES = ("serving_curve.png",)  # when some runs served requests under a load
@@ -167,7 +169,8 @@ def shown(runs: pd.DataFrame, title: str) -> Shown:
 
 
 def publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> tuple[list[Path], Shown]:
-    """Write the files, log them on the parent run (if this user may); returns the files and the table."""
+    """Write the files, log them on the parent run (if this user may), compare.md as its description;
+    returns the files and the table."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -177,7 +180,10 @@ def publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> tuple[list[Path], 
     try:
         with refusals(f"tracking.uri={mlflow.get_tracking_uri()}", f"the experiment of run {run_id}"):
             for path in written:
-                MlflowClient().log_artifact(run_id, str(path), "compare")
+                MlflowClient().log_artifact(run_id, str(path), ARTIFACT_DIR)
+            # the table as the run's description: on its page, without opening an artifact
+            table = mlflow_tags.note((out_dir / "compare.md").read_text(), f"{ARTIFACT_DIR}/compare.md")
+            MlflowClient().set_tag(run_id, mlflow_tags.NOTE, table)
     except TrackingRefused as exc:  # a user who may read the runs has what they asked for
         log.warning("%s; the files are in %s, not on the run", exc, out_dir)
     return written, shown(runs, title)

@@ -6,16 +6,21 @@ The bottom of kvpipe.record's MLflow side: auth (credentials, refusals) and trac
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from contextlib import nullcontext
 from pathlib import Path
 
 from kvpipe.config import TrackingConfig
 from kvpipe.errors import KvpipeError
+from kvpipe.record import tags as mlflow_tags
 
 DB_FILE = "mlflow.db"
 ARTIFACT_DIR = "mlartifacts"
 URI_ENV = "MLFLOW_TRACKING_URI"
+# A new store's schema migrations say each step at INFO ("Creating initial MLflow database tables...",
+# alembic's "Context impl SQLiteImpl."): MLflow's housekeeping, not news for a first run. Warnings still show.
+MIGRATION_LOGGERS = ("mlflow.store.db.utils", "alembic.runtime.migration")
 
 
 class TrackingUnavailable(KvpipeError):
@@ -49,6 +54,8 @@ def point_mlflow_at(uri: str) -> None:
     and must not turn one store's address into every later run's."""
     import mlflow
 
+    for name in MIGRATION_LOGGERS:  # every store kvpipe opens is opened after this
+        logging.getLogger(name).setLevel(logging.WARNING)
     before = os.environ.get(URI_ENV)
     mlflow.set_tracking_uri(uri)
     if before is None:
@@ -114,7 +121,8 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
 
 
 def open_experiment(tracking: TrackingConfig, launch_dir: Path) -> str:
-    """Point MLflow at the store and make sure the experiment exists; return its id."""
+    """Point MLflow at the store and make sure the experiment exists, shown as model development
+    (mlflow_tags.EXPERIMENT_KIND); return its id."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -125,11 +133,17 @@ def open_experiment(tracking: TrackingConfig, launch_dir: Path) -> str:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
     point_mlflow_at(uri)
     experiment = mlflow.get_experiment_by_name(tracking.experiment)
-    if experiment is not None:
-        return experiment.experiment_id
-    try:
-        return mlflow.create_experiment(
-            tracking.experiment, artifact_location=artifact_root and f"{artifact_root}/{tracking.experiment}"
+    if experiment is None:
+        try:
+            return mlflow.create_experiment(
+                tracking.experiment,
+                artifact_location=artifact_root and f"{artifact_root}/{tracking.experiment}",
+                tags={mlflow_tags.EXPERIMENT_KIND: mlflow_tags.MODEL_DEVELOPMENT},
+            )
+        except MlflowException:  # another job created it a moment ago
+            experiment = mlflow.get_experiment_by_name(tracking.experiment)
+    if mlflow_tags.EXPERIMENT_KIND not in experiment.tags:  # made before kvpipe set it; a kind chosen stays
+        mlflow.MlflowClient().set_experiment_tag(
+            experiment.experiment_id, mlflow_tags.EXPERIMENT_KIND, mlflow_tags.MODEL_DEVELOPMENT
         )
-    except MlflowException:  # another job created it a moment ago
-        return mlflow.get_experiment_by_name(tracking.experiment).experiment_id
+    return experiment.experiment_id

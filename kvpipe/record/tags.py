@@ -7,6 +7,12 @@ from __future__ import annotations
 PREFIX = "kvpipe."
 PARENT = "mlflow.parentRunId"  # MLflow's own nesting tag: the UI shows children under the parent
 RUN_ID = "mlflow.runId"
+# MLflow 3's UI opens an experiment without a kind in its GenAI view, which lists traces, not runs;
+# this kind (one its UI knows, mlflow.utils.mlflow_tags has no name for it) opens the runs table.
+EXPERIMENT_KIND = "mlflow.experimentKind"
+MODEL_DEVELOPMENT = "custom_model_development"
+NOTE = "mlflow.note.content"  # MLflow's own: the run page's description, in Markdown
+NOTE_MAX_CHARS = 8000  # mlflow.utils.validation.MAX_TAG_VAL_LENGTH, the size of a SQL store's tag column
 
 # a job's run
 STATUS = "kvpipe.status"  # FINISHED, FAILED, KILLED or SKIPPED: set last, once the run is whole
@@ -16,7 +22,7 @@ SKIPPED = "kvpipe.skipped"  # why a sweep skipped the job
 COMMAND = "kvpipe.command"  # what the user typed
 OVERRIDES = "kvpipe.overrides"  # the job's own Hydra overrides: what measures it again
 
-# a sweep's parent run
+# a sweep's parent run (its description, NOTE: the compare table)
 SWEEP = "kvpipe.sweep"  # "true" on a sweep's parent
 SIGNATURE = "kvpipe.sweep_signature"  # equal for the same sweep asked again (a search resumes its parent)
 SWEEP_DIR = "kvpipe.sweep_dir"
@@ -46,3 +52,19 @@ def column(tag: str) -> str:
 def equals(tag: str, value: str) -> str:
     """An MLflow search filter on the tag."""
     return f"tags.`{tag}` = '{value}'"
+
+
+def note(markdown: str, full_at: str, limit: int = NOTE_MAX_CHARS) -> str:
+    """Markdown as a run's description (NOTE): whole where it fits, else its lines up to the limit
+    and a last line naming `full_at`, where the whole is. MLflow itself would cut mid-row."""
+    if len(markdown) <= limit:
+        return markdown
+    # a blank line first: a line right after a table's rows would read as one more row
+    ending = f"\n\n*Cut at MLflow's {limit:,}-character limit: the whole table is this run's artifact {full_at}.*\n"
+    kept, size = [], len(ending)
+    for line in markdown.splitlines(keepends=True):
+        if size + len(line) > limit:
+            break
+        kept.append(line)
+        size += len(line)
+    return "".join(kept).rstrip("\n") + ending
