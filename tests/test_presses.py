@@ -386,3 +386,26 @@ def test_a_space_narrowed_to_a_backend_and_presses_holds_both_families_and_no_ot
         f"cache=dynamic press=snapkv press.ratio={ratio}" for ratio in (0.25, 0.5, 0.75)
     ]
     assert all("backend=quanto" in label or "press=snapkv" in label for label in labels)
+
+
+def test_snapkv_keeps_what_the_models_own_attention_weights_rank_highest():
+    """kvpress's reading of SnapKV from the attention weights an eager forward returns, layer by layer,
+    equals what kvpipe's press keeps from the queries it recomputes."""
+    import torch.nn.functional as F
+
+    spec = spec_for("model=tiny_sliding", *JOB, "model.attn_implementation=eager", "press=snapkv",
+                    "press.ratio=0.5", "press.window=8", "press.kernel=3")  # fmt: skip
+    loaded = models.load(spec.model)
+    strategy, kept = spec.strategy, []
+    press, cache = strategy.press, strategy.setup(loaded, 40).make_cache()
+    original = press.keep
+    press.keep = lambda *args: kept.append(original(*args)) or kept[-1]
+    ids = torch.randint(0, 1000, (2, 40))
+    with torch.inference_mode():
+        attentions = loaded.model(input_ids=ids, cache=cache, use_cache=True, output_attentions=True).attentions
+    full = [index for index, layer in enumerate(cache.layers) if not layer.is_sliding]
+    assert len(kept) == len(full) == 1
+    weights = attentions[full[0]][..., -8:, :-8].float().mean(dim=-2)
+    scores = F.avg_pool1d(weights, kernel_size=3, padding=1, stride=1).view(2, 2, 2, 32).mean(2)
+    scores = F.pad(scores, (0, 8), value=scores.max().item() + 1)
+    assert torch.equal(scores.topk(20, dim=-1).indices.sort(dim=-1).values, kept[0])
