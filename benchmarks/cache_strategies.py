@@ -3,7 +3,7 @@ rounds (kvpipe.job.rounds, as a sweep's do): KV bytes, compression, peak memory 
 state before the call), decode speed and TPOT with their 95% intervals over the rounds, TPOT against
 dynamic's measured in the same rounds (kvpipe.decide.paired), noise, roofline fraction and compile
 time (table.md), and quality against the full-precision reference (quality.md). Writes markdown
-tables (and JSON) for the README.
+tables (and JSON) for the manual (docs/benchmarks.md).
 
     python benchmarks/cache_strategies.py                      # embedded model, 1,000-token prompt, 64 new
     python benchmarks/cache_strategies.py --workload chat      # the bundled chat prompts

@@ -3,7 +3,8 @@
 The run's terminal table, `compare` and `recommend` all read it, so a figure reads the same
 everywhere. A workload's own scoring declares its metrics on its class (`Workload.metrics`), above
 this module: `kvpipe.workload.metrics()` is this catalogue with every registered workload's added.
-README's metrics table is the public contract: a test checks every name here appears in it.
+The manual's metrics page is the public contract: docs/metrics.yaml says what each name here means, and
+its build (and a test) fails where one is missing.
 Pure Python.
 """
 

@@ -2,7 +2,7 @@
 expensive end-to-end tests share: one real sweep, one migrated MLflow store, the embedded model.
 
 Speed (2 cores, no GPU, `make test`: two pytest-xdist workers): the whole suite in two and a half
-to five and a half minutes on a fresh clone (README: "Tests and benchmarks"), `make test-fast` (`-m "not slow"`) in under a minute. Tests marked
+to five and a half minutes on a fresh clone (docs/architecture.md: "Tests and benchmarks"), `make test-fast` (`-m "not slow"`) in under a minute. Tests marked
 slow run real jobs, load the embedded model or start kvpipe, Hydra or MLflow processes; the fast ones check logic on
 configs, records and synthetic figures. An expensive fixture is made once per session, on the one
 worker that runs every test using it (the xdist groups below). kvpipe's command line runs in the

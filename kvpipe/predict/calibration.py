@@ -12,7 +12,7 @@ the strategy reaches at the margin. A prefill also reads every weight once and p
 fixed costs: base is a decode step without KV, the TPOT line at the weights alone. 1/c and 1/d are
 the throughputs of the weights' matrix products and of attention's: apart, because attention's
 products (quadratic in the prompt) run other kernels, at another speed; one rate for both leaves
-short prompts tens of per cent off (README: "Do the predictions hold?"). Two free parameters each,
+short prompts tens of per cent off (docs/plan.md: "Do the predictions hold?"). Two free parameters each,
 by least squares on relative residuals, so that runs at two prompt lengths fix them exactly and more
 leave residuals, shown. Each prompt length counts as the median of its runs, so that one slow run
 among several repeats does not tilt the line, and weighs by how sure it is: by the inverse square of

@@ -32,7 +32,7 @@ class Common:
     seed: int = 0
     warmup: int = 1
     repeats: Any = 3  # rounds of every batch; "auto": rounds until the TPOT interval is within target_interval
-    noise_threshold: float = 0.15  # a timing_noise_cv above this marks the run noisy (calibrated: README)
+    noise_threshold: float = 0.15  # a timing_noise_cv above this marks the run noisy (calibrated: docs/benchmarks.md)
     target_interval: float = 0.05  # repeats=auto: the 95% interval's half-width, as a fraction of TPOT
     max_repeats: int = 30  # repeats=auto: the most rounds it adds
     max_measure_s: float = 600.0  # repeats=auto: the most seconds of measured rounds
