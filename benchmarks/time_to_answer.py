@@ -6,7 +6,7 @@ its timed generation (warm-up plus measured calls), the quality pass, `harness_m
 less those) and the load; and the ratio of wall time to timed generation, whose goal is at most 2x on
 the second run.
 
-With --sweep, one sweep instead (issue 20's: three strategies on a short long_context job, quality
+With --sweep, one sweep instead (by default three strategies on a short long_context job, quality
 off), twice: the same figures summed over its jobs, and the ratio of the sweep's wall time to their
 timed generation, whose goal is at most 1.3x. The first sweep in a new folder also makes its MLflow
 store (MLflow's schema migrations, seconds of CPU); the second, like every later one, finds it.
@@ -98,7 +98,7 @@ def markdown(runs: dict[str, dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("outputs/benchmarks/time_to_answer"))
-    parser.add_argument("--sweep", action="store_true", help="time one sweep (issue 20's, or the overrides given)")
+    parser.add_argument("--sweep", action="store_true", help="time one sweep (three strategies, or the overrides given)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for the job")
     args = parser.parse_args()
     embedded_folder()  # converted once, before anything is timed

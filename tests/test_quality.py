@@ -139,8 +139,8 @@ def test_quanto_int2_is_measurably_worse_than_int4_on_the_embedded_model(embedde
 
 
 def test_a_reference_is_never_shared_by_two_workload_settings():
-    """The reproduction of issue 18: two passkey lengths in one process were both scored on the
-    first one's windows (the same perplexity, 25937.386585226046, twice)."""
+    """Once, two passkey lengths in one process were both scored on the first one's windows (the same
+    perplexity, 25937.386585226046, twice): each setting gets its own reference."""
     scored = ("quality=on", "quality.windows=1", "quality.scored_tokens=8")
     passkey = (*TINY, "workload=passkey", "workload.trials=1", "workload.depths=[0.5]", *scored)
     short, long = (run_job(spec_for(*passkey, f"workload.context_tokens={n}")) for n in (100, 300))
