@@ -409,3 +409,23 @@ def test_snapkv_keeps_what_the_models_own_attention_weights_rank_highest():
     scores = F.avg_pool1d(weights, kernel_size=3, padding=1, stride=1).view(2, 2, 2, 32).mean(2)
     scores = F.pad(scores, (0, 8), value=scores.max().item() + 1)
     assert torch.equal(scores.topk(20, dim=-1).indices.sort(dim=-1).values, kept[0])
+
+
+def test_a_press_setting_is_blank_for_runs_without_a_press_and_not_a_varying_column():
+    from test_compare import fake_runs
+
+    from kvpipe.decide.runs import param_values, varying_params
+
+    runs = fake_runs(
+        {"cache": "dynamic"},
+        {"cache": "dynamic+snapkv0.5", "params": {"press.name": "snapkv", "press.ratio": "0.5", "press.kernel": "5"}},
+    )
+    assert param_values(runs, "press.kernel") == ["", "5"]
+    assert "press.kernel" not in varying_params(runs)
+
+
+def test_compression_is_against_the_whole_fp16_cache_the_press_shrinks():
+    job = ("model=tiny_random", *JOB, "workload.prompt_tokens=40", "workload.max_new_tokens=8")
+    plain, pressed = (run_job(spec_for(*job, *press)).metrics for press in ((), ("press=knorm", "press.ratio=0.5")))
+    assert pressed["kv_cache_bytes_fp16"] == plain["kv_cache_bytes_fp16"]
+    assert pressed["kv_compression"] == pytest.approx(plain["kv_compression"] * (40 + 7) / (20 + 7))

@@ -145,7 +145,8 @@ def _reads(run, param: str) -> bool:
     if not param.startswith(CACHE_PARAMS):
         return True
     if param.startswith("press."):
-        press = cache.presses.base.REGISTRY.get(run.get("params.press.name") or "none")
+        name = run.get("params.press.name")
+        press = cache.presses.base.REGISTRY.get(name if isinstance(name, str) else "none")  # unlogged: none
         return press is None or param in press.read_fields()
     strategy = cache.REGISTRY.get(run.get("params.cache.strategy"))
     if strategy is None:

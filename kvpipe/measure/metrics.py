@@ -87,8 +87,9 @@ def prompt_lengths(tokens: list[int]) -> dict[str, float]:
 def _kv_figures(metrics: dict, largest, kv, loaded, strategy) -> list[str]:
     """The largest call's fp16 reference and compression, and the memory roofline of its decode step;
     the notes for what cannot be counted."""
-    # the call's prompt and new tokens (the cache holds prompt + new - 1: the last one is never fed back)
-    prompt, new = largest.prompt_tokens, largest.kv_tokens - largest.prompt_tokens + 1
+    # the call's prompt and new tokens, counted from what it generated: a cache a press evicted from holds
+    # fewer than prompt + new - 1, and its fp16 reference is the whole cache it replaces
+    prompt, new = largest.prompt_tokens, int(largest.new_tokens.shape[1])
     metrics["kv_cache_bytes_fp16"] = dense_fp16_bytes(loaded.shape, prompt, new, largest.batch_size)
     metrics["kv_compression"] = metrics["kv_cache_bytes_fp16"] / largest.kv_bytes if largest.kv_bytes else math.nan
     kv_traffic = strategy.decode_kv_traffic_bytes(kv, largest.kv_bytes, prompt, new, loaded.device)
