@@ -412,9 +412,9 @@ def test_snapkv_keeps_what_the_models_own_attention_weights_rank_highest():
 
 
 def test_a_press_setting_is_blank_for_runs_without_a_press_and_not_a_varying_column():
-    from test_compare import fake_runs
-
     from kvpipe.decide.runs import param_values, varying_params
+
+    from test_compare import fake_runs
 
     runs = fake_runs(
         {"cache": "dynamic"},
