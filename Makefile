@@ -62,8 +62,8 @@ test-fast: venv
 
 # ruff: lint, and check that the code is formatted (CI runs this before the tests)
 lint: venv
-	$(VENV)/bin/ruff check kvpipe hydra_plugins tests benchmarks setup.py
-	$(VENV)/bin/ruff format --check kvpipe hydra_plugins tests benchmarks setup.py
+	$(VENV)/bin/ruff check kvpipe hydra_plugins tests benchmarks docs setup.py
+	$(VENV)/bin/ruff format --check kvpipe hydra_plugins tests benchmarks docs setup.py
 
 # The manual (docs/, mkdocs.yml) as a site in outputs/site; --strict: a broken link, a page left out of
 # the navigation or a generated table that no longer matches the code fails the build (CI runs it)
@@ -71,8 +71,8 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir outputs/site
 
 format: venv
-	$(VENV)/bin/ruff check --fix kvpipe hydra_plugins tests benchmarks setup.py
-	$(VENV)/bin/ruff format kvpipe hydra_plugins tests benchmarks setup.py
+	$(VENV)/bin/ruff check --fix kvpipe hydra_plugins tests benchmarks docs setup.py
+	$(VENV)/bin/ruff format kvpipe hydra_plugins tests benchmarks docs setup.py
 
 # Browse the runs: the MLflow UI on http://$(MLFLOW_HOST):$(MLFLOW_PORT), reading the default store.
 # Loopback only: it has no login (beyond loopback, share runs with `make mlflow-server MLFLOW_AUTH=1`).

@@ -98,7 +98,9 @@ def markdown(runs: dict[str, dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("outputs/benchmarks/time_to_answer"))
-    parser.add_argument("--sweep", action="store_true", help="time one sweep (three strategies, or the overrides given)")
+    parser.add_argument(
+        "--sweep", action="store_true", help="time one sweep (three strategies, or the overrides given)"
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for the job")
     args = parser.parse_args()
     embedded_folder()  # converted once, before anything is timed
