@@ -24,6 +24,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from kvpipe.record.server import RUNS_VIEW  # the runs table, not MLflow's GenAI view
+
 REPO = Path(__file__).resolve().parents[1]
 # As the machine's own probe starts it: no sandbox as root, and no background connections, which a
 # closed network refuses many at a time
@@ -111,9 +113,9 @@ def main() -> None:
         screenshot(f"{site}/metrics/", args.out / "docs_metrics.png", size="1400,1400")
     experiment, parent = experiment_pages(args.store)
     with mlflow_ui(args.store) as ui:
-        screenshot(f"{ui}/#/experiments/{experiment}", args.out / "mlflow_experiment.png", wait_ms=15000)
+        screenshot(f"{ui}/#/experiments/{experiment}?{RUNS_VIEW}", args.out / "mlflow_experiment.png", wait_ms=15000)
         if parent:
-            screenshot(f"{ui}/#/experiments/{experiment}/runs/{parent}", args.out / "mlflow_sweep_parent.png",
+            screenshot(f"{ui}/#/experiments/{experiment}/runs/{parent}?{RUNS_VIEW}", args.out / "mlflow_sweep_parent.png",
                        size="1400,1400", wait_ms=15000)  # fmt: skip
 
 

@@ -341,3 +341,15 @@ def test_a_permission_revoked_mid_sweep_keeps_every_result_for_sync(auth_server,
     monkeypatch.chdir(tmp_path)
     assert cli.subcommand(["sync", "sweep"]) == 0, capsys.readouterr()
     runs_under_one_parent(auth_server.url, "revoked", jobs=2)
+
+
+def test_the_printed_link_opens_the_kvpipe_experiments_runs_table_not_mlflows_genai_view(tmp_path):
+    import sqlite3
+
+    from kvpipe.record.server import RUNS_VIEW, runs_url
+
+    assert runs_url("127.0.0.1", 5000, tmp_path) == f"http://localhost:5000/#/experiments?{RUNS_VIEW}"  # no store yet
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        db.execute("CREATE TABLE experiments (experiment_id INTEGER, name TEXT)")
+        db.executemany("INSERT INTO experiments VALUES (?, ?)", [(0, "Default"), (3, "kvpipe")])
+    assert runs_url("127.0.0.1", 5000, tmp_path) == "http://localhost:5000/#/experiments/3?workflowType=machine_learning"

@@ -117,6 +117,26 @@ def ui_command(host: str, port: int, store_dir: Path) -> list[str]:
     return argv + ["--backend-store-uri", f"sqlite:///{(store_dir / DB_FILE).resolve()}"]
 
 
+# MLflow 3.17's UI opens every experiment in its GenAI view (traces), whatever the experiment's kind tag
+# says, unless the page's address asks for the runs table: kvpipe's links ask for it
+RUNS_VIEW = "workflowType=machine_learning"
+
+
+def runs_url(host: str, port: int, store_dir: Path, experiment: str = "kvpipe") -> str:
+    """The UI's page of `experiment`'s runs table (the experiments list where the store has none yet)."""
+    import sqlite3
+
+    found = None
+    if (store_dir / DB_FILE).is_file():
+        try:
+            with sqlite3.connect(f"file:{store_dir / DB_FILE}?mode=ro", uri=True) as db:
+                found = db.execute("SELECT experiment_id FROM experiments WHERE name = ?", (experiment,)).fetchone()
+        except sqlite3.Error:  # a store MLflow has not made its tables in yet
+            found = None
+    page = f"#/experiments/{found[0]}" if found else "#/experiments"
+    return f"http://{'localhost' if host in LOOPBACK else host}:{port}/{page}?{RUNS_VIEW}"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m kvpipe.record.server", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -132,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
             command, env = server_command(args.host, args.port, args.dir, auth_flag(args.auth))
     except KvpipeError as exc:
         fail(str(exc))
+    print(f"kvpipe: the runs, once the server is up: {runs_url(args.host, args.port, args.dir)}", flush=True)
     os.execve(command[0], command, env)  # the server is this process: make's Ctrl-C and kill reach it
 
 
