@@ -69,9 +69,7 @@ def config_groups_table() -> str:
         options = sorted(folder.glob("*.yaml"), key=lambda p: (p.stem != str(defaults.get(folder.name)), p.stem))
         cells = []
         for path in options:
-            said = next(
-                (line.lstrip("# ").strip() for line in path.read_text().splitlines() if line.startswith("#")), ""
-            )
+            said = first_sentence(path)
             default = " (default)" if path.stem == str(defaults.get(folder.name)) else ""
             cells.append(f"`{path.stem}`{default}" + (f": {said}" if said else ""))
         if folder.name in defaults and defaults[folder.name] in (None, "null"):
@@ -81,6 +79,19 @@ def config_groups_table() -> str:
                 "tracking": "kvpipe/record/tracking.py"}.get(folder.name, f"kvpipe/{folder.name}/")  # fmt: skip
         rows.append(f"| `{folder.name}` | {'<br>'.join(cells)} | `{code}` |")
     return "\n".join(rows)
+
+
+def first_sentence(path: Path) -> str:
+    """What an option's YAML says of itself: the first sentence of its leading comment (Hydra's own
+    `# @package` line aside)."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        if not line.startswith("# @package"):
+            lines.append(line.lstrip("#").strip())
+    said = " ".join(lines).split(" python -m kvpipe")[0]  # the example command a comment may go on to show
+    return re.split(r"(?<=[.?;])\s", said, maxsplit=1)[0].rstrip(";:")
 
 
 def hardware_table() -> str:
