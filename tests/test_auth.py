@@ -352,4 +352,6 @@ def test_the_printed_link_opens_the_kvpipe_experiments_runs_table_not_mlflows_ge
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
         db.execute("CREATE TABLE experiments (experiment_id INTEGER, name TEXT)")
         db.executemany("INSERT INTO experiments VALUES (?, ?)", [(0, "Default"), (3, "kvpipe")])
-    assert runs_url("127.0.0.1", 5000, tmp_path) == "http://localhost:5000/#/experiments/3?workflowType=machine_learning"
+    assert (
+        runs_url("127.0.0.1", 5000, tmp_path) == "http://localhost:5000/#/experiments/3?workflowType=machine_learning"
+    )

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import optuna
 import pytest
 import torch
+from optuna.distributions import CategoricalDistribution
 
 from kvpipe import model as models
 from kvpipe.cache import accounting, presses
@@ -429,3 +431,36 @@ def test_compression_is_against_the_whole_fp16_cache_the_press_shrinks():
     plain, pressed = (run_job(spec_for(*job, *press)).metrics for press in ((), ("press=knorm", "press.ratio=0.5")))
     assert pressed["kv_cache_bytes_fp16"] == plain["kv_cache_bytes_fp16"]
     assert pressed["kv_compression"] == pytest.approx(plain["kv_compression"] * (40 + 7) / (20 + 7))
+
+
+def test_the_walk_measures_every_kind_once_before_walking_any_further():
+    """Quantized caches hold fewer bytes than any press at its safest ratio, so the front's optimism
+    alone would never ask for a press: each backend and each press is measured once first."""
+    from kvpipe.orchestrate.search.frontier import FrontierSampler, kind
+    from kvpipe.orchestrate.search.space import build
+
+    the_space = build(
+        64, "cpu", {"cache": ["dynamic", "quantized"], "backend": ["quanto", "hqq"], "backend.nbits": ["2", "4"],
+                    "axis": ["kivi"], "backend.q_group_size": ["64"], "backend.residual_length": ["128"],
+                    "press": ["knorm", "snapkv"]}
+    )  # fmt: skip
+
+    def figures(point) -> list[float]:
+        if point.get("press"):
+            return [3.4e6 * (1 - float(point.get("press.ratio"))), 60.0, 0.01]
+        if point.get("backend"):
+            return [3.4e6 * int(point.get("backend.nbits")) / 16, 80.0, 0.01]
+        return [3.4e6, 60.0, 0.0]
+
+    sampler = FrontierSampler(the_space, lambda p: figures(p)[0], 0.05)
+    study = optuna.create_study(directions=["minimize"] * 3, sampler=sampler)
+    distributions = {n: CategoricalDistribution(v) for n, v in the_space.choices().items()}
+    chosen = []
+    for _ in range(5):
+        trial = study.ask(distributions)
+        point = the_space.decode(trial.params)
+        study.tell(trial, figures(point))
+        chosen.append(point)
+    assert chosen[0].label() == "cache=dynamic"
+    assert {kind(p) for p in chosen[1:]} == {("quanto", None), ("hqq", None), (None, "knorm"), (None, "snapkv")}
+    assert all(p.get("press.ratio") in (None, "0.25") for p in chosen)  # each press from its safest ratio

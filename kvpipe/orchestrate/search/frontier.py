@@ -45,6 +45,11 @@ def compresses(point: Point) -> bool:
     return point.get("backend") is not None or point.get("press") is not None
 
 
+def kind(point: Point) -> tuple:
+    """How a point shrinks the cache: its backend, or its press (a family's ordered settings aside)."""
+    return (point.get("backend"), point.get("press"))
+
+
 def family(point: Point) -> tuple:
     """What a quality order holds within: every setting but the ordered ones (the backend, mostly)."""
     return tuple((k, v) for k, v in point.settings if k not in ORDERED)
@@ -151,6 +156,11 @@ class FrontierSampler(BaseSampler):
         limit = math.inf if self.quality_limit is None else self.quality_limit
         ok = {p for p, v in measured.items() if v[2] <= limit} | {p for p in asked if p not in measured}
         eligible = [p for p in left if all(n in ok for n in safer_neighbours(self.space, p))] or left
+        # every kind is measured once before any is walked further: a small budget still answers
+        # whether a quantized cache, or a press, is worth it (the front's optimism would skip a kind
+        # whose exact bytes another already beats, before any of it was measured)
+        tried = {kind(p) for p in asked}
+        eligible = [p for p in eligible if kind(p) not in tried] or eligible
         # (none is known to miss the quality limit: its floor would make it an inferred miss, not left)
         guesses = {p: self._optimistic(p, measured) for p in eligible}
         # the quality axis runs to the limit: what the front may still gain lies below it
