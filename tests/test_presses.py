@@ -464,3 +464,13 @@ def test_the_walk_measures_every_kind_once_before_walking_any_further():
     assert chosen[0].label() == "cache=dynamic"
     assert {kind(p) for p in chosen[1:]} == {("quanto", None), ("hqq", None), (None, "knorm"), (None, "snapkv")}
     assert all(p.get("press.ratio") in (None, "0.25") for p in chosen)  # each press from its safest ratio
+
+
+def test_a_search_names_the_kinds_its_budget_did_not_reach():
+    from kvpipe.orchestrate.search.progress import unexplored
+    from kvpipe.orchestrate.search.space import build
+
+    points = build(64, "cpu", {"backend": ["quanto", "hqq"], "press": ["knorm", "snapkv"]}).points
+    quanto = next(p for p in points if p.get("backend") == "quanto")
+    assert unexplored(points, [quanto]) == ["backend=hqq", "press=knorm", "press=snapkv"]
+    assert unexplored(points, points) == []

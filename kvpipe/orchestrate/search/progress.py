@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
+from kvpipe.orchestrate.search.frontier import compresses, kind
 from kvpipe.orchestrate.search.space import Point
 from kvpipe.orchestrate.search.study import FAILED, INFERRED, MEASURED, PRUNED, REUSED, SearchStudy, Seen
 from kvpipe.units import eta_text, human_bytes
@@ -62,3 +63,18 @@ def print_closing_line(search: SearchStudy, inferred: dict) -> None:
         file=sys.stderr,
         flush=True,
     )
+    missed = unexplored(search.space.points, [*search.seen, *inferred])
+    if missed:
+        print(
+            f"search: not explored within the budget: {', '.join(missed)}; --trials "
+            f"{search.measured() + len(missed)} would measure each once (the walk tries every kind before any twice)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def unexplored(points: list[Point], seen) -> list[str]:
+    """The ways of shrinking the cache (each backend, each press) of which no point was seen, as overrides."""
+    tried = {kind(p) for p in seen}
+    kinds = dict.fromkeys(kind(p) for p in points if compresses(p) and kind(p) not in tried)
+    return [f"backend={backend}" if backend else f"press={press}" for backend, press in kinds]
