@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import difflib
 import importlib
 import logging
 import os
@@ -134,14 +135,63 @@ def run() -> None:
     os._exit(status)
 
 
+def version() -> str:
+    """`kvpipe --version`: kvpipe's version and the two libraries whose behaviour it measures, read
+    from their installed metadata (importing torch takes seconds)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    def of(name: str) -> str:
+        try:
+            return installed(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    from kvpipe import __version__
+
+    return f"kvpipe {__version__} (torch {of('torch')}, transformers {of('transformers')})"
+
+
+# Hydra's flags that take the next word as their value (--info's value is optional: one of INFO_TOPICS)
+_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"}
+_VALUE_FLAGS |= {"--experimental-rerun", "--shell-completion", "-sc"}
+_INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
+def unknown_command(argv: list[str]) -> str | None:
+    """The first bare word of a job's argv (no `=`, not a flag nor a flag's value, not `~key`), which
+    Hydra would report as an override it cannot parse: the user most likely meant a subcommand."""
+    skip = False
+    for index, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg in _VALUE_FLAGS or (
+            arg in ("--info", "-i") and index + 1 < len(argv) and argv[index + 1] in _INFO_TOPICS
+        ):
+            skip = True
+        elif not arg.startswith(("-", "~")) and "=" not in arg:
+            close = difflib.get_close_matches(arg, subcommands(), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            return (
+                f"unknown command {arg!r}{hint} (subcommands: {', '.join(subcommands())}; "
+                "a job takes key=value overrides)"
+            )
+    return None
+
+
 def main() -> None:
     """What `kvpipe` and `python -m kvpipe` run: a subcommand, or a Hydra run or sweep."""
+    if "--version" in sys.argv[1:] and sys.argv[1] not in subcommands():  # Hydra's would print its own
+        print(version())
+        sys.exit(0)
     prepare()
     _refuse_credentials_in_uri(sys.argv[1:])
     # What produced every run, as typed; launcher processes (joblib, submitit) inherit it
     os.environ.setdefault(COMMAND_ENV, shlex.join(["kvpipe", *sys.argv[1:]]))
     if len(sys.argv) > 1 and sys.argv[1] in subcommands():
         sys.exit(subcommand(sys.argv[1:]))
+    if (message := unknown_command(sys.argv[1:])) is not None:
+        fail(message)
     # Hydra's argparse cannot take overrides on both sides of -m; accept them anywhere.
     flags = [a for a in sys.argv[1:] if a in ("-m", "--multirun")]
     sys.argv[1:] = flags[:1] + [a for a in sys.argv[1:] if a not in ("-m", "--multirun")]

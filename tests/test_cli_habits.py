@@ -1,0 +1,43 @@
+"""The command line's habits: what `kvpipe --version` says, and one line with a way forward when a
+word, a choice or a value is not what kvpipe expected."""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+
+from kvpipe import __version__
+
+from conftest import run_cli
+
+
+def one_error_line(proc) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("kvpipe: error: ")
+    return lines[0]
+
+
+def test_version_names_kvpipe_torch_and_transformers(tmp_path):
+    proc = run_cli(["--version"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == (
+        f"kvpipe {__version__} (torch {version('torch')}, transformers {version('transformers')})"
+    )
+
+
+def test_a_mistyped_subcommand_is_an_unknown_command_with_a_suggestion(tmp_path):
+    line = one_error_line(run_cli(["compre"], cwd=tmp_path))
+    assert "unknown command 'compre'; did you mean compare? (subcommands: advise, compare," in line
+    assert line.endswith("; a job takes key=value overrides)")
+
+
+def test_a_bare_word_like_no_subcommand_lists_them_without_a_guess(tmp_path):
+    line = one_error_line(run_cli(["cache=static", "xyzzy"], cwd=tmp_path))
+    assert "unknown command 'xyzzy' (subcommands: " in line
+    assert "did you mean" not in line
+
+
+def test_the_value_of_a_hydra_flag_is_not_a_command(tmp_path):
+    proc = run_cli(["--cfg", "job"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
