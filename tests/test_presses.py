@@ -474,3 +474,14 @@ def test_a_search_names_the_kinds_its_budget_did_not_reach():
     quanto = next(p for p in points if p.get("backend") == "quanto")
     assert unexplored(points, [quanto]) == ["backend=hqq", "press=knorm", "press=snapkv"]
     assert unexplored(points, points) == []
+
+
+def test_a_kv_budget_bounds_the_cache_alone_and_can_pick_an_evicted_or_quantized_one():
+    from kvpipe.decide.limits import limits_from
+    from kvpipe.decide.recommend import choose
+
+    runs = _pressed_runs().assign(**{"metrics.kv_cache_bytes": [4.6e7, 8.4e6, 2.3e7, 4.9e6, 2.3e7]})
+    limits = limits_from(kv_budget="10MiB", max_tpot_ms=60)
+    assert "KV cache ≤ 10.0 MiB" in limits.describe()
+    run, _ = choose(runs, limits)
+    assert run["label"] == "quantized:quanto:int4:kivi"  # the fastest within 10 MiB, though its peak is not the least

@@ -77,6 +77,12 @@ LIMITS: tuple[Limit, ...] = (
           "passkey retrieval accuracy, from runs with workload=passkey, e.g. 0.9; the quality limit in place of "
           "the default --max-kl", "FRACTION", _fraction, minimum=True, unmeasured=" (run it with workload=passkey)",
           quality=True, describe=lambda v: f"retrieval ≥ {v:.0%}"),
+    # the cache alone: on CPU a quantized cache holds far fewer KV bytes yet can peak higher (its decode
+    # dequantizes a layer at a time), so a budget for the cache is not a budget for the process
+    Limit("KV", "kv_bytes", "kv_budget", "metrics.kv_cache_bytes", "kv_cache_bytes",
+          "bytes the KV cache may hold, the cache alone (--memory-budget bounds the whole peak): 64MiB, 2e8",
+          "SIZE", lambda flag, text: parse_bytes(text, flag), given_as=str,
+          describe=lambda v: f"KV cache ≤ {human_bytes(v)}"),
 )  # fmt: skip
 
 
