@@ -92,6 +92,7 @@ def _kv_figures(metrics: dict, largest, kv, loaded, strategy) -> list[str]:
     prompt, new = largest.prompt_tokens, int(largest.new_tokens.shape[1])
     metrics["kv_cache_bytes_fp16"] = dense_fp16_bytes(loaded.shape, prompt, new, largest.batch_size)
     metrics["kv_compression"] = metrics["kv_cache_bytes_fp16"] / largest.kv_bytes if largest.kv_bytes else math.nan
+    metrics["kv_size_vs_fp16"] = largest.kv_bytes / metrics["kv_cache_bytes_fp16"]
     kv_traffic = strategy.decode_kv_traffic_bytes(kv, largest.kv_bytes, prompt, new, loaded.device)
     if kv_traffic is None:
         return [f"no roofline_fraction: {strategy.traffic_unknown_reason(loaded.device)}"]
