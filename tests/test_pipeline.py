@@ -175,3 +175,20 @@ def test_cli_default_run_on_the_embedded_model_prints_table_and_records_run(tmp_
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/outputs/mlflow.db")
     (run,) = mlflow.search_runs(experiment_names=["kvpipe"], output_format="list")
     assert run.info.run_id == document["mlflow_run_id"] and run.data.params["model.name"] == "smollm2_135m"
+
+
+@pytest.mark.slow  # a real job logged to an MLflow store
+def test_mlflow_run_lasts_as_long_as_its_job_not_its_logging(tmp_path, existing_store):
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    existing_store(tmp_path, "mlflow.db")
+    spec = tracked_tiny_spec(tmp_path, "workload.repeats=3")
+    before_ms = time.time() * 1e3
+    result = run_pipeline(spec, tmp_path / "run", tmp_path, print_table=False)
+    run = MlflowClient(spec.tracking.uri).get_run(result.mlflow_run_id)
+    started_ms, ended_ms = result.span_ms()
+    assert (run.info.start_time, run.info.end_time) == (started_ms, ended_ms)
+    assert before_ms - 1 <= started_ms  # the job's own start, not the moment it was logged
+    assert run.info.end_time - run.info.start_time >= result.metrics["measured_ms"] + result.metrics["warmup_ms"]

@@ -41,3 +41,21 @@ def test_a_sweep_directory_yields_its_jobs_in_order(tmp_path):
     Result(status="FINISHED", config={}).save(tmp_path / "0" / "nested")  # not a job of this sweep
     assert [(p.parent.name, r.status) for p, r in iter_results(tmp_path)] == [("0", "FINISHED"), ("1", "SKIPPED")]
     assert len(list(iter_results(tmp_path, recursive=True))) == 3
+
+
+def test_a_measured_result_keeps_when_its_job_started_and_ended(tmp_path):
+    from kvpipe.job.outcome import JobResult
+
+    from conftest import spec_for
+
+    job = JobResult(metrics={}, tags={}, texts=[], started_epoch_s=1_700_000_000.25, ended_epoch_s=1_700_000_042.5)
+    result = Result.finished(spec_for(), job)
+    assert result.span_ms() == (1_700_000_000_250, 1_700_000_042_500)
+    assert Result.load(result.save(tmp_path)).span_ms() == result.span_ms()  # through result.json
+
+
+def test_a_result_written_before_start_times_has_no_span(tmp_path):
+    (tmp_path / RESULT_FILE).write_text(
+        json.dumps({"status": "FINISHED", "config": {}, "finished_at": "2026-01-01T00:00:00+00:00"})
+    )
+    assert Result.load(tmp_path / RESULT_FILE).span_ms() is None

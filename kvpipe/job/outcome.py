@@ -15,6 +15,9 @@ class JobResult:
     notes: list[str] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)  # what the job resolved: dtype, device, architecture
     answers: list[dict] = field(default_factory=list)  # the workload's own scoring: a row per answer
+    # wall-clock span (time.time()) from the job's first step to its summary: MLflow's Duration
+    started_epoch_s: float | None = None
+    ended_epoch_s: float | None = None
 
 
 def resolved_params(loaded, threads: int, setup_params: dict[str, str]) -> dict[str, str]:

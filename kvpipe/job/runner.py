@@ -56,6 +56,7 @@ class BatchJob:
         self.per_round: dict[str, list[float]] = {name: [] for name in ROUND_FIGURES}
         self.own_s = 0.0  # its own phases' wall time: a sweep's turns of other jobs are not its harness
         self.failed: BaseException | None = None  # set by the rounds where a call raised
+        self.started_epoch_s: float | None = None  # when prepare() began: the job's own start
 
     @property
     def calls_per_round(self) -> int:
@@ -63,6 +64,7 @@ class BatchJob:
 
     def prepare(self) -> None:
         started = time.perf_counter()
+        self.started_epoch_s = time.time()
         spec = self.spec
         model.import_libraries()  # once per process, with the collector off
         shape = model.read_shape(spec.model)
@@ -203,7 +205,8 @@ class BatchJob:
         if ran.quality.enabled:
             params["quality.scored_tokens"] = str(int(metrics["quality_scored_tokens"]))
         notes = [*spec.warnings, *setup.notes]
-        return JobResult(metrics=metrics, tags=tags, texts=texts, notes=notes, params=params, answers=answers)
+        return JobResult(metrics=metrics, tags=tags, texts=texts, notes=notes, params=params, answers=answers,
+                         started_epoch_s=self.started_epoch_s, ended_epoch_s=time.time())  # fmt: skip
 
     def _not_converged_note(self) -> str:
         common = self.spec.workload

@@ -26,7 +26,7 @@ SHOWN_TEXTS = 4  # completions kept in result.json, as a batch job keeps one per
 
 def run_serving_job(spec) -> JobResult:
     """Load the model, warm the server up on the first requests, then serve them all as the load says."""
-    job_started = time.perf_counter()
+    job_started, started_epoch_s = time.perf_counter(), time.time()
     model.import_libraries()
     shape = model.read_shape(spec.model)
     tokenizer = model.load_tokenizer(spec.model)
@@ -120,4 +120,5 @@ def run_serving_job(spec) -> JobResult:
         for request, served in list(zip(requests, outcome.served))[:SHOWN_TEXTS]
     ]
     params = resolved_params(loaded, threads, setup.params if setup else {})
-    return JobResult(metrics=metrics, tags=tags, texts=texts, notes=notes, params=params)
+    return JobResult(metrics=metrics, tags=tags, texts=texts, notes=notes, params=params,
+                     started_epoch_s=started_epoch_s, ended_epoch_s=time.time())  # fmt: skip

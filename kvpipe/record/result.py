@@ -26,6 +26,17 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def _iso(epoch_s: float | None) -> str | None:
+    """A wall-clock instant as result.json writes it, to the millisecond (MLflow's resolution)."""
+    if epoch_s is None:
+        return None
+    return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _epoch_ms(iso: str | None) -> int | None:
+    return None if iso is None else int(datetime.fromisoformat(iso).timestamp() * 1000)
+
+
 @dataclass
 class Result:
     """One job's record. `reason` says why a job did not measure (SKIPPED, FAILED, KILLED); the
@@ -44,7 +55,8 @@ class Result:
     overrides: list[str] = field(default_factory=list)  # this job's Hydra overrides (a sweep's: one job's)
     reason: Optional[str] = None
     traceback: Optional[str] = None
-    finished_at: str = field(default_factory=_now)
+    started_at: Optional[str] = None  # when the job began (measured jobs only; older results lack it)
+    finished_at: str = field(default_factory=_now)  # when the job ended, or (unmeasured) was recorded
     mlflow_run_id: Optional[str] = None
     mlflow_parent_run_id: Optional[str] = None
     mlflow_uri: Optional[str] = None
@@ -65,6 +77,8 @@ class Result:
             notes=job.notes,
             texts=job.texts,
             answers=job.answers or None,
+            started_at=_iso(job.started_epoch_s),
+            finished_at=_iso(job.ended_epoch_s) or _now(),
         )
 
     @classmethod
@@ -97,6 +111,13 @@ class Result:
 
         settings = self.config["workload"]
         return workload.get(settings["kind"])(settings)
+
+    def span_ms(self) -> tuple[int, int] | None:
+        """(start, end) in epoch milliseconds where the job's own start is known: its MLflow run's
+        times, so that the run's Duration is the job's, not the few ms its logging took."""
+        if self.started_at is None:
+            return None
+        return _epoch_ms(self.started_at), _epoch_ms(self.finished_at)
 
     def to_dict(self) -> dict:
         """The JSON document; fields with no value are left out."""

@@ -42,6 +42,9 @@ def log_job(
 
 def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_yaml, parent_run_id) -> str:
     import mlflow
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
 
     tags = {mlflow_tags.of(k): v for k, v in result.tags.items()}
     if parent_run_id:
@@ -52,9 +55,18 @@ def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_ya
         tags[mlflow_tags.ERROR] = result.reason[:5000]
     tags.update(origin_tags(result))
     metrics = {k: float(v) for k, v in result.metrics.items() if v is not None}
-    with mlflow.start_run(
-        experiment_id=experiment_id, run_name=tracking.run_name or run_name(result), tags=tags
-    ) as run:
+    name = tracking.run_name or run_name(result)
+    span = result.span_ms()
+    if span:  # created at the job's start, so MLflow's Duration is the job's, not its logging's
+        from mlflow.tracking.context import registry
+
+        run_id = client.create_run(
+            experiment_id, start_time=span[0], tags=registry.resolve_tags(tags), run_name=name
+        ).info.run_id
+        opened = mlflow.start_run(run_id=run_id)
+    else:
+        opened = mlflow.start_run(experiment_id=experiment_id, run_name=name, tags=tags)
+    with opened as run:
         mlflow.log_params(params)
         mlflow.log_metrics(metrics)
         mlflow.log_text(config_yaml, "config.yaml")
@@ -69,8 +81,8 @@ def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_ya
         # Last: a run killed while logging never claims to hold a complete result
         mlflow.set_tag(mlflow_tags.STATUS, result.status)
         run_id = run.info.run_id
-    if result.status != "FINISHED":  # kvpipe's FAILED and KILLED are MLflow's own terminal statuses
-        mlflow.tracking.MlflowClient().set_terminated(run_id, status=result.status)
+    if span or result.status != "FINISHED":  # kvpipe's FAILED and KILLED are MLflow's own terminal statuses
+        client.set_terminated(run_id, status=result.status, end_time=span[1] if span else None)
     return run_id
 
 
