@@ -36,12 +36,15 @@ def test_threads_and_other_processes_cores_against_the_machines():
 SPIN = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end:\n    pass\n"
 
 
-def _spinning(count: int) -> list[subprocess.Popen]:
+def _spinning(count: int) -> list[psutil.Process]:
     """`count` processes that each keep a core busy, returned once each has spun for a while: a
-    spawned process may take seconds to start on a busy machine."""
-    hogs = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(count)]
+    spawned process may take seconds to start on a busy machine. Started by a process that exits at
+    once, so they are no descendants of this one: another user's work, not the job's own."""
+    starter = f"import subprocess, sys\nfor _ in range({count}):\n    print(subprocess.Popen([sys.executable, '-c', {SPIN!r}]).pid)\n"
+    pids = subprocess.run([sys.executable, "-c", starter], capture_output=True, text=True, check=True).stdout.split()
+    hogs = [psutil.Process(int(pid)) for pid in pids]
     deadline = time.monotonic() + 30
-    while any(psutil.Process(h.pid).cpu_times().user < 0.3 for h in hogs) and time.monotonic() < deadline:
+    while any(h.cpu_times().user < 0.3 for h in hogs) and time.monotonic() < deadline:
         time.sleep(0.05)
     return hogs
 
@@ -62,7 +65,7 @@ def test_a_job_beside_busy_processes_is_tagged_contended_marked_noisy_and_says_s
     finally:
         for hog in hogs:
             hog.kill()
-            hog.wait()
+        psutil.wait_procs(hogs, timeout=10)
     assert busy.tags["contended"] == "true" and busy.tags["noisy"] == "true"
     assert busy.metrics["other_cpu_cores"] > 1
     (note,) = [n for n in busy.notes if n.startswith("contended:")]
@@ -74,3 +77,32 @@ def test_model_threads_is_checked_in_one_line():
 
     with pytest.raises(ConfigError, match=r"^model.threads=0 .*expected a positive number"):
         spec_for("model.threads=0")
+
+
+CPU_SPIN = "import time\nwhile time.process_time() < {seconds}:\n    pass\n"
+
+
+def _spin_child(cpu_s: float) -> None:
+    """A child process of this one that spends `cpu_s` of CPU (however long a busy machine makes
+    that take), waited for."""
+    subprocess.run([sys.executable, "-c", CPU_SPIN.format(seconds=cpu_s)], check=True)
+
+
+def test_the_cpu_of_the_jobs_own_child_processes_counts_as_the_jobs():
+    before = contention.sample()
+    _spin_child(1.5)
+    after = contention.sample()
+    assert after.own_s - before.own_s >= 1.4  # torch's compile workers, the tracking worker: the job's own
+
+
+def test_a_live_child_process_counts_as_the_jobs_while_it_runs():
+    child = psutil.Popen([sys.executable, "-c", CPU_SPIN.format(seconds=60)])
+    try:
+        before, child_before = contention.sample(), child.cpu_times()
+        time.sleep(1.5)
+        child_after, after = child.cpu_times(), contention.sample()
+    finally:
+        child.kill()
+        child.wait()
+    child_s = child_after.user + child_after.system - child_before.user - child_before.system
+    assert child_s > 0.1 and after.own_s - before.own_s >= child_s

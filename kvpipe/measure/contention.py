@@ -3,11 +3,12 @@
 A machine whose cores are busy with other work slows every call alike, so the calls agree with one
 another and no spread shows it (16x slower TPOT, CV 1%, was seen). What does show it is the machine's
 own accounting: the CPU time all processes used (psutil.cpu_times, from /proc/stat) less this
-process's own (its threads', from /proc/self), over the wall time of the measured calls, is how many
-cores other processes held. The job is contended when its torch threads and those cores together
-ask for more than the machine has (half a core of slack for background chatter), or when, on CPU,
-it ran on less than 80% of its threads' cores while other processes held half a core or more (what
-they took from it: competing processes share the cores, so their own use understates their demand).
+process's own (its threads' and its descendants', from /proc), over the wall time of the measured
+calls, is how many cores other processes held. The job is contended when its torch threads and
+those cores together ask for more than the machine has (half a core of slack for background
+chatter), or when, on CPU, it ran on less than 80% of its threads' cores while other processes held
+half a core or more (what they took from it: competing processes share the cores, so their own use
+understates their demand).
 Where no such accounting exists, the 1-minute load average stands in for it.
 """
 
@@ -25,7 +26,7 @@ SLACK_CORES = 0.5  # daemons, the shell, a terminal: what an idle machine runs b
 class CpuSample:
     wall_s: float
     busy_s: float  # every process's CPU time since boot (nan: not available)
-    own_s: float  # this process's
+    own_s: float  # this process's and its descendants'
 
 
 def cores() -> int:
@@ -44,8 +45,23 @@ def sample() -> CpuSample:
         busy = sum(times) - times.idle - getattr(times, "iowait", 0.0)
     except (OSError, AttributeError):
         busy = math.nan
-    own = psutil.Process().cpu_times()
-    return CpuSample(time.monotonic(), busy, own.user + own.system)
+    return CpuSample(time.monotonic(), busy, own_cpu_s(psutil.Process()))
+
+
+def own_cpu_s(process) -> float:
+    """The CPU seconds of a process and everything it started: its live descendants (torch's compile
+    workers, kvpipe's tracking worker) and its reaped children are the job's own work, not rivals."""
+    import psutil
+
+    times = process.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in process.children(recursive=True):
+        try:
+            child_times = child.cpu_times()
+        except psutil.Error:  # it ended between the walk and the read; its parent will count it once reaped
+            continue
+        total += child_times.user + child_times.system
+    return total
 
 
 def other_cores(before: CpuSample, after: CpuSample) -> float:
