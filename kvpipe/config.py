@@ -149,7 +149,9 @@ def from_hydra(exc: BaseException) -> Optional[str]:
         group, option = missing_option.groups()
         available = re.search(r"Available options in '[\w/]+':\s*((?:\n\s+\S+)+)", full)
         options = available.group(1).split() if available else []
-        return f"{group}={option} is not a known option; " + (choices(options) if options else "no options found")
+        return f"{group}={option} is not a known option; " + (
+            choices(options, given=option) if options else "no options found"
+        )
 
     # Hydra's own hint for a group that the defaults list does not have (experiment=... needs +)
     append = re.search(
@@ -164,7 +166,9 @@ def from_hydra(exc: BaseException) -> Optional[str]:
     if unknown_key:
         key = full_key.group(1) if full_key else unknown_key.group(1)
         valid = _schema_fields(unknown_key.group(2))
-        return f"{key} is not a known key; " + (choices(valid) if valid else "check the spelling")
+        return f"{key} is not a known key; " + (
+            choices(valid, given=key.rpartition(".")[2]) if valid else "check the spelling"
+        )
 
     wrong_type = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", full)
     if wrong_type and full_key:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import sys
 from typing import Iterable, NoReturn
 
@@ -31,11 +32,20 @@ def first_line(exc: BaseException) -> str:
     return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
 
 
-def choices(valid: Iterable[object]) -> str:
-    return "expected one of: " + ", ".join(str(v) for v in valid)
+def did_you_mean(given: object, valid: Iterable[object]) -> str:
+    """`; did you mean X?` when one of `valid` is spelt close to `given` (a typo), else nothing."""
+    close = difflib.get_close_matches(str(given), [str(v) for v in valid], n=1)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def choices(valid: Iterable[object], given: object = None) -> str:
+    """`expected one of: ...`, and with `given` (what the user wrote) a guess at the one they meant."""
+    valid = tuple(valid)
+    guess = did_you_mean(given, valid) if given is not None else ""
+    return "expected one of: " + ", ".join(str(v) for v in valid) + guess
 
 
 def require_choice(field: str, value: object, valid: Iterable[object]) -> None:
     valid = tuple(valid)
     if value not in valid:
-        raise ConfigError(field, value, choices(valid))
+        raise ConfigError(field, value, choices(valid, given=value))

@@ -41,3 +41,27 @@ def test_a_bare_word_like_no_subcommand_lists_them_without_a_guess(tmp_path):
 def test_the_value_of_a_hydra_flag_is_not_a_command(tmp_path):
     proc = run_cli(["--cfg", "job"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_mistyped_option_gets_a_guess_after_the_choices(tmp_path):
+    line = one_error_line(run_cli(["cache=statc"], cwd=tmp_path))
+    assert "cache=statc is not a known option; expected one of: dynamic," in line
+    assert line.endswith("; did you mean static?")
+
+
+def test_a_mistyped_key_gets_a_guess(tmp_path):
+    assert one_error_line(run_cli(["model.dtyp=float16"], cwd=tmp_path)).endswith("; did you mean dtype?")
+
+
+def test_an_appended_mistyped_key_gets_a_guess(tmp_path):
+    line = one_error_line(run_cli(["+workload.max_new_token=3"], cwd=tmp_path))
+    assert line.endswith("; did you mean max_new_tokens?")
+
+
+def test_a_mistyped_value_gets_a_guess(tmp_path):
+    line = one_error_line(run_cli(["model.dtype=bfloat61"], cwd=tmp_path))
+    assert line.endswith("expected one of: auto, float32, bfloat16, float16; did you mean bfloat16?")
+
+
+def test_a_choice_spelt_like_nothing_valid_gets_no_guess(tmp_path):
+    assert "did you mean" not in one_error_line(run_cli(["cache=fastest"], cwd=tmp_path))

@@ -18,7 +18,7 @@ from kvpipe import cache as cache_strategies
 from kvpipe import config
 from kvpipe import load as loads
 from kvpipe import workload as workloads
-from kvpipe.errors import ConfigError, KvpipeError, require_choice
+from kvpipe.errors import ConfigError, KvpipeError, choices, require_choice
 from kvpipe.spec import schema
 from kvpipe.spec.key import measurement_key
 from kvpipe.spec.names import hf_model_name, looks_local
@@ -202,7 +202,7 @@ def _reject_unknown_keys(cfg: DictConfig) -> None:
                 raise ConfigError(
                     f"{group.name}.{key}",
                     node.get(key),
-                    "not a known key; " + "expected one of: " + ", ".join(sorted(known)),
+                    "not a known key; " + choices(sorted(known), given=key),
                 )
 
 
