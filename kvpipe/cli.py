@@ -77,7 +77,7 @@ def subcommand_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def _run_subcommand(argv: list[str]) -> int:
     parser = subcommand_parser(only=argv[0])
-    argv, uri = _store_setting(argv)
+    argv, uri = _store_setting(_dashed_values_joined(parser, argv))
     args, extra = parser.parse_known_args(argv)
     if uri is not None:
         args.tracking_uri, args.uri_spelling = uri, "tracking.uri"
@@ -86,6 +86,22 @@ def _run_subcommand(argv: list[str]) -> int:
     elif extra:
         args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args.run(args)
+
+
+def _dashed_values_joined(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`--memory-budget -1GiB` as `--memory-budget=-1GiB`: argparse takes a value that starts with a
+    dash for an option and says "expected one argument"; joined, the value reaches its own check."""
+    (commands_action,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    options = commands_action.choices[argv[0]]._option_string_actions
+    joined: list[str] = []
+    for arg in argv:
+        previous = options.get(joined[-1]) if joined else None
+        taking_one = previous is not None and previous.option_strings and previous.nargs is None
+        if taking_one and arg.startswith("-") and arg not in options and arg != "--":
+            joined[-1] += "=" + arg
+        else:
+            joined.append(arg)
+    return joined
 
 
 def _store_setting(argv: list[str]) -> tuple[list[str], str | None]:

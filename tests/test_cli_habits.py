@@ -65,3 +65,25 @@ def test_a_mistyped_value_gets_a_guess(tmp_path):
 
 def test_a_choice_spelt_like_nothing_valid_gets_no_guess(tmp_path):
     assert "did you mean" not in one_error_line(run_cli(["cache=fastest"], cwd=tmp_path))
+
+
+def test_a_negative_size_reaches_the_size_check(tmp_path):
+    line = one_error_line(run_cli(["recommend", "--memory-budget", "-1GiB"], cwd=tmp_path))
+    assert "--memory-budget='-1GiB' is not valid: expected a positive size like 8GiB" in line
+
+
+def test_a_negative_duration_reaches_the_duration_check(tmp_path):
+    line = one_error_line(run_cli(["advise", "--timeout", "-20"], cwd=tmp_path))
+    assert "--timeout='-20' is not valid: expected a duration" in line
+
+
+def test_an_option_followed_by_another_still_lacks_its_value(tmp_path):
+    line = one_error_line(run_cli(["recommend", "--memory-budget", "--all"], cwd=tmp_path))
+    assert "argument --memory-budget: expected one argument" in line
+
+
+def test_advise_prints_a_bare_timeout_as_seconds():
+    from kvpipe.commands.advise import parse_duration
+    from kvpipe.units import duration_text
+
+    assert duration_text(parse_duration("20")) == "20s"
