@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from importlib.metadata import version
 
+import pytest
+
 from kvpipe import __version__
 
 from conftest import run_cli
@@ -87,3 +89,26 @@ def test_advise_prints_a_bare_timeout_as_seconds():
     from kvpipe.units import duration_text
 
     assert duration_text(parse_duration("20")) == "20s"
+
+
+@pytest.mark.slow  # reads the session's real sweep
+def test_a_sweeps_8_character_id_as_its_title_prints_it_names_it(tiny_sweep, tmp_path):
+    from kvpipe.decide import runs as recorded
+
+    store = f"sqlite:///{tiny_sweep.launch_dir}/outputs/mlflow.db"
+    _, parent = recorded.load_runs("kvpipe", None, store)
+    short = parent.info.run_id[:8]
+    proc = run_cli(["compare", "--parent", short, "--out", str(tmp_path)], cwd=tiny_sweep.launch_dir)
+    assert proc.returncode == 0, proc.stderr
+    _, named = recorded.load_runs("kvpipe", short, store)
+    assert named.info.run_id == parent.info.run_id
+
+
+@pytest.mark.slow  # reads the session's real sweep
+def test_a_prefix_shorter_than_8_characters_is_no_run(tiny_sweep):
+    from kvpipe.decide import runs as recorded
+
+    store = f"sqlite:///{tiny_sweep.launch_dir}/outputs/mlflow.db"
+    _, parent = recorded.load_runs("kvpipe", None, store)
+    line = one_error_line(run_cli(["compare", "--parent", parent.info.run_id[:7]], cwd=tiny_sweep.launch_dir))
+    assert "no such run in" in line

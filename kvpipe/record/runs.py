@@ -54,11 +54,13 @@ def _read_runs(experiment: str, parent: str | None, uri: str, whole_experiment: 
         except MlflowException as exc:
             if status_of(exc):
                 raise
-            raise ConfigError(
-                "--parent",
-                parent,
-                f"no such run in {uri}; expected a sweep's parent run id, or no --parent for the latest sweep",
-            ) from None
+            parent_run = _run_by_prefix(parent)
+            if parent_run is None:
+                raise ConfigError(
+                    "--parent",
+                    parent,
+                    f"no such run in {uri}; expected a sweep's parent run id, or no --parent for the latest sweep",
+                ) from None
         if parent_run.data.tags.get(mlflow_tags.SWEEP) != "true":
             raise ConfigError("--parent", parent, "that run is one job, not a sweep; expected a sweep's parent run")
         experiment_id = parent_run.info.experiment_id
@@ -88,6 +90,24 @@ def _read_runs(experiment: str, parent: str | None, uri: str, whole_experiment: 
         where = f"sweep {parent_run.info.run_id}" if parent_run else f"experiment {experiment!r}"
         raise KvpipeError(f"{where} has no FINISHED runs; its jobs failed or were skipped (see their result.json)")
     return (runs.reset_index(drop=True) if every_repeat else _latest_per_key(runs)), parent_run
+
+
+SHORT_ID = 8  # the run id's characters a sweep's title prints
+
+
+def _run_by_prefix(prefix: str):
+    """The one run whose id starts with `prefix` (SHORT_ID characters or more, as titles print
+    them), in any experiment; None when none does; a one-line error naming them when several do."""
+    import mlflow
+
+    if len(prefix) < SHORT_ID:
+        return None
+    runs = [r for r in mlflow.search_runs(search_all_experiments=True, output_format="list")
+            if r.info.run_id.startswith(prefix)]  # fmt: skip
+    if len(runs) > 1:
+        ids = ", ".join(r.info.run_id for r in runs)
+        raise ConfigError("--parent", prefix, f"more than one run id starts with it ({ids}); give more characters")
+    return runs[0] if runs else None
 
 
 def _search(experiment_id: str, filter_string: str) -> pd.DataFrame:
