@@ -57,12 +57,25 @@ def replay(trials: int, until=None) -> list:
     return chosen
 
 
-def test_dense_points_first_then_each_family_from_its_safest_point():
+def test_the_reference_first_then_each_backend_once_then_the_other_dense_points():
     chosen = replay(5)
-    assert {p.label() for p in chosen[:3]} == {"cache=dynamic", "cache=static", "cache=static cache.compile=true"}
-    first = chosen[3]
-    assert first.get("backend.nbits") == "4" and first.get("backend.residual_length") == "128"
-    assert not safer_neighbours(space(), first)  # nothing in its family keeps more exact
+    assert chosen[0].label() == "cache=dynamic"
+    assert [p.get("backend") for p in chosen[1:3]] == ["quanto", "hqq"] or [p.get("backend") for p in chosen[1:3]] == [
+        "hqq",
+        "quanto",
+    ]
+    for first in chosen[1:3]:
+        assert first.get("backend.nbits") == "4" and first.get("backend.residual_length") == "128"
+        assert not safer_neighbours(space(), first)  # nothing in its family keeps more exact
+    assert {p.label() for p in chosen[3:5]} == {"cache=static", "cache=static cache.compile=true"}
+
+
+def test_seven_jobs_measure_the_points_the_benchmarks_walk_measured():
+    """docs/benchmarks.md's search against the grid: the dense variants, quanto and HQQ kivi at residual
+    128 and then at 0 (the order changed since: the reference, each backend once, then the rest)."""
+    labels = {p.label() for p in replay(7)}
+    assert {"cache=dynamic", "cache=static", "cache=static cache.compile=true"} <= labels
+    assert sum("axis=kivi" in label for label in labels) == 4
 
 
 def test_nothing_below_a_point_that_missed_the_limit_is_asked_and_the_front_is_found_in_fewer_jobs():

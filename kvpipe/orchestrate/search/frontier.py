@@ -13,8 +13,10 @@ Two things are known before a job runs:
   smaller ratio evicts fewer tokens (the press's scores rank the same tokens, and a smaller ratio keeps a
   superset of them), likewise a prior (benchmarks/eviction.py measures it).
 
-The walk measures the dense strategies first (exact, few, and the fast end of the front), then each
-quantized or evicting family from its safest point toward more compression: a configuration becomes eligible once
+The walk measures the lossless reference (dynamic) first, then each backend and each press once, at its
+safest point (so a budget as small as the number of kinds still tries every one), then the other dense
+variants (exact, few, and the fast end of the front), then walks each quantized or evicting family
+from its safest point toward more compression: a configuration becomes eligible once
 every one step safer neighbour has been measured within the quality limit. Among eligible ones it
 measures the one whose optimistic figures (its exact bytes, the best TPOT its backend has shown, the
 quality loss its safer neighbours prove it cannot beat) would add the most hypervolume to the front
@@ -147,8 +149,12 @@ class FrontierSampler(BaseSampler):
         misses = inferred_misses(self.space, measured, self.quality_limit)
         left = [p for p in self.space.points if p not in asked and p not in misses]
         dense = [p for p in left if not compresses(p)]
-        if dense:
-            return dense[0]
+        tried = {kind(p) for p in asked}
+        if dense and (None, None) not in tried:
+            return dense[0]  # the lossless reference (dynamic) before anything is compared with it
+        untried = [p for p in left if kind(p) not in tried]
+        if dense and not untried:
+            return dense[0]  # the other dense variants once every kind has had its first trial
         if not left:
             return None
         # the walk goes on below a point that met the quality limit (its order is quality's), or one
@@ -159,8 +165,7 @@ class FrontierSampler(BaseSampler):
         # every kind is measured once before any is walked further: a small budget still answers
         # whether a quantized cache, or a press, is worth it (the front's optimism would skip a kind
         # whose exact bytes another already beats, before any of it was measured)
-        tried = {kind(p) for p in asked}
-        eligible = [p for p in eligible if kind(p) not in tried] or eligible
+        eligible = [p for p in eligible if compresses(p) and kind(p) not in tried] or eligible
         # (none is known to miss the quality limit: its floor would make it an inferred miss, not left)
         guesses = {p: self._optimistic(p, measured) for p in eligible}
         # the quality axis runs to the limit: what the front may still gain lies below it
