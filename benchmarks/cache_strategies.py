@@ -19,8 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvpipe.decide.paired import ratio
-from kvpipe.job.rounds import run_rounds
-from kvpipe.job.runner import BatchJob
+from kvpipe.job.runner import measured_together
 from kvpipe.spec import compose, make_spec
 from kvpipe.units import human_bytes
 
@@ -66,13 +65,7 @@ def main() -> None:
         for label, overrides in STRATEGIES
         if not args.only or label in args.only
     ]
-    jobs = []
-    for label, spec in specs:
-        job = BatchJob(spec)
-        job.label = label
-        job.prepare()  # loaded, cache built, warmed up
-        jobs.append(job)
-    run_rounds(jobs, seed=0, shuffle=True)  # each round calls every strategy once, in a shuffled order
+    jobs = measured_together(specs)  # each round calls every strategy once, in a shuffled order
     rows, tags = [], {}
     for (label, _), job in zip(specs, jobs):
         result = job.result({"measured_order": "interleaved", "round_group": "cache_strategies"})

@@ -25,8 +25,7 @@ import pandas as pd
 
 from kvpipe.decide.plots import quality_vs_kv_bytes
 from kvpipe.decide.runs import front_family
-from kvpipe.job.rounds import run_rounds
-from kvpipe.job.runner import BatchJob
+from kvpipe.job.runner import measured_together
 from kvpipe.spec import compose, make_spec
 from kvpipe.units import human_bytes
 
@@ -45,14 +44,7 @@ CONFIGS = [
 def measure(base: list[str]) -> dict[str, object]:
     """Every configuration's JobResult on one workload, the jobs taking turns in shuffled rounds."""
     specs = [(label, make_spec(compose(base + overrides))) for label, overrides in CONFIGS]
-    jobs = []
-    for label, spec in specs:
-        job = BatchJob(spec)
-        job.label = label
-        job.prepare()
-        jobs.append(job)
-        print(f"prepared {label}", flush=True)
-    run_rounds(jobs, seed=0, shuffle=True)
+    jobs = measured_together(specs, on_prepared=lambda label: print(f"prepared {label}", flush=True))
     return {label: job.result({"measured_order": "interleaved"}) for (label, _), job in zip(specs, jobs)}
 
 

@@ -21,8 +21,7 @@ import pandas as pd
 
 from kvpipe import model as models
 from kvpipe.cache.accounting import dense_bytes, kv_shape
-from kvpipe.job.rounds import run_rounds
-from kvpipe.job.runner import BatchJob
+from kvpipe.job.runner import measured_together
 from kvpipe.spec import compose, make_spec
 from kvpipe.units import human_bytes
 
@@ -71,13 +70,7 @@ def main() -> None:
     specs = [(label, make_spec(compose(base + overrides))) for label, overrides in STRATEGIES]
     shape = models.read_shape(specs[0][1].model)
     print(f"{shape.layer_summary()}; prompt {args.prompt_tokens} + {args.new_tokens} new", flush=True)
-    jobs = []
-    for label, spec in specs:
-        job = BatchJob(spec)
-        job.label = label
-        job.prepare()
-        jobs.append(job)
-    run_rounds(jobs, seed=0, shuffle=True)
+    jobs = measured_together(specs)
     rows = []
     for (label, spec), job in zip(specs, jobs):
         result = job.result({"measured_order": "interleaved"})

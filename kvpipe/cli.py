@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import difflib
 import importlib
 import logging
 import os
@@ -26,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvpipe import commands
 from kvpipe._startup import prepare
-from kvpipe.errors import KvpipeError, fail
+from kvpipe.errors import KvpipeError, did_you_mean, fail
 from kvpipe.orchestrate.task import run_task, user_error
 from kvpipe.record import worker
 from kvpipe.record.result import COMMAND_ENV
@@ -186,10 +185,8 @@ def unknown_command(argv: list[str]) -> str | None:
         ):
             skip = True
         elif not arg.startswith(("-", "~")) and "=" not in arg:
-            close = difflib.get_close_matches(arg, subcommands(), n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
             return (
-                f"unknown command {arg!r}{hint} (subcommands: {', '.join(subcommands())}; "
+                f"unknown command {arg!r}{did_you_mean(arg, subcommands())} (subcommands: {', '.join(subcommands())}; "
                 "a job takes key=value overrides)"
             )
     return None

@@ -41,6 +41,20 @@ def run_job(spec: Spec, tags: dict[str, str] | None = None) -> JobResult:
     return job.result({"measured_order": "alone", **(tags or {})})
 
 
+def measured_together(labelled: list[tuple[str, Spec]], seed: int = 0, on_prepared=lambda label: None) -> list:
+    """BatchJobs prepared one by one (each named by its label), then measured in shared rounds in a
+    shuffled order, as a sweep's are: how the benchmarks set configurations side by side."""
+    jobs = []
+    for label, spec in labelled:
+        job = BatchJob(spec)
+        job.label = label
+        job.prepare()  # loaded, cache built, warmed up
+        jobs.append(job)
+        on_prepared(label)
+    run_rounds(jobs, seed, shuffle=True)  # each round calls every job once
+    return jobs
+
+
 class BatchJob:
     """One batch job in the phases interleaving needs: prepare() loads the model, builds the cache
     and warms it up; measure_round() calls every batch once; result() summarises. A sweep's jobs
