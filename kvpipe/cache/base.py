@@ -137,7 +137,7 @@ class CacheStrategy(Registered):
         self.settings = self.Settings(
             **{f.name: getattr(choice.cache, f.name) for f in dataclasses.fields(self.Settings)}
         )
-        self.press = choice.press_class(choice.press) if choice.press is not None else presses.get("none")(None)
+        self.press = choice.press_class(choice.press)  # press=none (None) reads no setting
         if self.press.evicts:
             self.lossless = False  # what it dropped is gone: its quality is measured, never assumed
 
