@@ -60,6 +60,14 @@ def test_an_appended_mistyped_key_gets_a_guess(tmp_path):
     assert line.endswith("; did you mean max_new_tokens?")
 
 
+@pytest.mark.parametrize("sweep", [[], ["-m", "cache=dynamic,static"]], ids=["job", "sweep"])
+def test_a_misspelt_appended_group_is_refused_not_run_as_a_default_job(tmp_path, sweep):
+    line = one_error_line(run_cli([*sweep, "+experimnt=needle", "model=tiny_random"], cwd=tmp_path))
+    assert "experimnt='needle' is not valid: not a known config group or key; expected one of: axis," in line
+    assert line.endswith("; did you mean experiment?")
+    assert not list(tmp_path.rglob("result.json"))  # refused before a job ran
+
+
 def test_a_mistyped_value_gets_a_guess(tmp_path):
     line = one_error_line(run_cli(["model.dtype=bfloat61"], cwd=tmp_path))
     assert line.endswith("expected one of: auto, float32, bfloat16, float16; did you mean bfloat16?")

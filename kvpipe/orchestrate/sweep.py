@@ -32,7 +32,7 @@ from kvpipe.record import auth, recorder, store, tracking, worker
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.report import print_sweep_end
 from kvpipe.record.result import Result, iter_results
-from kvpipe.spec import make_spec
+from kvpipe.spec import make_spec, reject_unknown_keys
 from kvpipe.units import eta_text
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,7 @@ class SweepCallback(Callback):
         launch_dir = Path(config.hydra.runtime.cwd)
         try:  # before any job loads a model; Hydra only warns of a callback's exceptions, an exit it lets through
             why_sequential = one_after_another(config, config.hydra)
+            reject_unknown_keys(config)  # a misspelt key or +group is in every job: not an invalid combination
         except ConfigError as exc:
             fail(str(exc))
         if why_sequential and why_sequential != "interleave=false":

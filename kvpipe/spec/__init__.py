@@ -9,9 +9,17 @@ strategy, measurement key (`key.py`, with its rules for older runs) and params e
 from kvpipe.spec.key import LATE_MODEL_FIELDS
 from kvpipe.spec.names import hf_model_name, looks_local
 from kvpipe.spec.schema import KvpipeConfig, compose, register_schemas
-from kvpipe.spec.spec import RANDOM_LAYER_TYPES, STRATEGY_GROUPS, Spec, make_spec, override_group, spec_from
+from kvpipe.spec.spec import (
+    RANDOM_LAYER_TYPES,
+    STRATEGY_GROUPS,
+    Spec,
+    make_spec,
+    override_group,
+    reject_unknown_keys,
+    spec_from,
+)
 
 __all__ = [
     "LATE_MODEL_FIELDS", "RANDOM_LAYER_TYPES", "STRATEGY_GROUPS", "KvpipeConfig", "Spec", "compose", "hf_model_name",
-    "looks_local", "make_spec", "override_group", "register_schemas", "spec_from",
+    "looks_local", "make_spec", "override_group", "register_schemas", "reject_unknown_keys", "spec_from",
 ]  # fmt: skip

@@ -136,7 +136,7 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
     `overrides` are the user's command-line overrides, used only to warn about settings
     that the chosen strategy ignores."""
     if isinstance(cfg, DictConfig):
-        _reject_unknown_keys(cfg)
+        reject_unknown_keys(cfg)
     typed = OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
     _check_model(typed.model)
     if typed.model.source == "hf" and typed.model.name == "hf":  # conf/model/hf.yaml: named after what it loads
@@ -189,8 +189,14 @@ def _type_name(annotation: str) -> str:
     return annotation.removeprefix("Optional[").removesuffix("]")
 
 
-def _reject_unknown_keys(cfg: DictConfig) -> None:
-    """`+group.key=...` adds keys past the schema; OmegaConf would drop them silently."""
+def reject_unknown_keys(cfg: DictConfig) -> None:
+    """`+group.key=...` adds keys past the schema; OmegaConf would drop them silently. A misspelt
+    `+group=option` (`+experimnt=needle`) adds a top-level key, which would run a default job."""
+    top_level = {f.name for f in fields(schema.KvpipeConfig)}
+    for key in cfg.keys():
+        if key not in top_level and key != "hydra":
+            groups = sorted(set(top_level) | {"experiment"})
+            raise ConfigError(str(key), cfg.get(key), "not a known config group or key; " + choices(groups, given=key))
     for group in fields(schema.KvpipeConfig):
         node = cfg.get(group.name)
         if not isinstance(node, DictConfig):
