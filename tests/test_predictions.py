@@ -313,7 +313,7 @@ def test_json_holds_each_rows_contexts_with_their_floors_and_nothing_else_is_pri
 
 
 def test_compare_predicted_shows_what_a_calibration_on_the_runs_predicts(specs, monkeypatch):
-    monkeypatch.setattr(predicted_runs, "_job_spec", lambda overrides: specs["dynamic"])
+    monkeypatch.setattr(predicted_runs, "job_spec", lambda overrides: specs["dynamic"])
     runs = recorded_runs(*({"params": specs["dynamic"].params(), "prompt": p, "tpot_ms": t, "ttft_ms": f}
                            for p, t, f in ((100, 5.0, 9.0), (400, 6.0, 20.0), (1600, 9.0, 80.0))))  # fmt: skip
     table = compare.display_table(predicted_runs.with_predictions(runs))

@@ -242,7 +242,8 @@ def test_recommend_exits_0_with_a_measured_choice_and_the_command_to_use_it(swee
     assert lines[1].startswith(("recommend: dynamic", "recommend: static"))  # lossless, and nothing binds
     (use,) = [line for line in lines if line.startswith("  use: ")]
     assert use.startswith("  use: python -m kvpipe model=tiny_random workload.max_new_tokens=3 ")  # as swept
-    assert lines[-3:][0].strip() == "from kvpipe import api" and "model.generate(**inputs" in lines[-1]
+    code = [line for line in lines if not line.startswith("  memory: ")]  # a line only where a cache peaks higher
+    assert code[-3:][0].strip() == "from kvpipe import api" and "model.generate(**inputs" in code[-1]
 
 
 @pytest.mark.slow  # reads the session's real sweep, then runs the recommended command in a new process
@@ -272,8 +273,10 @@ def test_recommend_exits_1_when_no_run_fits_and_says_which_limit_is_closest(swee
     monkeypatch.chdir(sweep_dir)  # in-process: the CLI dispatch is covered above, this saves a start-up
     assert cli.subcommand(["recommend", "--memory-budget", "1MiB", "--all"]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1:] == ["no measured run meets the limits", lines[2]]
+    assert lines[1] == "no measured run meets the limits"
     assert lines[2].startswith("  closest: ") and "misses only memory by" in lines[2]
+    # and, where a smaller cache peaked higher than the closest run (the peaks are measured), why
+    assert lines[3:] == [] or (len(lines) == 4 and lines[3].startswith("  memory: "))
 
 
 # --- differences the runs can tell ----------------------------------------------------------------------

@@ -46,7 +46,24 @@ def run(args: argparse.Namespace) -> int:
     out_dir = args.out or (sweep_dir if sweep_dir.is_dir() else Path("compare") / parent_run.info.run_id[:8])
     written, table = publish(runs, parent_run, out_dir)
     print_shown(table)
+    for line in _memory_lines(runs):
+        print(f"memory: {line}")
     if sys.stderr.isatty():
         names = ", ".join(path.name for path in written)
         print(f"wrote {names} to {out_dir}; logged on MLflow run {parent_run.info.run_id}", file=sys.stderr)
     return 0
+
+
+def _memory_lines(runs) -> list[str]:
+    """Per workload, where a cache holds fewer KV bytes than the leanest lossless run yet peaks
+    higher, one line on why."""
+    from kvpipe.decide.runs import is_lossless
+    from kvpipe.predict.memory_tradeoff import explain
+
+    lines = []
+    for _, group in runs.groupby("workload", sort=False):
+        lossless = group[[is_lossless(s) and p == "none" for s, p in zip(group["strategy"], group["press"])]]
+        if not lossless.empty:
+            line = explain(group, lossless.loc[lossless["memory_bytes"].idxmin()])
+            lines += [line] if line else []
+    return lines

@@ -54,7 +54,17 @@ def answer(limits: Limits, experiment: str, parent: str | None, tracking_uri: st
                 f"recommend: {chosen['label']} (run {chosen['run_id']})\n  {what}\n  why: {why}\n"
                 f"  use: {recommend.use_command(chosen)}\n  in your own generate() call:\n{code}"
             )
+        _explain_memory(group, chosen if chosen is not None else recommend.closest(group, limits)[0])
     return 1 if missing else 0
+
+
+def _explain_memory(runs, answer) -> None:
+    """Where a cache beside the answer holds fewer KV bytes yet peaks higher, one line on why."""
+    from kvpipe.predict.memory_tradeoff import explain
+
+    line = explain(runs, answer)
+    if line:
+        print(f"  memory: {line}")
 
 
 def answer_for_service(limits: Limits, objective: str, experiment: str, parent: str | None,
