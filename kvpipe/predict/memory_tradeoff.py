@@ -65,7 +65,9 @@ def tradeoff_line(saver, reference, others: int = 0) -> str:
 def _accounted(saver, reference, gap: float) -> str:
     """': plan's accounting counts its decode's 1.4 MiB dequantized copy of one layer against 15.0
     MiB of KV saved; the other 78 MiB is outside it (...); were that fixed, it would peak lower from
-    about 6,100 tokens of context (now 73)', or '' where the runs' jobs cannot be composed again."""
+    about 6,100 tokens of context (now 73)', or '' where the runs' jobs cannot be composed again. On
+    CPU the peak is the whole process's, so the rest holds what the backend's (or an earlier job's)
+    libraries brought into it as well as working buffers."""
     pair = [_costed(run) for run in (saver, reference)]
     if any(found is None for found in pair):
         return ""
@@ -98,7 +100,11 @@ def _accounted(saver, reference, gap: float) -> str:
         where = f"even were that fixed, it would not peak lower within the model's {cap:,}-token context"
     else:
         where = f"were that fixed, it would peak lower from about {wins_from:,} tokens of context (now {now:,})"
-    return f": {what}; the other {human_bytes(rest)} is outside it (the backend's code and working buffers); {where}"
+    on_cpu = str(saver.get(mlflow_tags.column(mlflow_tags.DEVICE))) == "cpu"
+    whose = (
+        "the process's peak counts libraries and buffers too" if on_cpu else "working buffers, the allocator's slack"
+    )
+    return f": {what}; the other {human_bytes(rest)} is outside it ({whose}); {where}"
 
 
 def _costed(run):
