@@ -4,6 +4,7 @@ whose speed drifts."""
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 
@@ -39,6 +40,9 @@ class FakeJob:
         mean = sum(self.values) / len(self.values)
         sd = math.sqrt(sum((v - mean) ** 2 for v in self.values) / (len(self.values) - 1))
         return 2 * sd / math.sqrt(len(self.values)) / mean <= self.target
+
+    def rounds_done(self):
+        return len(self.values)
 
     def measure_round(self, advance):
         if self.fail_at == len(self.values):
@@ -82,6 +86,26 @@ def test_a_job_that_fails_mid_round_stops_alone_and_keeps_its_error():
     run_rounds([bad, good], seed=0, shuffle=True)
     assert isinstance(bad.failed, RuntimeError) and len(bad.values) == 1
     assert len(good.values) == 4 and good.failed is None
+
+
+def test_each_round_line_says_the_rounds_left_and_their_eta(caplog):
+    with caplog.at_level(logging.INFO, logger="kvpipe.job.rounds"):
+        run_rounds([FakeJob("#0", repeats=2), FakeJob("#1", repeats=3)], seed=0, shuffle=True)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("round ")]
+    assert "· 2 rounds left, ETA " in lines[0] and "· 1 round left, ETA " in lines[1]
+    assert "left" not in lines[2]  # the last round: nothing left to say
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="kvpipe.job.rounds"):
+        run_rounds([FakeJob("#0", repeats="auto"), FakeJob("#1", repeats=3)], seed=0, shuffle=True)
+    assert not [r for r in caplog.records if "ETA" in r.getMessage()]  # auto: its rounds end when it settles
+
+
+def test_the_rounds_eta_is_each_jobs_mean_round_times_the_rounds_it_still_wants():
+    from kvpipe.job.rounds import _left_text
+
+    short, long = FakeJob("#0", repeats=2), FakeJob("#1", repeats=5)
+    short.values, long.values = [1.0, 1.0], [1.0, 1.0]
+    assert _left_text([short, long], measured_s=[2.0, 4.0], taken=[2, 2]) == " · 3 rounds left, ETA 6s"
 
 
 def test_round_means_become_tags_and_the_interval_over_rounds():

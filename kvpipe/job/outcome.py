@@ -18,6 +18,9 @@ class JobResult:
     # wall-clock span (time.time()) from the job's first step to its summary: MLflow's Duration
     started_epoch_s: float | None = None
     ended_epoch_s: float | None = None
+    # what its process did once (importing torch and transformers, loading the model) and a later
+    # job in the same process skips: not the job's own cost (a sweep's ETA leaves it out)
+    process_setup_s: float | None = None
 
 
 def resolved_params(loaded, threads: int, setup_params: dict[str, str]) -> dict[str, str]:

@@ -12,12 +12,14 @@ keep taking part until every one of them is done, so that each pair shares as ma
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvpipe.job.progress import progress_bar
+from kvpipe.units import duration_text
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,9 @@ class RoundJob(Protocol):
 
     def may_go_on(self, measured_s: float) -> bool:
         """Auto: whether it is under its caps (it takes part while another job on auto is not done)."""
+
+    def rounds_done(self) -> int:
+        """Its rounds so far (a job with no warm-up measures its first as it prepares)."""
 
     def measure_round(self, advance) -> None: ...
 
@@ -65,6 +70,7 @@ def run_rounds(jobs: list[RoundJob], seed: int, shuffle: bool) -> Rounds:
     draw = random.Random(seed)
     rounds = Rounds()
     measured_s = [0.0] * len(jobs)
+    taken = [0] * len(jobs)  # the rounds each took part in here: measured_s over them is its round's cost
     known = all(job.fixed_rounds is not None for job in jobs)
     total = sum(job.fixed_rounds * job.calls_per_round for job in jobs) if known else None
     label = jobs[0].label if len(jobs) == 1 else f"{len(jobs)} jobs, interleaved"
@@ -85,16 +91,31 @@ def run_rounds(jobs: list[RoundJob], seed: int, shuffle: bool) -> Rounds:
                     log.error("%s failed in round %d: %s", jobs[index].label, len(rounds.seconds) + 1, exc)
                     jobs[index].failed = exc
                 measured_s[index] += time.perf_counter() - began
+                taken[index] += 1
             rounds.seconds.append(time.perf_counter() - started)
             rounds.orders.append(order)
             if len(jobs) > 1:
                 drift = rounds.drift()[-1]
                 log.info(
-                    "round %d: %.2f s, %+.0f%% on the first; order %s",
+                    "round %d: %.2f s, %+.0f%% on the first; order %s%s",
                     len(rounds.seconds), rounds.seconds[-1], 100 * drift,
-                    " ".join(jobs[i].label for i in order),
+                    " ".join(jobs[i].label for i in order), _left_text(jobs, measured_s, taken),
                 )  # fmt: skip
     return rounds
+
+
+def _left_text(jobs: list[RoundJob], measured_s: list[float], taken: list[int]) -> str:
+    """' · 2 rounds left, ETA 4s': each job's mean round so far times the rounds it still wants.
+    '' where a job is on repeats=auto, whose rounds end when its TPOT settles: not known ahead."""
+    alive = [i for i, job in enumerate(jobs) if job.failed is None and taken[i]]
+    if any(jobs[i].auto for i in alive):
+        return ""
+    wanted = {i: max(0, jobs[i].fixed_rounds - jobs[i].rounds_done()) for i in alive}
+    if not any(wanted.values()):
+        return ""
+    seconds = sum(measured_s[i] / taken[i] * rounds for i, rounds in wanted.items())
+    most = max(wanted.values())
+    return f" · {most} round{'s' if most > 1 else ''} left, ETA {duration_text(math.ceil(seconds))}"
 
 
 def _wanting(jobs: list[RoundJob], measured_s: list[float]) -> list[int]:

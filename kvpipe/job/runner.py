@@ -71,6 +71,7 @@ class BatchJob:
         self.own_s = 0.0  # its own phases' wall time: a sweep's turns of other jobs are not its harness
         self.failed: BaseException | None = None  # set by the rounds where a call raised
         self.started_epoch_s: float | None = None  # when prepare() began: the job's own start
+        self.process_setup_s: float | None = None  # set by prepare(): see JobResult.process_setup_s
 
     @property
     def calls_per_round(self) -> int:
@@ -80,7 +81,7 @@ class BatchJob:
         started = time.perf_counter()
         self.started_epoch_s = time.time()
         spec = self.spec
-        model.import_libraries()  # once per process, with the collector off
+        imports_paid_s = model.import_libraries()  # once per process, with the collector off
         shape = model.read_shape(spec.model)
         tokenizer = model.load_tokenizer(spec.model)
         workload = spec.bound_workload
@@ -93,6 +94,7 @@ class BatchJob:
         load_started = time.perf_counter()
         self.loaded = loaded = model.load(spec.model)
         self.load_paid_ms = (time.perf_counter() - load_started) * 1e3  # 0 where an earlier job loaded it
+        self.process_setup_s = imports_paid_s + self.load_paid_ms / 1e3
         freeze_long_lived_objects()
         self.load_at_start = load_average()
         self.threads = use_threads(spec.model, loaded.device)
@@ -220,7 +222,8 @@ class BatchJob:
             params["quality.scored_tokens"] = str(int(metrics["quality_scored_tokens"]))
         notes = [*spec.warnings, *setup.notes]
         return JobResult(metrics=metrics, tags=tags, texts=texts, notes=notes, params=params, answers=answers,
-                         started_epoch_s=self.started_epoch_s, ended_epoch_s=time.time())  # fmt: skip
+                         started_epoch_s=self.started_epoch_s, ended_epoch_s=time.time(),
+                         process_setup_s=self.process_setup_s)  # fmt: skip
 
     def _not_converged_note(self) -> str:
         common = self.spec.workload

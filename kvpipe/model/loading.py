@@ -73,15 +73,17 @@ def config_key(model_cfg: ModelConfig) -> str:
     return repr(astuple(model_cfg))
 
 
-def import_libraries() -> None:
+def import_libraries() -> float:
     """torch and transformers' loading, modeling and tokenizer code: what the first load imports,
-    for a caller with something to overlap them with (kvpipe.orchestrate.sweep). The collector is off meanwhile:
+    for a caller with something to overlap them with (kvpipe.orchestrate.sweep). Returns the seconds
+    this call spent importing them: 0.0 where an earlier call had. The collector is off meanwhile:
     the imports make hundreds of thousands of objects that live as long as the process, and its
     full passes over them cost a fifth of the imports' time (3.2 s against 2.5 s, plus 0.4 s for the
     one pass afterwards, on 2 cores)."""
     prepare()  # every job's process: the CLI's, a launcher's worker, a test's
     if "transformers.modeling_utils" in sys.modules:
-        return
+        return 0.0
+    started = time.perf_counter()
     with collector_paused():
         import torch  # noqa: F401
         import transformers.generation.utils  # noqa: F401
@@ -90,6 +92,7 @@ def import_libraries() -> None:
     # One pass for the imports' garbage, then their objects out of every later pass's way
     gc.collect()
     gc.freeze()
+    return time.perf_counter() - started
 
 
 def load(model_cfg: ModelConfig) -> LoadedModel:

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import sys
 import time
 import traceback
@@ -26,14 +27,13 @@ from omegaconf import DictConfig, OmegaConf
 from kvpipe.errors import ConfigError, KvpipeError, fail
 from kvpipe.job import runner
 from kvpipe.model import loading
-from kvpipe.orchestrate import closing, skips
+from kvpipe.orchestrate import closing, eta, skips
 from kvpipe.orchestrate.pipeline import record_killed, record_measured, run_pipeline
 from kvpipe.record import auth, recorder, store, tracking, worker
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.report import print_sweep_end
 from kvpipe.record.result import Result, iter_results
 from kvpipe.spec import make_spec, reject_unknown_keys
-from kvpipe.units import eta_text
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ class SweepState:
     total_jobs: int
     started_at: float
     parent_run_id: str | None
+    planned_jobs: list[list[str]] | None = None  # a grid's jobs' overrides, by job number; a search plans none
 
     @classmethod
     def load(cls, sweep_dir: Path) -> "SweepState | None":
@@ -61,18 +62,28 @@ def swept_values(config: DictConfig) -> dict[str, list[str]]:
     """Every key the sweep sets and its values: command-line overrides plus a preset's
     hydra.sweeper.params, read as Hydra's basic sweeper reads them (the command line wins over the
     preset, a later override of a key replaces an earlier one). resume= is not part of the sweep."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    task = parser.parse_overrides([o for o in config.hydra.overrides.task if not o.startswith("resume=")])
-    params = config.hydra.sweeper.get("params") or {}
-    preset = parser.parse_overrides([f"{k}={v}" for k, v in params.items()])
     values = {}
-    for override in [*preset, *task]:
+    for override in _parsed_overrides(config, [o for o in config.hydra.overrides.task if not o.startswith("resume=")]):
         swept = override.is_sweep_override() and override.is_discrete_sweep()
         key = override.get_key_element().lstrip("+~")  # +experiment=... sets `experiment`
         values[key] = list(override.sweep_string_iterator()) if swept else [override.get_value_element_as_str()]
     return values
+
+
+def planned_jobs(config: DictConfig) -> list[list[str]]:
+    """Each job's overrides, by job number, as Hydra's basic sweeper (which kvpipe's grid wraps) makes them."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    batches = BasicSweeper.split_arguments(_parsed_overrides(config, list(config.hydra.overrides.task)), None)
+    return [job for batch in batches for job in batch]
+
+
+def _parsed_overrides(config: DictConfig, task: list[str]) -> list:
+    """A preset's hydra.sweeper.params, then the command line's overrides, parsed as the basic sweeper does."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = config.hydra.sweeper.get("params") or {}
+    return OverridesParser.create().parse_overrides([*(f"{k}={v}" for k, v in params.items()), *task])
 
 
 def is_search(config: DictConfig) -> bool:
@@ -133,7 +144,10 @@ class SweepCallback(Callback):
         except store.TrackingUnavailable as exc:  # Hydra would only warn and lose the sweep's state
             worker.stop()
             log.warning("%s; the sweep runs without a parent run, its results safe on disk", exc)
-        SweepState(name=name, total_jobs=total, started_at=time.time(), parent_run_id=parent).save(sweep_dir)
+        planned = None if is_search(config) else planned_jobs(config)
+        state = SweepState(name=name, total_jobs=total, started_at=time.time(), parent_run_id=parent,
+                           planned_jobs=planned)  # fmt: skip
+        state.save(sweep_dir)
         log.info("sweep %r: %d jobs%s", name, total, f", MLflow parent run {parent}" if parent else "")
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
@@ -267,7 +281,9 @@ def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str | Deferre
     state = SweepState.load(sweep_dir)
     overrides = list(hydra_cfg.overrides.task)
     why_sequential = one_after_another(cfg, hydra_cfg)  # checked at the sweep's start: it cannot raise here
-    _announce(hydra_cfg.job.num, state, overrides, eta=why_sequential is not None)
+    # where the jobs take turns, the rounds are what takes the time, and no ETA is known yet
+    eta_shown = _eta(hydra_cfg.job.num, state, hydra_cfg) if why_sequential is not None else ""
+    _announce(hydra_cfg.job.num, state, overrides, eta_shown)
     config = OmegaConf.to_container(cfg, resolve=True)
     parent = state.parent_run_id if state else None
     skip = skips.Skipper(run_dir, launch_dir, parent, overrides, cfg)
@@ -336,11 +352,25 @@ def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str | Deferre
     return guarded(prepare)
 
 
-def _announce(index: int, state: SweepState | None, overrides: list[str], eta: bool = True) -> None:
+def _eta(index: int, state: SweepState | None, hydra_cfg) -> str:
+    """' · ETA 42s' as job `index` begins, from what the sweep's jobs measured so far (kvpipe.orchestrate.eta);
+    '' before any has."""
+    if state is None:
+        return ""
+    results = [result for _, result in iter_results(Path(hydra_cfg.sweep.dir))]
+    workers = side_by_side(hydra_cfg)
+    estimate = eta.sweep_estimate(results, state.planned_jobs, index, state.total_jobs, state.started_at, workers)
+    return f" · {estimate.text()}" if estimate else ""
+
+
+def side_by_side(hydra_cfg) -> int:
+    """How many jobs the launcher runs at once: joblib's n_jobs (-1: one per core, as joblib reads it), else 1."""
+    n_jobs = int(hydra_cfg.launcher.get("n_jobs") or 1)
+    return n_jobs if n_jobs > 0 else max(1, (os.cpu_count() or 1) + 1 + n_jobs)
+
+
+def _announce(index: int, state: SweepState | None, overrides: list[str], eta_shown: str = "") -> None:
     total = state.total_jobs if state else "?"
-    eta_shown = ""
-    if eta and state and index:
-        eta_shown = f" · ETA {eta_text(time.time() - state.started_at, index, state.total_jobs)}"
     message = f"job {index + 1}/{total}: {' '.join(overrides) or '(defaults)'}{eta_shown}"
     if sys.stderr.isatty():
         from rich.console import Console

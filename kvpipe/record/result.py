@@ -57,6 +57,8 @@ class Result:
     traceback: Optional[str] = None
     started_at: Optional[str] = None  # when the job began (measured jobs only; older results lack it)
     finished_at: str = field(default_factory=_now)  # when the job ended, or (unmeasured) was recorded
+    # what this job's process did once: imports and loading the model; a later job in the same process skips it
+    process_setup_s: Optional[float] = None
     mlflow_run_id: Optional[str] = None
     mlflow_parent_run_id: Optional[str] = None
     mlflow_uri: Optional[str] = None
@@ -79,6 +81,7 @@ class Result:
             answers=job.answers or None,
             started_at=_iso(job.started_epoch_s),
             finished_at=_iso(job.ended_epoch_s) or _now(),
+            process_setup_s=None if job.process_setup_s is None else round(job.process_setup_s, 3),
         )
 
     @classmethod
