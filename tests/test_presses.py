@@ -358,6 +358,7 @@ def test_compare_sets_each_run_in_its_family_and_never_assumes_an_evicted_cache_
     assert runs["workload"].nunique() == 1  # a press is a cache setting: one front, not a workload per press
 
 
+@pytest.mark.slow  # draws and writes compare's plots (~3 s)
 def test_compare_draws_the_front_of_quality_against_kv_bytes_when_a_run_evicted(tmp_path):
     from kvpipe.decide import compare
 

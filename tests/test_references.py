@@ -124,6 +124,7 @@ def test_the_fingerprint_changes_with_the_weights_and_not_otherwise(tmp_path):
     assert fingerprint(random) != fingerprint(replace(random, seed=1))
 
 
+@pytest.mark.slow  # builds and tokenizes the reference texts (~3 s)
 def test_the_reference_texts_token_ids_are_stored_once_and_keyed_by_the_whole_tokenizer(store, monkeypatch):
     """long_context's and passkey's text, tokenized once per tokenizer on this machine: a later
     process reads the ids back (the same ids); a tokenizer that differs in anything gets its own;

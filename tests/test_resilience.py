@@ -75,6 +75,7 @@ def mlflow_runs(db: Path):
     return mlflow.search_runs(experiment_names=["kvpipe"], output_format="list")
 
 
+@pytest.mark.slow  # waits out a tracking server that never answers (~5 s)
 def test_unreachable_server_keeps_the_result_and_sync_uploads_it_once(
     tmp_path, monkeypatch, caplog, capsys, existing_store
 ):

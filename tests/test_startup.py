@@ -84,6 +84,7 @@ def test_a_build_lock_left_by_a_killed_process_is_removed_and_a_fresh_one_kept(t
     assert "left by a process killed while it built" in caplog.text
 
 
+@pytest.mark.slow  # starts kvpipe in a new process (~3 s)
 def test_the_prompt_exit_keeps_what_a_normal_exit_does(tmp_path):
     """kvpipe.cli.run ends the process without the interpreter's teardown, after what a normal exit
     does first: other threads finish, exit handlers run, buffered output is written; and the status
