@@ -177,17 +177,22 @@ def test_a_round_split_by_a_slow_spell_does_not_carry_the_ratio():
 
 
 @pytest.mark.slow  # two real jobs of the tiny random model, in this process
-def test_repeats_auto_measures_until_the_interval_is_tight_or_the_cap():
+def test_repeats_auto_measures_until_the_interval_is_tight_or_the_cap(monkeypatch):
     from kvpipe.job import runner
 
     from conftest import TINY, spec_for
 
+    # The interval's width is fixed here (relative_half_width is tested above on known series): the real
+    # one of three rounds of a ~1 ms TPOT can exceed any target when the machine hiccups.
+    width = {"now": 0.5}  # within the loose job's 0.9
+    monkeypatch.setattr(runner, "relative_half_width", lambda values: width["now"] if len(values) >= 2 else math.inf)
     loose = runner.run_job(
         spec_for(*TINY, "workload.prompts=[Hi.]", "workload.repeats=auto", "workload.target_interval=0.9")
     )
     assert loose.metrics["rounds"] == 3 and loose.metrics["rounds_converged"] == 1.0  # the fewest rounds, then done
     assert len(parse_series(loose.tags["round_tpot_ms"])) == 3 and loose.tags["interval_over"] == "rounds"
+    width["now"] = 0.2  # wider than the capped job's target
     capped = runner.run_job(spec_for(*TINY, "workload.prompts=[Hi.]", "workload.repeats=auto",
                                      "workload.target_interval=0.000001", "workload.max_repeats=4"))  # fmt: skip
     assert capped.metrics["rounds"] == 4 and capped.metrics["rounds_converged"] == 0.0
-    assert any("repeats=auto stopped after 4 rounds" in note for note in capped.notes)
+    assert any("repeats=auto stopped after 4 rounds" in note and "within ±20.0%" in note for note in capped.notes)
