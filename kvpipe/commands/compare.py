@@ -57,12 +57,11 @@ def run(args: argparse.Namespace) -> int:
 def _memory_lines(runs) -> list[str]:
     """Per workload, where a cache holds fewer KV bytes than the leanest lossless run yet peaks
     higher, one line on why."""
-    from kvpipe.decide.runs import is_lossless
     from kvpipe.predict.memory_tradeoff import explain
 
     lines = []
     for _, group in runs.groupby("workload", sort=False):
-        lossless = group[[is_lossless(s) and p == "none" for s, p in zip(group["strategy"], group["press"])]]
+        lossless = group[group["lossless"]]
         if not lossless.empty:
             line = explain(group, lossless.loc[lossless["memory_bytes"].idxmin()])
             lines += [line] if line else []

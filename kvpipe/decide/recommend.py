@@ -18,7 +18,6 @@ from kvpipe import cache, catalogue
 from kvpipe import workload as workloads
 from kvpipe.decide import paired
 from kvpipe.decide.limits import Limits, limit_named
-from kvpipe.decide.runs import is_lossless
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.units import human_bytes
 
@@ -61,8 +60,7 @@ def account(run, limits: Limits, baseline=None) -> str:
         f"peak {_figure('memory', run['memory_bytes'])}"
         + (f" within {_figure('memory', limits.memory_bytes)}" if limits.memory_bytes is not None else "")
     )
-    lossless = is_lossless(run["strategy"]) and run.get("press", "none") == "none" and run["quality_loss"] == 0
-    if lossless:
+    if run["lossless"] and run["quality_loss"] == 0:
         parts.append("lossless")
     elif run["quality_loss"] == run["quality_loss"]:  # not NaN: measured
         parts.append(

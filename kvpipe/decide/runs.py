@@ -67,9 +67,11 @@ def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
     runs["contended"] = column(runs, mlflow_tags.column(mlflow_tags.CONTENDED), "").fillna("") == "true"
     runs["press"] = column(runs, "params.press.name", None).fillna("none")
     runs["family"] = [front_family(s, p) for s, p in zip(runs["strategy"], runs["press"])]
-    # Without a quality pass only a lossless strategy, with nothing evicted, has a known loss.
-    lossless = pd.Series(0.0, index=runs.index).where(runs["strategy"].map(is_lossless) & (runs["press"] == "none"))
-    runs["quality_loss"] = column(runs, "metrics.kl_vs_reference").fillna(lossless)
+    # A lossless strategy with nothing evicted: without a quality pass, the only runs whose loss is known (0).
+    runs["lossless"] = runs["strategy"].map(is_lossless) & (runs["press"] == "none")
+    runs["quality_loss"] = column(runs, "metrics.kl_vs_reference").fillna(
+        pd.Series(0.0, index=runs.index).where(runs["lossless"])
+    )
     # The measured prompt length: workload.prompt_tokens means nothing to a chat workload.
     runs["context_tokens"] = column(runs, "metrics.prompt_tokens").fillna(
         pd.to_numeric(column(runs, "params.workload.prompt_tokens"), errors="coerce")

@@ -48,6 +48,11 @@ class ModelShape:
             object.__setattr__(self, "layers", (Layer(),) * self.num_layers)
 
     @property
+    def context_cap(self) -> int:
+        """The longest context worth asking about: the model's positions, or 2**24 where it names none."""
+        return self.max_positions or 2**24
+
+    @property
     def has_sliding_layers(self) -> bool:
         return any(layer.slides for layer in self.layers)
 

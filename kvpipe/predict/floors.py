@@ -78,7 +78,7 @@ class ModelCosts:
     """One model in one dtype, batch size and device: the Cost of any strategy at any context."""
 
     def __init__(self, shape, dims: compute.Dimensions, weights_bytes: int, dtype: str, batch_size: int, device: str):
-        self.dims, self.weights_bytes, self.dtype, self.device = dims, weights_bytes, dtype, device
+        self.shape, self.dims, self.weights_bytes, self.dtype, self.device = shape, dims, weights_bytes, dtype, device
         self.batch_size = batch_size
         self.kv: KvShape = kv_shape(shape, batch_size, dtype)
         self.dtype_bytes = DTYPE_BYTES[dtype]

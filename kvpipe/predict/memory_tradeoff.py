@@ -94,7 +94,7 @@ def _accounted(saver, reference, gap: float) -> str:
         else f"plan's accounting counts no transient of its own against {human_bytes(saved)} of KV saved"
     )
     rest = gap - predicted_gap(now)
-    cap = _max_context(saver_spec)
+    cap = costs.shape.context_cap
     wins_from = _first_context(lambda context: rest + predicted_gap(context) < 0, now, cap)
     if wins_from is None:
         where = f"even were that fixed, it would not peak lower within the model's {cap:,}-token context"
@@ -115,12 +115,6 @@ def _costed(run):
     dtype, device = str(run.get("params.model.dtype")), str(run.get(mlflow_tags.column(mlflow_tags.DEVICE)))
     costs = job_costs(spec, dtype, int(run["metrics.batch_size"]), device)
     return None if costs is None else (spec, costs)
-
-
-def _max_context(spec) -> int:
-    from kvpipe import model
-
-    return model.read_shape(spec.model).max_positions or 2**20
 
 
 def _first_context(wins, low: int, cap: int) -> int | None:

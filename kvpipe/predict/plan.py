@@ -183,7 +183,7 @@ def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None
     except UnpredictableLayers as exc:
         raise KvpipeError(f"kvpipe plan: {exc}") from exc
     new_tokens = spec.workload.max_new_tokens
-    cap = shape.max_positions or 2**24
+    cap = shape.context_cap
     contexts = contexts or sorted({c for c in (1024, 4096) if c < cap} | {cap})
     weight = weights(spec.model, dtype)
     costs = costs_for(spec, device, dtype, kv.batch_size)
@@ -229,7 +229,7 @@ def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None
                 figures=figures,
             )
         )
-    notes = _notes(spec, shape, device, cap, contexts)
+    notes = _notes(spec, shape, device, cap, contexts, pressed=any(variant.press is not None for _, variant in rows))
     if accelerator is not None:
         notes.append(
             "with --hardware, fits counts weights + KV cache + the larger of the prefill's largest activation and "
@@ -239,7 +239,8 @@ def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None
                 accelerator, local_runs, plan_rows, notes)  # fmt: skip
 
 
-def _notes(spec, shape, device: str, cap: int, contexts: list[int]) -> list[str]:
+def _notes(spec, shape, device: str, cap: int, contexts: list[int], pressed: bool) -> list[str]:
+    """The plan's footnotes; pressed: whether it shows rows with a press."""
     notes = [f"* beyond the model's {cap:,} positions: kvpipe would refuse it"] if max(contexts) > cap else []
     if shape.has_sliding_layers:
         notes.append(
@@ -264,7 +265,7 @@ def _notes(spec, shape, device: str, cap: int, contexts: list[int]) -> list[str]
         notes.append("without CUDA, " + " and ".join(f"{s.name} runs as {s.runs_as_without_cuda}" for s in offloading))
     for strategy in cache.registered():
         notes += strategy.plan_notes(spec.cache_choice, shape)
-    if press_variants(spec.cache_choice, shape):
+    if pressed:
         notes.append(
             "+ press rows: after prefill each full-attention layer keeps what the press leaves of the prompt "
             "(1 - press.ratio, rounded up), and the generated tokens after it (streaming: never more than its budget); "
