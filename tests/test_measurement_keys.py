@@ -40,6 +40,17 @@ CONFIGS = [
     ("model=tiny_random", "cache=dynamic", "cache.compile=true"),  # refused: one line
     ("model=tiny_random", "cache=quantized", "backend.nbits=3"),
     ("model=tiny_random", "+cache.nope=1"),
+    # a press, a load and a paged cache (pinned before options became typed per choice)
+    *(("model=tiny_random", f"press={press}") for press in ("streaming", "knorm", "snapkv")),
+    ("model=tiny_random", "press=streaming", "press.window=16", "press.sinks=2"),
+    ("model=tiny_random", "press=snapkv", "press.ratio=0.25", "press.window=8", "press.kernel=3"),
+    ("model=tiny_random", "cache=quantized", "press=knorm", "press.ratio=0.75"),
+    *(("model=tiny_random", f"load={load}") for load in ("offline", "concurrency", "rate")),
+    ("model=tiny_random", "load=rate", "load.rate=2.5", "load.requests=8", "load.max_tpot_ms=50"),
+    ("model=tiny_random", "cache=paged", "load=concurrency", "load.concurrency=2"),
+    ("model=tiny_random", "cache=paged", "load=rate", "cache.block_size=16"),
+    ("model=tiny_random", "cache=paged"),  # refused: it needs a load
+    ("model=tiny_random", "press=snapkv", "load=offline"),  # refused: no press under a load
 ]  # fmt: skip
 
 
