@@ -18,29 +18,38 @@ from kvpipe.units import human_bytes
 
 @dataclass(frozen=True)
 class Metric:
-    """One reported figure. `spec` is a format spec for the value ('bytes': human_bytes); `unit` is
+    """One reported figure. `format` is a format spec for the value ('bytes': human_bytes); `unit` is
     what follows it in running text; `lower_is_better` None where neither is (a count, a setting)."""
 
     name: str
     label: str
     unit: str = ""
-    spec: str = ".1f"
+    format: str = ".1f"
     lower_is_better: bool | None = None
     in_run_table: bool = False  # a row of the run's terminal table (kvpipe.record.report)
     compare: bool = False  # a column of compare's table (where some run has it)
+
+    @property
+    def column(self) -> str:
+        """Its column among recorded runs (MLflow's runs frame, kvpipe.record.runs): metrics.NAME."""
+        return f"metrics.{self.name}"
+
+    def companion(self, suffix: str) -> str:
+        """The column of one of its companions (_std, _ci_low, _ci_high): metrics.tpot_ms_std."""
+        return f"metrics.{self.name}_{suffix}"
 
     def number(self, value: float, std: float | None = None, interval: tuple | None = None) -> str:
         """The value and its 95% interval (`51.1 (49.8–52.6)`) where it has one, else ± std where
         there is a spread, without the unit: a table cell under a header that names the unit."""
         if value is None or value != value:
             return "–"
-        if self.spec == "bytes":
+        if self.format == "bytes":
             return human_bytes(value)
-        text = format(value, self.spec)
+        text = format(value, self.format)
         if interval and all(bound is not None and bound == bound for bound in interval):
-            text += f" ({format(interval[0], self.spec)}–{format(interval[1], self.spec)})"
-        elif std and self.spec.endswith("f"):
-            text += f" ± {format(std, self.spec)}"
+            text += f" ({format(interval[0], self.format)}–{format(interval[1], self.format)})"
+        elif std and self.format.endswith("f"):
+            text += f" ± {format(std, self.format)}"
         return text
 
     def interval_of(self, metrics: dict) -> tuple:
@@ -50,7 +59,7 @@ class Metric:
     def show(self, value: float, std: float | None = None, interval: tuple | None = None) -> str:
         """The value with its unit, for running text and the run's table: `51.1 (49.8–52.6) ms`."""
         text = self.number(value, std, interval)
-        if text == "–" or not self.unit or self.spec == "bytes":
+        if text == "–" or not self.unit or self.format == "bytes":
             return text
         return text + ("" if self.unit == "×" else " ") + self.unit  # 1.95×, but 51.1 ms
 
@@ -63,11 +72,11 @@ class Metric:
         return self.number(value, std, interval) if self._unit_in_header() else self.show(value, std, interval)
 
     def _unit_in_header(self) -> bool:
-        return bool(self.unit) and self.unit != "×" and self.spec != "bytes"
+        return bool(self.unit) and self.unit != "×" and self.format != "bytes"
 
 
-def _m(name, label, unit="", spec=".1f", lower=None, in_run_table=False, compare=False) -> Metric:
-    return Metric(name, label, unit, spec, lower, in_run_table, compare)
+def _m(name, label, unit="", value_format=".1f", lower=None, in_run_table=False, compare=False) -> Metric:
+    return Metric(name, label, unit, value_format, lower, in_run_table, compare)
 
 
 LOWER, HIGHER = True, False
@@ -104,26 +113,26 @@ CORE = (
     _m("goodput_requests_per_s", "goodput", "req/s", ".2f", HIGHER, in_run_table=True, compare=True),
     _m("within_targets", "within latency targets", "", ".0%", HIGHER),
     _m("max_in_flight", "most in flight", "", ".0f", in_run_table=True),
-    _m("kv_held_bytes", "KV held at peak", spec="bytes", lower=LOWER, in_run_table=True),
+    _m("kv_held_bytes", "KV held at peak", value_format="bytes", lower=LOWER, in_run_table=True),
     _m("served_requests", "requests served", "", ".0f"),
     _m("serve_span_ms", "first arrival to last token", "ms"),
-    _m("peak_memory_bytes", "peak memory", spec="bytes", lower=LOWER, in_run_table=True, compare=True),
-    _m("peak_over_baseline_bytes", "peak over baseline", spec="bytes", lower=LOWER, in_run_table=True),
-    _m("peak_reserved_bytes", "peak reserved", spec="bytes", lower=LOWER),
-    _m("kv_cache_bytes", "KV cache", spec="bytes", lower=LOWER, in_run_table=True, compare=True),
-    _m("kv_cache_host_bytes", "KV cache in host memory", spec="bytes"),
+    _m("peak_memory_bytes", "peak memory", value_format="bytes", lower=LOWER, in_run_table=True, compare=True),
+    _m("peak_over_baseline_bytes", "peak over baseline", value_format="bytes", lower=LOWER, in_run_table=True),
+    _m("peak_reserved_bytes", "peak reserved", value_format="bytes", lower=LOWER),
+    _m("kv_cache_bytes", "KV cache", value_format="bytes", lower=LOWER, in_run_table=True, compare=True),
+    _m("kv_cache_host_bytes", "KV cache in host memory", value_format="bytes"),
     _m("kv_cache_tokens", "KV cache tokens", "tokens", ".0f"),
-    _m("kv_cache_bytes_fp16", "KV cache at fp16", spec="bytes"),
+    _m("kv_cache_bytes_fp16", "KV cache at fp16", value_format="bytes"),
     # the cache's size as a multiple of fp16's: 2.00× reads as "twice fp16's bytes" (a float32 cache),
     # where kv_compression's 0.50× read as "half of fp16"; kv_compression stays for older runs and scripts
     _m("kv_size_vs_fp16", "KV size vs fp16", "×", ".2f", LOWER, in_run_table=True, compare=True),
     _m("kv_compression", "fp16 KV ÷ KV", "×", ".2f", HIGHER),
     _m("compile_ms", "compile", "ms", lower=LOWER, in_run_table=True),
     _m("roofline_fraction", "of memory roofline", "", ".2f", HIGHER, in_run_table=True),
-    _m("weights_bytes", "weights", spec="bytes"),
-    _m("weights_read_bytes_per_step", "weight bytes read per step", spec="bytes"),
-    _m("kv_read_bytes_per_step", "KV bytes read per step", spec="bytes"),
-    _m("decode_bytes_per_step", "bytes read per step", spec="bytes"),
+    _m("weights_bytes", "weights", value_format="bytes"),
+    _m("weights_read_bytes_per_step", "weight bytes read per step", value_format="bytes"),
+    _m("kv_read_bytes_per_step", "KV bytes read per step", value_format="bytes"),
+    _m("decode_bytes_per_step", "bytes read per step", value_format="bytes"),
     _m("memory_bandwidth_bytes_per_s", "memory bandwidth", "B/s", ".3g"),
     _m("token_agreement", "token agreement", "", ".2f", HIGHER, in_run_table=True, compare=True),
     _m("kl_vs_reference", "KL", "nats", ".2g", LOWER, in_run_table=True, compare=True),
@@ -163,6 +172,12 @@ def catalogue(extra: Iterable[Metric] = ()) -> dict[str, Metric]:
 def get(name: str) -> Metric:
     """A core metric."""
     return catalogue()[name]
+
+
+def column(name: str) -> str:
+    """A core metric's column among recorded runs (`metrics.tpot_ms`); a name not in the catalogue
+    fails here, not as a column that silently reads NaN."""
+    return get(name).column
 
 
 def base_name(name: str, known: Mapping[str, Metric] | None = None) -> str:

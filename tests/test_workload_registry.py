@@ -24,7 +24,7 @@ from kvpipe.record import recorder
 from kvpipe.record.result import Result
 from kvpipe.spec import make_spec, register_schemas
 from kvpipe.workload._encoding import encode
-from kvpipe.workload.base import REGISTRY, Window, Workload, padded_batch
+from kvpipe.workload.base import REGISTRY, Scored, Window, Workload, padded_batch
 
 from conftest import REPO, TINY, compose_config, quoted_outside
 
@@ -56,9 +56,11 @@ def countdown():
         def windows(self, tokenizer, count, scored_tokens):
             return [Window(self.ids(tokenizer), None)] * count
 
-        def score(self, tokenizer, eos_ids, batches, calls):
-            answers = [{"digits": sum(c.isdigit() for c in tokenizer.decode(call.new_tokens[0]))} for call in calls]
-            return {"countdown_digits": statistics.fmean(a["digits"] for a in answers)}, answers
+        def answers(self, tokenizer, eos_ids, batches, calls):
+            return [{"digits": sum(c.isdigit() for c in tokenizer.decode(call.new_tokens[0]))} for call in calls]
+
+        def scored(self, rows):
+            return Scored({self.metrics[0]: statistics.fmean(a["digits"] for a in rows)}, rows=rows)
 
     register_schemas()  # the workload schema gains `start`
     yield Countdown

@@ -51,7 +51,7 @@ def metrics_table() -> str:
     for entry in entries:
         metrics = [catalogue[name] for name in entry["metrics"]]
         names = ", ".join(f"`{m.name}`" for m in metrics)
-        shown = "; ".join(dict.fromkeys(m.header() if m.spec != "bytes" else f"{m.label} (bytes)" for m in metrics))
+        shown = "; ".join(dict.fromkeys(m.header() if m.format != "bytes" else f"{m.label} (bytes)" for m in metrics))
         better = {True: "lower", False: "higher", None: ""}[metrics[0].lower_is_better]
         rows.append(f"| {names} | {shown} | {better} | {entry['meaning']} |")
     return "\n".join(rows)

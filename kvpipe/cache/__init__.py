@@ -4,9 +4,9 @@
 names a strategy. Backends for cache=quantized live in `kvpipe.cache.backends`, the same way.
 """
 
-from kvpipe.cache.base import FAMILIES, REGISTRY, CacheChoice, CacheSetup, CacheStrategy, get, names, registered
+from kvpipe.cache.base import FAMILIES, REGISTRY, CacheChoice, CacheSetup, CacheStrategy, Family, get, names, registered
 from kvpipe.registry import import_plugins
 
 import_plugins(__name__, __path__)
 
-__all__ = ["FAMILIES", "REGISTRY", "CacheChoice", "CacheSetup", "CacheStrategy", "get", "names", "registered"]
+__all__ = ["FAMILIES", "REGISTRY", "Family", "CacheChoice", "CacheSetup", "CacheStrategy", "get", "names", "registered"]

@@ -13,6 +13,7 @@ transformers load inside `build`.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
@@ -26,10 +27,21 @@ if TYPE_CHECKING:
     from kvpipe.model.loading import LoadedModel
     from kvpipe.model.shape import ModelShape
 
+
 # What recommend weighs a strategy as (the KV-cache guide's rules are written for the first four):
 # grows as needed, preallocated, offloaded to the host, or quantized; and paged, a pool of fixed-size
 # pages that many requests share under continuous batching.
-FAMILIES = ("dynamic", "static", "offloaded", "quantized", "paged")
+class Family(enum.StrEnum):
+    """A strategy's family; equal to its name as text (`Family.DYNAMIC == "dynamic"`), as runs record it."""
+
+    DYNAMIC = "dynamic"
+    STATIC = "static"
+    OFFLOADED = "offloaded"
+    QUANTIZED = "quantized"
+    PAGED = "paged"
+
+
+FAMILIES = tuple(Family)
 
 
 @dataclass
@@ -109,7 +121,7 @@ class CacheStrategy(Registered):
     """Base class: subclass it, set `name`, `family` and `Settings`, and override `build`."""
 
     registry: ClassVar[Registry[CacheStrategy]] = Registry("cache.strategy")
-    family: ClassVar[str]  # what recommend weighs it as: one of FAMILIES
+    family: ClassVar[Family]  # what recommend weighs it as (a Family, or its name)
     lossless: ClassVar[bool] = True  # keeps keys and values exactly: no quality pass needed to trust it
     order: ClassVar[int] = 100  # row order in `kvpipe plan`
     Settings: ClassVar[type] = NoSettings  # dataclass of the cache.* fields it reads, with defaults
@@ -128,8 +140,10 @@ class CacheStrategy(Registered):
     press_layers: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs) -> None:
-        if "name" in cls.__dict__ and cls.family not in FAMILIES:
-            raise TypeError(f"{cls.__name__}.family={cls.family!r}; expected one of {FAMILIES}")
+        if "name" in cls.__dict__:
+            if cls.family not in FAMILIES:
+                raise TypeError(f"{cls.__name__}.family={cls.family!r}; expected one of {[str(f) for f in Family]}")
+            cls.family = Family(cls.family)
         super().__init_subclass__(**kwargs)  # registers it
 
     def __init__(self, choice: CacheChoice):

@@ -65,7 +65,7 @@ def ratio(run, baseline, figure: str = "tpot_ms") -> Ratio | None:
     return Ratio(*ratio_interval(mine, theirs, paired), paired=paired)
 
 
-DEFAULT_BASELINE = cache.FAMILIES[0]  # dynamic, the default cache: what others are weighed against, unless --baseline
+DEFAULT_BASELINE = cache.Family.DYNAMIC  # the default cache: what others are weighed against, unless --baseline
 
 
 def named(run, name: str) -> bool:

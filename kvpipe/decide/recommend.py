@@ -22,7 +22,13 @@ from kvpipe.record import tags as mlflow_tags
 from kvpipe.units import human_bytes
 
 PAYS_OFF = 0.10  # static must beat dynamic's TPOT by this much to be worth a fixed, preallocated cache
-DYNAMIC, STATIC, OFFLOADED, QUANTIZED = cache.FAMILIES[:4]  # the guide's rules are written per family
+# the guide's rules are written per family
+DYNAMIC, STATIC, OFFLOADED, QUANTIZED = (
+    cache.Family.DYNAMIC,
+    cache.Family.STATIC,
+    cache.Family.OFFLOADED,
+    cache.Family.QUANTIZED,
+)
 DENSE, MEMORY_SAVERS = (DYNAMIC, STATIC), (OFFLOADED, QUANTIZED)  # lossless before lossy, when memory binds
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvpipe.workload import Scored
+
 
 @dataclass
 class JobResult:
@@ -14,13 +16,18 @@ class JobResult:
     texts: list[dict[str, str]]
     notes: list[str] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)  # what the job resolved: dtype, device, architecture
-    answers: list[dict] = field(default_factory=list)  # the workload's own scoring: a row per answer
+    scored: Scored = field(default_factory=Scored)  # the workload's own scoring (its metrics are in `metrics` too)
     # wall-clock span (time.time()) from the job's first step to its summary: MLflow's Duration
     started_epoch_s: float | None = None
     ended_epoch_s: float | None = None
     # what its process did once (importing torch and transformers, loading the model) and a later
     # job in the same process skips: not the job's own cost (a sweep's ETA leaves it out)
     process_setup_s: float | None = None
+
+    @property
+    def answers(self) -> list[dict]:
+        """The workload's own rows, a row per answer (result.json's `answers`)."""
+        return self.scored.rows
 
 
 def resolved_params(loaded, threads: int, setup_params: dict[str, str]) -> dict[str, str]:

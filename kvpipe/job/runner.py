@@ -174,8 +174,8 @@ class BatchJob:
         metrics["warmup_ms"] = sum(self.warmup_ms)
         metrics.update(prompt_lengths([n for batch in batches for n in batch.row_tokens]))
         # The workload's own scoring (passkey: its keys), on the measured calls themselves
-        scores, answers = workload.score(loaded.tokenizer, eos_ids(loaded.model), batches, calls)
-        metrics.update(scores)
+        scored = workload.score(loaded.tokenizer, eos_ids(loaded.model), batches, calls)
+        metrics.update(scored.values())
         metrics["load_ms"] = loaded.load_s * 1e3
         if "compile_config" in setup.generate_kwargs:
             # The first call compiles; its extra time over a steady call of the same batch is compile time.
@@ -221,7 +221,7 @@ class BatchJob:
         if ran.quality.enabled:
             params["quality.scored_tokens"] = str(int(metrics["quality_scored_tokens"]))
         notes = [*spec.warnings, *setup.notes]
-        return JobResult(metrics=metrics, tags=tags, texts=texts, notes=notes, params=params, answers=answers,
+        return JobResult(metrics=metrics, tags=tags, texts=texts, notes=notes, params=params, scored=scored,
                          started_epoch_s=self.started_epoch_s, ended_epoch_s=time.time(),
                          process_setup_s=self.process_setup_s)  # fmt: skip
 

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from kvpipe.record import tracking
 from kvpipe.record.result import RESULT_FILE, Result
+from kvpipe.record.scored import write_files
 from kvpipe.record.store import TrackingUnavailable, store_paths
 
 log = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ def record(spec, result: Result, run_dir: Path, launch_dir: Path, parent_run_id:
     path = result.save(run_dir)  # on disk before any MLflow call
     log.info("wrote %s", path)
     if result.answers:  # the workload's own files (passkey: its heatmap)
-        for written in result.workload().write_files(result.answers, run_dir, tracking.run_name(result)):
+        for written in write_files(result.scored(), run_dir, tracking.run_name(result)):
             log.info("wrote %s", written)
     if not spec.tracking.enabled:
         return path

@@ -78,7 +78,7 @@ class Result:
             tags=job.tags,
             notes=job.notes,
             texts=job.texts,
-            answers=job.answers or None,
+            answers=job.scored.rows or None,
             started_at=_iso(job.started_epoch_s),
             finished_at=_iso(job.ended_epoch_s) or _now(),
             process_setup_s=None if job.process_setup_s is None else round(job.process_setup_s, 3),
@@ -114,6 +114,10 @@ class Result:
 
         settings = self.config["workload"]
         return workload.get(settings["kind"])(settings)
+
+    def scored(self):
+        """Its workload's own scoring (a kvpipe.workload.Scored), again from the rows it keeps."""
+        return self.workload().scored(self.answers or [])
 
     def span_ms(self) -> tuple[int, int] | None:
         """(start, end) in epoch milliseconds where the job's own start is known: its MLflow run's

@@ -17,6 +17,7 @@ from kvpipe.config import TrackingConfig
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.auth import check_at_door, recording
 from kvpipe.record.result import RESULT_FILE, Result
+from kvpipe.record.scored import log_scored
 from kvpipe.record.worker import forwarded
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_ya
         if result.traceback:
             mlflow.log_text(result.traceback, "traceback.txt")
         if result.answers:
-            result.workload().log_mlflow(run.info.run_id, run_dir, result.answers)
+            log_scored(run.info.run_id, run_dir, result.scored())
         mlflow.log_artifact(str(run_dir / RESULT_FILE))
         # Last: a run killed while logging never claims to hold a complete result
         mlflow.set_tag(mlflow_tags.STATUS, result.status)

@@ -2,22 +2,26 @@
 on import) and the registry callers ask.
 
 `get(kind)` gives a workload's class, `registered()` all of them; no other module names a kind.
-`metrics()` is the metric catalogue with every workload's own metrics added.
+`metrics()` is the metric catalogue with every workload's own metrics added, `quality_metrics()`
+the ones that judge a workload's answers. A workload's scoring is a `Scored` (kvpipe.record logs it).
 `conf/workload/NAME.yaml` is each one's config file.
 """
 
 from kvpipe.registry import import_plugins
+from kvpipe.workload._scored import Scored, ScoredFile, Step
 from kvpipe.workload.base import (
     AUTO_REPEATS,
     REGISTRY,
     Batch,
     Common,
+    Quality,
     Window,
     Workload,
     get,
     longest_prompt_of,
     metrics,
     names,
+    quality_metrics,
     reads,
     registered,
     shortest_and_padded,
@@ -30,6 +34,10 @@ __all__ = [
     "REGISTRY",
     "Batch",
     "Common",
+    "Quality",
+    "Scored",
+    "ScoredFile",
+    "Step",
     "Window",
     "Workload",
     "get",
@@ -37,6 +45,7 @@ __all__ = [
     "shortest_and_padded",
     "metrics",
     "names",
+    "quality_metrics",
     "reads",
     "registered",
 ]

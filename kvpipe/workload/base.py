@@ -3,8 +3,8 @@
 A workload owns its settings (the `workload.*` fields it reads beyond the common ones), its checks
 (against the config alone, and that its prompts fit the model's positions), its batches, the
 windows quality scores, the fields that define what it measures (the measurement key, the MLflow
-params, the run name and the quality reference's key), and any scoring of its own, with its metrics,
-files and MLflow records. Subclassing registers it under `name`; every other module asks the
+params, the run name and the quality reference's key), and any scoring of its own: its metrics, the
+one that judges its answers (`quality`), and a `Scored` that kvpipe.record writes and logs. Subclassing registers it under `name`; every other module asks the
 registry (`kvpipe.workload.get`, `registered`) and never spells a kind. Pure Python at import:
 torch and the tokenizer arrive as arguments.
 """
@@ -19,6 +19,7 @@ from kvpipe import catalogue
 from kvpipe.errors import ConfigError
 from kvpipe.registry import Registered, Registry
 from kvpipe.workload import _encoding
+from kvpipe.workload._scored import Scored
 
 
 @dataclass
@@ -76,6 +77,17 @@ class Window:
     continuation: list[int] | None
 
 
+@dataclass(frozen=True)
+class Quality:
+    """The metric that judges a workload's answers (one of its own `metrics`, a fraction, with the
+    metric's direction), and the words limits and plots say it in: `term` (`retrieval ≥ 75%`) and
+    `axis` (`passkey retrieval accuracy`)."""
+
+    metric: catalogue.Metric
+    term: str
+    axis: str
+
+
 @dataclass
 class NoSettings:
     """A workload that reads only the common settings."""
@@ -91,6 +103,13 @@ class Workload(Registered):
     context_fields: ClassVar[tuple[str, ...]] = ()  # settings that set its prompt length (compare's x axis)
     compares_greedy_path: ClassVar[bool] = True  # quality's first_divergence means something for it
     metrics: ClassVar[tuple[catalogue.Metric, ...]] = ()  # what its own scoring adds to a run (metrics())
+    quality: ClassVar[Quality | None] = None  # the one of its metrics that judges its answers (quality_metrics())
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        quality = cls.__dict__.get("quality")
+        if quality is not None and (quality.metric not in cls.metrics or quality.metric.lower_is_better is None):
+            raise TypeError(f"{cls.__name__}.quality: expected one of its own metrics, with a direction")
+        super().__init_subclass__(**kwargs)  # registers it
 
     def __init__(self, config):
         """`config` is the workload group (kvpipe.spec.schema.WorkloadConfig, or a dict from result.json)."""
@@ -220,16 +239,18 @@ class Workload(Registered):
 
     # ---- its own scoring and records ----------------------------------------------------------
 
-    def score(self, tokenizer, eos_ids: set[int], batches: list[Batch], calls: list) -> tuple[dict, list[dict]]:
-        """(metrics, answer rows) of its own scoring of the measured calls; none by default."""
-        return {}, []
+    def score(self, tokenizer, eos_ids: set[int], batches: list[Batch], calls: list) -> Scored:
+        """Its own scoring of the measured calls: its answers, scored."""
+        return self.scored(self.answers(tokenizer, eos_ids, batches, calls))
 
-    def write_files(self, answers: list[dict], run_dir, title: str) -> list:
-        """Files beside result.json (passkey: its heatmap); paths written."""
+    def answers(self, tokenizer, eos_ids: set[int], batches: list[Batch], calls: list) -> list[dict]:
+        """A row per answer of the measured calls (what result.json keeps); none by default."""
         return []
 
-    def log_mlflow(self, run_id: str, run_dir, answers: list[dict]) -> None:
-        """Inside the run's MLflow context: what its scoring adds (stepped metrics, tables, files)."""
+    def scored(self, rows: list[dict]) -> Scored:
+        """Its answers scored: kvpipe.record calls it again on the rows result.json keeps, so a job just
+        run and one `kvpipe sync` uploads long after log the same figures, tables and files."""
+        return Scored(rows=rows)
 
     def run_tables(self, answers: list[dict]) -> list:
         """rich renderables the run's terminal summary prints after its metrics."""
@@ -270,6 +291,12 @@ REGISTRY = Workload.registry.classes  # name -> workload class
 registered = Workload.registry.registered  # every workload, in listing order
 names = Workload.registry.names
 get = Workload.registry.get  # raises a one-line ConfigError naming the registered ones
+
+
+def quality_metrics() -> dict[str, Quality]:
+    """Each workload that judges its answers, by kind: the metric that does (passkey: its retrieval
+    accuracy). recommend's --min-accuracy, the Pareto front and the search's quality objective read it."""
+    return {kind.name: kind.quality for kind in registered() if kind.quality is not None}
 
 
 def metrics() -> dict[str, catalogue.Metric]:

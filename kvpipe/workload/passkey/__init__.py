@@ -6,14 +6,18 @@ text, then a question, through the model's chat template; each prompt exactly `c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, List
 
 from kvpipe.catalogue import Metric
 from kvpipe.errors import ConfigError
 from kvpipe.units import param_text
-from kvpipe.workload.base import Batch, Window, Workload
+from kvpipe.workload._scored import Scored, ScoredFile, Step
+from kvpipe.workload.base import Batch, Quality, Window, Workload
 from kvpipe.workload.passkey import prompts as haystack
 from kvpipe.workload.passkey import retrieval
+
+ARTIFACT_DIR = "retrieval"  # its tables and heatmap in the run's MLflow artifacts
 
 
 class Passkey(Workload):
@@ -28,6 +32,7 @@ class Passkey(Workload):
         Metric("retrieval_accuracy", "passkey retrieval", "", ".0%", False, in_run_table=True, compare=True),
         Metric("retrieval_answers", "answers", "", ".0f"),
     )
+    quality = Quality(metrics[0], term="retrieval", axis="passkey retrieval accuracy")
 
     @dataclass
     class Settings:
@@ -91,34 +96,25 @@ class Passkey(Workload):
 
     # ---- its scoring and records --------------------------------------------------------------
 
-    def score(self, tokenizer, eos_ids, batches, calls):
-        answers = retrieval.score(tokenizer, eos_ids, batches, calls)
-        return retrieval.metrics(answers), answers
+    def answers(self, tokenizer, eos_ids, batches, calls):
+        return retrieval.score(tokenizer, eos_ids, batches, calls)
 
-    def write_files(self, answers, run_dir, title):
+    def scored(self, rows):
+        """Accuracy over every answer; accuracy and the length's timings stepped by context length;
+        the answers and cells as MLflow tables (the run's Evaluation view); the heatmap."""
         from kvpipe.workload.passkey import heatmap
 
-        return [heatmap.save(retrieval.cells(answers), run_dir / heatmap.HEATMAP_FILE, title)]
-
-    def log_mlflow(self, run_id, run_dir, answers):
-        """Accuracy and the length's timings stepped by context length, the answers and cells as
-        MLflow tables (the run's Evaluation view), and the heatmap."""
-        import time
-
-        import mlflow
-        import pandas as pd
-        from mlflow.entities import Metric as Point
-        from mlflow.tracking import MlflowClient
-
-        from kvpipe.workload.passkey.heatmap import HEATMAP_FILE
-
-        now = int(time.time() * 1000)
-        stepped = [Point(name, float(value), now, step) for name, value, step in retrieval.stepped_metrics(answers)]
-        MlflowClient().log_batch(run_id, metrics=stepped)
-        mlflow.log_table(pd.DataFrame(answers), "retrieval/answers.json")
-        mlflow.log_table(pd.DataFrame(retrieval.cells(answers)), "retrieval/cells.json")
-        if (run_dir / HEATMAP_FILE).is_file():
-            mlflow.log_artifact(str(run_dir / HEATMAP_FILE), "retrieval")
+        if not rows:
+            return Scored()
+        cells = retrieval.cells(rows)
+        by_name = {metric.name: metric for metric in self.metrics}
+        return Scored(
+            metrics={by_name[name]: value for name, value in retrieval.metrics(rows).items()},
+            steps=[Step(name, float(value), step) for name, value, step in retrieval.stepped_metrics(rows)],
+            rows=rows,
+            tables={f"{ARTIFACT_DIR}/answers.json": rows, f"{ARTIFACT_DIR}/cells.json": cells},
+            files=[ScoredFile(heatmap.HEATMAP_FILE, ARTIFACT_DIR, partial(heatmap.save, cells))],
+        )
 
     def run_tables(self, answers):
         """Keys found / answers per context length (rows) and depth (columns)."""
