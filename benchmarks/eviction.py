@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvpipe.decide.plots import quality_vs_kv_bytes
-from kvpipe.decide.runs import front_family
+from kvpipe.decide.runs import evicts, front_family
 from kvpipe.job.runner import measured_together
 from kvpipe.spec import compose, make_spec
 from kvpipe.units import human_bytes
@@ -66,7 +66,7 @@ def by_length(answers: list[dict]) -> dict[int, dict[str, float]]:
 def family_of(overrides: list[str]) -> str:
     strategy = "quantized" if "cache=quantized" in overrides else "dynamic"
     press = next((o.split("=")[1] for o in overrides if o.startswith("press=")), "none")
-    return front_family(strategy, press)
+    return front_family(strategy, evicts(press))
 
 
 def directions(rows: list[dict], lengths: list[int]) -> list[str]:

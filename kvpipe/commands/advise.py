@@ -114,7 +114,7 @@ def print_front(parent: str, args, limits) -> None:
     """The feasible runs of the search that no other feasible run beats on memory, TPOT and quality."""
     import pandas as pd
 
-    from kvpipe.decide.runs import load_runs, non_dominated
+    from kvpipe.decide.runs import judged_by, load_runs, non_dominated
     from kvpipe.orchestrate.search import objectives
 
     experiment, uri = _source(args)
@@ -122,14 +122,13 @@ def print_front(parent: str, args, limits) -> None:
     device = (
         "cuda" if (runs.get(mlflow_tags.column(mlflow_tags.DEVICE), pd.Series(dtype=str)) == "cuda").any() else "cpu"
     )
-    passkey = runs.get("metrics.retrieval_accuracy", pd.Series(dtype=float)).notna().any()
     rows = []
     for _, run in runs.iterrows():
         values = objectives.values(run, device)
         if all(v == v for v in values) and not limits.misses(run):
             rows.append((values, run))
     front = [row for row, kept in zip(rows, non_dominated([values for values, _ in rows])) if kept]
-    names = objectives.axis_names(device, passkey)
+    names = objectives.axis_names(device, judged_by(runs))
     print(
         f"Pareto front within the limits ({len(front)} of {len(runs)} measured runs; {', '.join(names)}, lower is better):"
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvpipe import workload
+from kvpipe import catalogue, workload
 from kvpipe.decide import paired, plots
 from kvpipe.decide.runs import (
     CACHE_PARAMS,
@@ -16,21 +16,20 @@ from kvpipe.decide.runs import (
     load_runs,
     model_names,
     param_values,
-    retrieval_by_length,
+    recorded,
     settings_text,
     varying_params,
 )
 from kvpipe.decide.shown import Shown
 from kvpipe.predict.predicted_runs import PREDICTED
 from kvpipe.record import tags as mlflow_tags
-from kvpipe.record.auth import TrackingRefused, refusals
-from kvpipe.units import human_bytes
+from kvpipe.record.auth import TrackingRefused
+from kvpipe.record.tracking import attach_files
 
 log = logging.getLogger(__name__)
 
 ARTIFACT_DIR = "compare"  # the files' folder on the sweep's parent run
 OUTPUT_FILES = ("compare.md", "compare.csv", "memory_vs_context.png", "tpot_vs_memory.png")
-RETRIEVAL_FILES = ("retrieval_heatmaps.png", "accuracy_vs_kv_bytes.png")  # when the runs measured retrieval
 SERVING_FILES = ("serving_curve.png",)  # when some runs served requests under a load
 FRONT_FILES = ("quality_vs_kv_bytes.png",)  # when some run evicted (press=...): each family a series
 FOOTNOTE = (
@@ -55,10 +54,10 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
     table = {"★": stars, "cache": list(runs["label"])}
     table.update({p: param_values(runs, p) for p in varying_params(runs)})
     for metric in workload.metrics().values():
-        values = figure_column(runs, metric.name)
+        values = figure_column(runs, metric)
         if metric.compare and values.notna().any():
-            spreads = column(runs, f"metrics.{metric.name}_std")
-            lows, highs = column(runs, f"metrics.{metric.name}_ci_low"), column(runs, f"metrics.{metric.name}_ci_high")
+            spreads = column(runs, metric.companion("std"))
+            lows, highs = column(runs, metric.companion("ci_low")), column(runs, metric.companion("ci_high"))
             table[metric.header()] = [
                 metric.cell(v, s if pd.notna(s) else None, (low, high))
                 for v, s, low, high in zip(values, spreads, lows, highs)
@@ -81,32 +80,34 @@ def _ratio_cell(ratio, baseline, label) -> str:
     return "baseline" if baseline is not None and baseline == label else "–"
 
 
-def figure_column(runs: pd.DataFrame, name: str) -> pd.Series:
+def figure_column(runs: pd.DataFrame, metric: catalogue.Metric) -> pd.Series:
     """A metric's column; peak memory as the runs' derived memory_bytes (runs.with_derived)."""
-    return runs["memory_bytes"] if name == "peak_memory_bytes" else column(runs, f"metrics.{name}")
+    return runs["memory_bytes"] if metric.name == "peak_memory_bytes" else column(runs, metric.column)
 
 
-def has_retrieval(runs: pd.DataFrame) -> bool:
-    return column(runs, "metrics.retrieval_accuracy").notna().any()
+def with_points(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs with `point`: each label and the cache settings that vary, as the plots name runs."""
+    detail = settings_text(runs, [p for p in varying_params(runs) if p.startswith(CACHE_PARAMS)])
+    return runs.assign(point=[f"{label} {more}".strip() for label, more in zip(runs["label"], detail)])
 
 
-def retrieval_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Passkey runs, a row per run and context length: accuracy over every depth, and what that
-    length cost (KV cache bytes, TTFT and TPOT, measured on the same calls)."""
-    rows = []
-    for _, run in runs[column(runs, "metrics.retrieval_accuracy").notna()].iterrows():
-        for length in retrieval_by_length(run).itertuples():
-            rows.append(
-                {
-                    "cache": run["label"],
-                    "context tokens": f"{length.context_tokens:,.0f}",
-                    "retrieval": f"{length.accuracy:.0%}",
-                    "KV cache": human_bytes(length.kv_cache_bytes),
-                    "TTFT ms": f"{length.ttft_ms:.0f}",
-                    "TPOT ms": f"{length.tpot_ms:.1f}",
-                }
-            )
-    return pd.DataFrame(rows)
+def sections(runs: pd.DataFrame, out_dir: Path | None) -> list[workload.Section]:
+    """Each workload's own part of compare (passkey: retrieval by context length), over the runs that
+    measured one of its metrics; with out_dir, its plots written there."""
+    runs = with_points(runs)
+    found = []
+    for kind in workload.registered():
+        own = pd.Series(False, index=runs.index)
+        for metric in kind.metrics:
+            own |= column(runs, metric.column).notna()
+        section = kind.compare_section(recorded(runs[own]), out_dir) if own.any() else None
+        found += [section] if section is not None else []
+    return found
+
+
+def _markdown(section: workload.Section) -> str:
+    table = pd.DataFrame(section.rows, columns=section.columns).to_markdown(index=False, stralign="right")
+    return f"\n## {section.markdown_title()}\n\n{table}\n"
 
 
 def mixed_environments(runs: pd.DataFrame) -> str | None:
@@ -122,68 +123,54 @@ def write_outputs(runs: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     markdown = display_table(runs).to_markdown(index=False, stralign="right")
     warning = mixed_environments(runs)
-    by_length = ""
-    if has_retrieval(runs):
-        table = retrieval_table(runs).to_markdown(index=False, stralign="right")
-        by_length = f"\n## Passkey retrieval by context length\n\n{table}\n"
+    own = sections(runs, out_dir)
     (out_dir / "compare.md").write_text(
-        f"# {title}\n\n{markdown}\n\n{FOOTNOTE}\n" + (f"\n**{warning}**\n" if warning else "") + by_length
+        f"# {title}\n\n{markdown}\n\n{FOOTNOTE}\n"
+        + (f"\n**{warning}**\n" if warning else "")
+        + "".join(_markdown(section) for section in own)
     )
     columns = ["run_id", "label", "workload", "pareto", "memory_bytes", "quality_loss", "context_tokens"]
     # Stepped metrics (name/…, per context length) would show only their last step: left to the plots
     metrics = sorted(c for c in runs if c.startswith("metrics.") and "/" not in c)
     columns += [f"params.{p}" for p in varying_params(runs)] + metrics
     runs[columns].to_csv(out_dir / "compare.csv", index=False)
-    detail = settings_text(runs, [p for p in varying_params(runs) if p.startswith(CACHE_PARAMS)])
-    runs = runs.assign(point=[f"{label} {more}".strip() for label, more in zip(runs["label"], detail)])
+    runs = with_points(runs)
     plots.memory_vs_context(runs, out_dir / "memory_vs_context.png")
     plots.tpot_vs_memory(runs, out_dir / "tpot_vs_memory.png")
     written = list(OUTPUT_FILES)
-    if column(runs, "metrics.output_tokens_per_s").notna().any():
+    if column(runs, catalogue.column("output_tokens_per_s")).notna().any():
         plots.serving_curve(runs, out_dir / "serving_curve.png")
         written += SERVING_FILES
-    if (runs["press"] != "none").any():
+    if runs["evicted"].any():
         plots.quality_vs_kv_bytes(runs, out_dir / "quality_vs_kv_bytes.png")
         written += FRONT_FILES
-    if has_retrieval(runs):
-        passkey = runs[column(runs, "metrics.retrieval_accuracy").notna()]
-        plots.retrieval_heatmaps(passkey, out_dir / "retrieval_heatmaps.png")
-        plots.accuracy_vs_kv_bytes(passkey, out_dir / "accuracy_vs_kv_bytes.png")
-        written += RETRIEVAL_FILES
+    written += [name for section in own for name in section.files]
     return [out_dir / name for name in written]
 
 
 def shown(runs: pd.DataFrame, title: str) -> Shown:
     """The tables to print, as plain rows (kvpipe.decide.shown prints them)."""
     frame = display_table(runs)
-    by_length = retrieval_table(runs) if has_retrieval(runs) else pd.DataFrame()
     return Shown(
         title=title,
         columns=list(frame.columns),
         rows=[list(row) for row in frame.itertuples(index=False)],
         caption=FOOTNOTE,
         warning=mixed_environments(runs),
-        retrieval_columns=list(by_length.columns),
-        retrieval_rows=[list(row) for row in by_length.itertuples(index=False)],
+        sections=sections(runs, None),
     )
 
 
 def publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> tuple[list[Path], Shown]:
     """Write the files, log them on the parent run (if this user may), compare.md as its description;
     returns the files and the table."""
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
     title = f"kvpipe compare · {model_names(runs)} · sweep {parent_run.info.run_id[:8]} · {len(runs)} runs"
     written = write_outputs(runs, out_dir, title)
     run_id = parent_run.info.run_id
+    # the table as the run's description: on its page, without opening an artifact
+    table = mlflow_tags.note((out_dir / "compare.md").read_text(), f"{ARTIFACT_DIR}/compare.md")
     try:
-        with refusals(f"tracking.uri={mlflow.get_tracking_uri()}", f"the experiment of run {run_id}"):
-            for path in written:
-                MlflowClient().log_artifact(run_id, str(path), ARTIFACT_DIR)
-            # the table as the run's description: on its page, without opening an artifact
-            table = mlflow_tags.note((out_dir / "compare.md").read_text(), f"{ARTIFACT_DIR}/compare.md")
-            MlflowClient().set_tag(run_id, mlflow_tags.NOTE, table)
+        attach_files(run_id, written, ARTIFACT_DIR, table)
     except TrackingRefused as exc:  # a user who may read the runs has what they asked for
         log.warning("%s; the files are in %s, not on the run", exc, out_dir)
     return written, shown(runs, title)

@@ -9,10 +9,15 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from kvpipe import catalogue, workload
 from kvpipe.errors import ConfigError
 from kvpipe.units import human_bytes, parse_bytes
 
 DEFAULT_KL = 0.05  # nats: the quality limit when none is given
+# The run's workload's own quality metric (workload.quality_metrics(): passkey's retrieval accuracy), a
+# fraction, as a column kvpipe.decide.runs.with_derived adds: --min-accuracy bounds it.
+ANSWER_QUALITY = catalogue.Metric("answer_quality", "accuracy", "", ".0%", catalogue.HIGHER)
+_JUDGES = workload.quality_metrics()  # what --min-accuracy's help names: the workloads that judge answers
 
 
 def _at_least_zero(flag: str, value: float) -> float:
@@ -67,19 +72,21 @@ LIMITS: tuple[Limit, ...] = (
     Limit("memory", "memory_bytes", "memory_budget", "memory_bytes", "peak_memory_bytes", "peak memory, weights included: 8GiB, 512MiB, 1e9",
           "SIZE", lambda flag, text: parse_bytes(text, flag), given_as=str,
           describe=lambda v: f"memory ≤ {human_bytes(v)}"),
-    Limit("TPOT", "tpot_ms", "max_tpot_ms", "metrics.tpot_ms", "tpot_ms", "time per output token", "MS", _at_least_zero,
+    Limit("TPOT", "tpot_ms", "max_tpot_ms", catalogue.column("tpot_ms"), "tpot_ms", "time per output token", "MS", _at_least_zero,
           describe=lambda v: f"TPOT ≤ {v:g} ms"),
     Limit("KL", "kl", "max_kl", "quality_loss", "kl_vs_reference",
           f"KL divergence vs the full-precision reference (default: {DEFAULT_KL}, or none with --min-accuracy)",
           "NATS", _at_least_zero, unmeasured=" (run it with quality=on)", quality=True, default=DEFAULT_KL,
           describe=lambda v: f"KL ≤ {v:g} nats"),
-    Limit("accuracy", "accuracy", "min_accuracy", "metrics.retrieval_accuracy", "retrieval_accuracy",
-          "passkey retrieval accuracy, from runs with workload=passkey, e.g. 0.9; the quality limit in place of "
-          "the default --max-kl", "FRACTION", _fraction, minimum=True, unmeasured=" (run it with workload=passkey)",
-          quality=True, describe=lambda v: f"retrieval ≥ {v:.0%}"),
+    Limit("accuracy", "accuracy", "min_accuracy", ANSWER_QUALITY.name, ANSWER_QUALITY.name,
+          f"{' or '.join(q.axis for q in _JUDGES.values())}, from runs with "
+          f"{' or '.join(f'workload={kind}' for kind in _JUDGES)}, e.g. 0.9; the quality limit in place of "
+          "the default --max-kl", "FRACTION", _fraction, minimum=True,
+          unmeasured=f" (run it with {' or '.join(f'workload={kind}' for kind in _JUDGES)})", quality=True,
+          describe=lambda v: f"{'/'.join(q.term for q in workload.quality_metrics().values())} ≥ {v:.0%}"),
     # the cache alone: on CPU a quantized cache holds far fewer KV bytes yet can peak higher (its decode
     # dequantizes a layer at a time), so a budget for the cache is not a budget for the process
-    Limit("KV", "kv_bytes", "kv_budget", "metrics.kv_cache_bytes", "kv_cache_bytes",
+    Limit("KV", "kv_bytes", "kv_budget", catalogue.column("kv_cache_bytes"), "kv_cache_bytes",
           "bytes the KV cache may hold, the cache alone (--memory-budget bounds the whole peak): 64MiB, 2e8",
           "SIZE", lambda flag, text: parse_bytes(text, flag), given_as=str,
           describe=lambda v: f"KV cache ≤ {human_bytes(v)}"),
@@ -88,6 +95,12 @@ LIMITS: tuple[Limit, ...] = (
 
 def limit_named(name: str) -> Limit:
     return next(limit for limit in LIMITS if limit.name == name)
+
+
+def shown(name: str, value: float) -> str:
+    """A value of the named limit's figure as messages say it, through its metric's catalogue entry."""
+    metric = limit_named(name).metric
+    return ANSWER_QUALITY.show(value) if metric == ANSWER_QUALITY.name else workload.metrics()[metric].show(value)
 
 
 def settings() -> tuple[str, ...]:
@@ -143,9 +156,9 @@ class Limits:
 
 def limits_from(**given) -> Limits:
     """The user's limits by setting (memory_budget="8GiB", max_tpot_ms=80, ...), each checked: a
-    one-line error naming the flag. One quality limit by default: KL, or retrieval accuracy when
-    asked for (passkey runs score their answers, and their KL would be over the reference's rambling
-    past the answer); both when both are given."""
+    one-line error naming the flag. One quality limit by default: KL, or the workload's own accuracy
+    when asked for (passkey runs score their answers, and their KL would be over the reference's
+    rambling past the answer); both when both are given."""
     unknown = set(given) - set(settings())
     if unknown:
         raise TypeError(f"unknown limit settings {sorted(unknown)}; expected {settings()}")

@@ -1,5 +1,6 @@
-"""The compare plots: memory against context, TPOT against memory with the Pareto front, and for
-passkey sweeps, each run's retrieval heatmap and accuracy against KV bytes."""
+"""The compare plots: memory against context, TPOT against memory with the Pareto front, quality
+against KV bytes, and serving's throughput curve. A workload's own plots are its own (passkey's
+heatmaps: kvpipe.workload.passkey.compared)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvpipe.decide.runs import (
-    CACHE_PARAMS,
-    FRONT_FAMILIES,
-    column,
-    context_params,
-    retrieval_by_length,
-    retrieval_cells,
-    settings_text,
-    varying_params,
-)
+from kvpipe import catalogue
+from kvpipe.decide.runs import CACHE_PARAMS, Front, column, context_params, judged_by, settings_text, varying_params
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.units import MIB
-from kvpipe.workload.passkey import heatmap
+
+TPOT, KV_BYTES = catalogue.get("tpot_ms"), catalogue.get("kv_cache_bytes")
 
 
 def memory_vs_context(runs: pd.DataFrame, path: Path) -> None:
@@ -30,7 +24,7 @@ def memory_vs_context(runs: pd.DataFrame, path: Path) -> None:
     runs = runs.assign(series=[f"{point} {more}".strip() for point, more in zip(runs["point"], others)])
     figure = Figure(figsize=(12, 4.5), layout="constrained")
     for ax, figure_column, name in zip(
-        figure.subplots(1, 2), ("memory_bytes", "metrics.kv_cache_bytes"), ("peak memory", "KV cache")
+        figure.subplots(1, 2), ("memory_bytes", KV_BYTES.column), ("peak memory", "KV cache")
     ):
         if runs["context_tokens"].nunique() <= 1:  # one point per series: bars say it better than lines
             ax.barh(runs["series"], column(runs, figure_column) / MIB)
@@ -51,12 +45,12 @@ def tpot_vs_memory(runs: pd.DataFrame, path: Path) -> None:
 
     figure = Figure(figsize=(8, 5.5), layout="constrained")
     ax = figure.subplots()
-    runs = runs.assign(tpot=column(runs, "metrics.tpot_ms"), mib=runs["memory_bytes"] / MIB)
+    runs = runs.assign(tpot=column(runs, TPOT.column), mib=runs["memory_bytes"] / MIB)
     for (workload, group), colour in zip(runs.groupby("workload", sort=False), [f"C{i}" for i in range(10)] * 9):
         ax.errorbar(
             group["mib"],
             group["tpot"],
-            yerr=column(group, "metrics.tpot_ms_std").fillna(0),
+            yerr=column(group, TPOT.companion("std")).fillna(0),
             fmt="o",
             capsize=3,
             color=colour,
@@ -78,67 +72,22 @@ def tpot_vs_memory(runs: pd.DataFrame, path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
-def retrieval_heatmaps(runs: pd.DataFrame, path: Path) -> None:
-    """One needle-in-a-haystack heatmap per run, side by side on one colour scale."""
-    from matplotlib.figure import Figure
-
-    panels = [(run.point, retrieval_cells(run)) for _, run in runs.iterrows()]
-    panels = [(title, cells) for title, cells in panels if cells]
-    columns = min(3, len(panels))
-    rows = -(-len(panels) // columns)
-    lengths = max(len({cell["context_tokens"] for cell in cells}) for _, cells in panels)
-    figure = Figure(figsize=(columns * (1.6 + 1.0 * lengths), rows * 3.2 + 0.6), layout="constrained")
-    axes = figure.subplots(rows, columns, squeeze=False).ravel()
-    for ax, (title, cells) in zip(axes, panels):
-        image = heatmap.draw(ax, cells, title)
-    for ax in axes[len(panels) :]:
-        ax.set_axis_off()
-    figure.colorbar(image, ax=list(axes), label="retrieval accuracy", shrink=0.8)
-    figure.suptitle("passkey retrieval accuracy by context length and key depth")
-    figure.savefig(path, dpi=110)
-
-
-def accuracy_vs_kv_bytes(runs: pd.DataFrame, path: Path) -> None:
-    """Retrieval accuracy against the KV cache's bytes: a line per run through its context lengths,
-    each point labelled with its length. Up and left is better."""
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(8, 5.5), layout="constrained")
-    ax = figure.subplots()
-    # Hollow markers of different shapes and sizes: runs that score alike (int4 in two backends) stay visible
-    for index, (_, run) in enumerate(runs.iterrows()):
-        table = retrieval_by_length(run)
-        if table.empty:
-            continue
-        style = {"marker": "osD^vP*X"[index % 8], "markersize": max(5, 12 - 1.5 * index), "fillstyle": "none"}
-        line = ax.plot(table["kv_cache_bytes"] / MIB, table["accuracy"], label=run.point, alpha=0.85, **style)[0]
-        for row in table.itertuples():
-            ax.annotate(f"{row.context_tokens:,.0f}", (row.kv_cache_bytes / MIB, row.accuracy),
-                        textcoords="offset points", xytext=(4, 4), fontsize="x-small", color=line.get_color())  # fmt: skip
-    ax.set_xscale("log")
-    ax.set_ylim(-0.05, 1.05)
-    ax.yaxis.set_major_formatter("{x:.0%}")
-    ax.set(xlabel="KV cache (MiB, log scale; labels: context tokens)", ylabel="passkey retrieval accuracy",
-           title="retrieval accuracy vs KV cache bytes")  # fmt: skip
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    figure.savefig(path, dpi=110)
-
-
 def quality_vs_kv_bytes(runs: pd.DataFrame, path: Path) -> None:
     """The front a user picks a smaller cache on: quality against the KV cache's bytes, each way of
     shrinking it its own series (fewer bits, fewer tokens, both), a panel per workload. Quality is
-    KL to the full-precision reference, or passkey retrieval accuracy where the runs measured it."""
+    KL to the full-precision reference, or the workload's own quality metric where every run measured
+    it (passkey's retrieval accuracy)."""
     from matplotlib.figure import Figure
 
-    runs = runs.assign(kv=column(runs, "metrics.kv_cache_bytes") / MIB)
+    runs = runs.assign(kv=column(runs, KV_BYTES.column) / MIB)
     panels = list(runs.groupby("workload", sort=False))
     figure = Figure(figsize=(7.5 * len(panels), 5.5), layout="constrained")
     for ax, (workload, group) in zip(figure.subplots(1, len(panels), squeeze=False).ravel(), panels):
-        accuracy = column(group, "metrics.retrieval_accuracy")
-        retrieval = accuracy.notna().all()
-        group = group.assign(quality=accuracy if retrieval else group["quality_loss"]).dropna(subset=["quality", "kv"])
-        for family, marker in zip(FRONT_FAMILIES, "s^ovD"):
+        judged = judged_by(group)
+        own = judged is not None and column(group, judged.metric.column).notna().all()
+        scores = column(group, judged.metric.column) if own else group["quality_loss"]
+        group = group.assign(quality=scores).dropna(subset=["quality", "kv"])
+        for family, marker in zip(Front, "s^ovD"):
             members = group[group["family"] == family].sort_values("kv")
             if members.empty:
                 continue
@@ -148,14 +97,13 @@ def quality_vs_kv_bytes(runs: pd.DataFrame, path: Path) -> None:
                     run.point, (run.kv, run.quality), textcoords="offset points", xytext=(4, 4), fontsize="x-small"
                 )
         ax.set_xscale("log")
-        if retrieval:
+        if own:
             ax.set_ylim(-0.05, 1.05)
             ax.yaxis.set_major_formatter("{x:.0%}")
-        ylabel = (
-            "passkey retrieval accuracy (higher is better)"
-            if retrieval
-            else "KL to full precision, nats (lower is better)"
-        )
+            better = "lower" if judged.metric.lower_is_better else "higher"
+            ylabel = f"{judged.axis} ({better} is better)"
+        else:
+            ylabel = "KL to full precision, nats (lower is better)"
         ax.set(xlabel="KV cache (MiB, log scale)", ylabel=ylabel, title=workload or "quality vs KV cache bytes")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
@@ -171,8 +119,8 @@ def serving_curve(runs: pd.DataFrame, path: Path) -> None:
     figure = Figure(figsize=(8, 5.5), layout="constrained")
     ax = figure.subplots()
     runs = runs.assign(
-        tpot=column(runs, "metrics.tpot_p90_ms"),
-        throughput=column(runs, "metrics.output_tokens_per_s"),
+        tpot=column(runs, catalogue.column("tpot_p90_ms")),
+        throughput=column(runs, catalogue.column("output_tokens_per_s")),
         load=column(runs, mlflow_tags.column(mlflow_tags.LOAD), "").fillna(""),
     ).dropna(subset=["tpot", "throughput"])
     for (label, group), colour in zip(runs.groupby("label", sort=False), [f"C{i}" for i in range(10)] * 9):

@@ -15,9 +15,9 @@ import math
 import shlex
 
 from kvpipe import cache, catalogue
-from kvpipe import workload as workloads
 from kvpipe.decide import paired
-from kvpipe.decide.limits import Limits, limit_named
+from kvpipe.decide.limits import ANSWER_QUALITY, Limits, limit_named, shown
+from kvpipe.decide.runs import evicts, judge_of
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.units import human_bytes
 
@@ -32,16 +32,19 @@ DYNAMIC, STATIC, OFFLOADED, QUANTIZED = (
 DENSE, MEMORY_SAVERS = (DYNAMIC, STATIC), (OFFLOADED, QUANTIZED)  # lossless before lossy, when memory binds
 
 
-def family(strategy: str, press: str = "none") -> str | None:
+TPOT = catalogue.get("tpot_ms")
+
+
+def family(strategy: str, press: str | None = None) -> str | None:
     """What the registry says recommend should weigh this strategy as; a cache a press evicted from
     is weighed with the quantized ones: smaller, and lossy."""
-    if press != "none" and strategy in cache.REGISTRY:
+    if press is not None and evicts(press) and strategy in cache.REGISTRY:
         return QUANTIZED
     return cache.REGISTRY[strategy].family if strategy in cache.REGISTRY else None
 
 
 def _figure(name: str, value: float) -> str:
-    return workloads.metrics()[limit_named(name).metric].show(value)
+    return shown(name, value)
 
 
 def _miss_text(run, name: str, overshoot: float, limits: Limits) -> str:
@@ -55,10 +58,10 @@ def _miss_text(run, name: str, overshoot: float, limits: Limits) -> str:
 
 def account(run, limits: Limits, baseline=None) -> str:
     """'static+compile: TPOT 31.2 ms vs 40.1 ms for dynamic (-22%), peak 612 MiB within 8 GiB, lossless'."""
-    tpot = run["metrics.tpot_ms"]
+    tpot = run[TPOT.column]
     parts = [f"TPOT {_figure('TPOT', tpot)}"]
     if baseline is not None:
-        base = baseline["metrics.tpot_ms"]
+        base = baseline[TPOT.column]
         parts[0] += f" vs {_figure('TPOT', base)} for {baseline['label']} ({tpot / base - 1:+.0%})"
     elif limits.tpot_ms is not None:
         parts[0] += f" within {limits.tpot_ms:g} ms"
@@ -72,25 +75,24 @@ def account(run, limits: Limits, baseline=None) -> str:
         parts.append(
             f"KL {_figure('KL', run['quality_loss'])}" + (f" within {limits.kl:g}" if limits.kl is not None else "")
         )
-    accuracy = run.get("metrics.retrieval_accuracy", math.nan)
-    if accuracy == accuracy:  # not NaN: a passkey run
+    accuracy = run.get(ANSWER_QUALITY.name, math.nan)
+    if accuracy == accuracy:  # not NaN: its workload judged its answers (passkey: its retrieval)
         bound = f" (at least {_figure('accuracy', limits.accuracy)})" if limits.accuracy is not None else ""
-        parts.append(f"passkey retrieval {_figure('accuracy', accuracy)}{bound}")
+        parts.append(f"{judge_of(run).metric.label} {_figure('accuracy', accuracy)}{bound}")
     if run.get("contended"):
-        others = run.get("metrics.other_cpu_cores", float("nan"))
+        others = run.get(catalogue.column("other_cpu_cores"), float("nan"))
         held = f"{others:.1f} cores" if others == others else "the cores"
         parts.append(f"CONTENDED: other processes held {held} while it measured, so every timing is slow")
     elif run.get("noisy"):
-        noise = catalogue.get("timing_noise_cv").show(run.get("metrics.timing_noise_cv", float("nan")))
+        noise_cv = catalogue.get("timing_noise_cv")
+        noise = noise_cv.show(run.get(noise_cv.column, float("nan")))
         parts.append(f"NOISY: TTFT or TPOT varied by {noise} between calls of one shape or between a call's tokens")
     return f"{run['label']}: " + ", ".join(parts)
 
 
 def choose(runs, limits: Limits):
     """(chosen run or None, why): the guide's rules over measured runs, in order."""
-    runs = runs.assign(
-        kind=[family(s, p) for s, p in zip(runs["strategy"], runs["press"])], tpot=runs["metrics.tpot_ms"]
-    )
+    runs = runs.assign(kind=[family(s, p) for s, p in zip(runs["strategy"], runs["press"])], tpot=runs[TPOT.column])
     ok = runs[[not limits.misses(run) for _, run in runs.iterrows()]].sort_values(["tpot", "quality_loss"])
     best, ties = {}, {}
     for kind, group in ok.groupby("kind"):

@@ -4,18 +4,29 @@ Reading them from MLflow is kvpipe.record.runs'."""
 
 from __future__ import annotations
 
+import enum
+from functools import partial
+
 import numpy as np
 import pandas as pd
 
-from kvpipe import cache, workload
+from kvpipe import cache, catalogue, workload
+from kvpipe.decide.limits import ANSWER_QUALITY
 from kvpipe.record import tags as mlflow_tags
-from kvpipe.record.runs import column, read_runs, retrieval_history
+from kvpipe.record.runs import column, read_runs, stepped_history
 
 NOT_MEASURED = ("tracking.", "print_table", "resume", "sweep_name", "fallback")
 CACHE_PARAMS = ("cache.", "backend.", "axis.", "press.")  # the rest says what was measured: the workload
-# How a run makes its cache smaller, for the front compare draws: fewer bits, fewer tokens, or both
-QUANTIZED = cache.FAMILIES[3]  # the family that stores fewer bits
-FRONT_FAMILIES = ("full precision", "quantization", "eviction", "quantization + eviction")
+NO_PRESS = "none"  # press=none: what runs recorded before presses existed (no press.name) ran with
+
+
+class Front(enum.StrEnum):
+    """How a run makes its cache smaller, for the front compare draws: fewer bits, fewer tokens, or both."""
+
+    FULL_PRECISION = "full precision"
+    QUANTIZATION = "quantization"
+    EVICTION = "eviction"
+    QUANTIZATION_AND_EVICTION = "quantization + eviction"
 
 
 def context_params() -> tuple[str, ...]:
@@ -58,22 +69,24 @@ def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
     # peak_memory_bytes is absolute, weights included, on every device. Runs recorded before it was
     # (CPU sources named *_growth measured RSS growth only) get their weights added, once.
     growth = column(runs, mlflow_tags.column(mlflow_tags.PEAK_MEMORY_SOURCE), "").fillna("").str.endswith("_growth")
-    weights = column(runs, "metrics.weights_bytes").fillna(0)
-    runs["memory_bytes"] = column(runs, "metrics.peak_memory_bytes") + weights.where(growth, 0)
+    weights = column(runs, catalogue.column("weights_bytes")).fillna(0)
+    runs["memory_bytes"] = column(runs, catalogue.column("peak_memory_bytes")) + weights.where(growth, 0)
     # A figure that varied (between calls of one shape, or between a call's tokens) by more than the
     # run's workload.noise_threshold.
     runs["noisy"] = column(runs, mlflow_tags.column(mlflow_tags.NOISY), "").fillna("") == "true"
     # Other processes held cores the job counted on while it measured: every timing is slow alike.
     runs["contended"] = column(runs, mlflow_tags.column(mlflow_tags.CONTENDED), "").fillna("") == "true"
-    runs["press"] = column(runs, "params.press.name", None).fillna("none")
-    runs["family"] = [front_family(s, p) for s, p in zip(runs["strategy"], runs["press"])]
+    runs["press"] = column(runs, "params.press.name", None).fillna(NO_PRESS)
+    runs["evicted"] = runs["press"].map(evicts).astype(bool)
+    runs["family"] = [front_family(s, e) for s, e in zip(runs["strategy"], runs["evicted"])]
     # A lossless strategy with nothing evicted: without a quality pass, the only runs whose loss is known (0).
-    runs["lossless"] = runs["strategy"].map(is_lossless) & (runs["press"] == "none")
-    runs["quality_loss"] = column(runs, "metrics.kl_vs_reference").fillna(
+    runs["lossless"] = runs["strategy"].map(is_lossless) & ~runs["evicted"]
+    runs["quality_loss"] = column(runs, catalogue.column("kl_vs_reference")).fillna(
         pd.Series(0.0, index=runs.index).where(runs["lossless"])
     )
+    runs[ANSWER_QUALITY.name] = answer_quality(runs)
     # The measured prompt length: workload.prompt_tokens means nothing to a chat workload.
-    runs["context_tokens"] = column(runs, "metrics.prompt_tokens").fillna(
+    runs["context_tokens"] = column(runs, catalogue.column("prompt_tokens")).fillna(
         pd.to_numeric(column(runs, "params.workload.prompt_tokens"), errors="coerce")
     )
     # A short prompt beats a long one on every axis: strategies compete within one workload only.
@@ -84,6 +97,25 @@ def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
     for _, group in runs.groupby("workload"):
         runs.loc[group.index, "pareto"] = pareto_front(group)
     return runs
+
+
+def answer_quality(runs: pd.DataFrame) -> pd.Series:
+    """Each run's workload's own quality metric (a run's workload has one at most); NaN where none."""
+    found = pd.Series(np.nan, index=runs.index, dtype=float)
+    for quality in workload.quality_metrics().values():
+        found = found.fillna(column(runs, quality.metric.column))
+    return found
+
+
+def judged_by(runs: pd.DataFrame) -> workload.Quality | None:
+    """The quality metric that judged these runs' answers (the first some run measured), or None."""
+    qualities = workload.quality_metrics().values()
+    return next((q for q in qualities if column(runs, q.metric.column).notna().any()), None)
+
+
+def judge_of(run: pd.Series) -> workload.Quality | None:
+    """The quality metric that judged this run's answers, or None."""
+    return next((q for q in workload.quality_metrics().values() if pd.notna(run.get(q.metric.column))), None)
 
 
 def model_names(runs: pd.DataFrame) -> str:
@@ -106,12 +138,13 @@ def environments(runs: pd.DataFrame) -> list[str]:
 
 def pareto_front(runs: pd.DataFrame) -> pd.Series:
     """True where no other run is as good on memory, TPOT and quality, and better on one. Quality is
-    the KL loss, or, where every run measured passkey retrieval, its accuracy (and KL too when every
-    run has it)."""
-    axes = [runs["memory_bytes"], column(runs, "metrics.tpot_ms")]
-    accuracy = column(runs, "metrics.retrieval_accuracy")
-    if accuracy.notna().all():  # passkey runs: retrieval is their quality, KL too where every run has it
-        axes.append(-accuracy)  # higher is better
+    the KL loss, or, where every run measured its workload's own quality metric (passkey's retrieval
+    accuracy), that metric in its direction (and KL too when every run has it)."""
+    axes = [runs["memory_bytes"], column(runs, catalogue.column("tpot_ms"))]
+    quality = judged_by(runs)
+    judged = column(runs, quality.metric.column) if quality else pd.Series(np.nan, index=runs.index)
+    if judged.notna().all():  # its own quality judges it, KL too where every run has it
+        axes.append(judged if quality.metric.lower_is_better else -judged)
         if runs["quality_loss"].notna().all():
             axes.append(runs["quality_loss"])
     else:
@@ -129,10 +162,19 @@ def non_dominated(points) -> list[bool]:
     return [not np.isnan(p).any() and not ((known <= p).all(axis=1) & (known < p).any(axis=1)).any() for p in points]
 
 
-def front_family(strategy: str, press: str) -> str:
-    """One of FRONT_FAMILIES: whether the run stored fewer bits (a quantized cache), fewer tokens (a press), or both."""
-    quantized = strategy in cache.REGISTRY and cache.REGISTRY[strategy].family == QUANTIZED
-    return FRONT_FAMILIES[quantized + 2 * (press != "none")]
+def front_family(strategy: str, evicted: bool) -> Front:
+    """Whether the run stored fewer bits (a quantized cache), fewer tokens (a press evicted), or both."""
+    quantized = strategy in cache.REGISTRY and cache.REGISTRY[strategy].family == cache.Family.QUANTIZED
+    if quantized:
+        return Front.QUANTIZATION_AND_EVICTION if evicted else Front.QUANTIZATION
+    return Front.EVICTION if evicted else Front.FULL_PRECISION
+
+
+def evicts(press: str) -> bool:
+    """Whether a run's press (its name) evicted tokens: as the press registry says; one no longer
+    registered is assumed to have."""
+    known = cache.presses.base.REGISTRY.get(press)
+    return known.evicts if known is not None else press != NO_PRESS
 
 
 def is_lossless(strategy: str) -> bool:
@@ -148,7 +190,7 @@ def _reads(run, param: str) -> bool:
         return True
     if param.startswith("press."):
         name = run.get("params.press.name")
-        press = cache.presses.base.REGISTRY.get(name if isinstance(name, str) else "none")  # unlogged: none
+        press = cache.presses.base.REGISTRY.get(name if isinstance(name, str) else NO_PRESS)  # unlogged: none
         return press is None or param in press.read_fields()
     strategy = cache.REGISTRY.get(run.get("params.cache.strategy"))
     if strategy is None:
@@ -192,31 +234,16 @@ def settings_text(runs: pd.DataFrame, params: list[str], full: bool = False) -> 
     return [" ".join(f"{name}={shown[i]}" for name, shown in values.items() if shown[i]) for i in range(len(runs))]
 
 
-def retrieval_cells(run: pd.Series) -> list[dict]:
-    """The run's heatmap cells (context_tokens, depth, retrieval_accuracy), from its stepped metrics."""
-    from kvpipe.workload.passkey.retrieval import DEPTH_PREFIX
-
-    keys = [name.removeprefix("metrics.") for name in run.index if name.startswith(f"metrics.{DEPTH_PREFIX}")]
-    keys = [key for key in keys if pd.notna(run[f"metrics.{key}"])]
+def recorded(runs: pd.DataFrame) -> list[workload.RecordedRun]:
+    """The runs as a workload's own part of compare reads them (kvpipe.workload.RecordedRun); `point`
+    is compare's label with the cache settings that vary."""
     return [
-        {"context_tokens": point["context_tokens"], "depth": float(point["metric"].removeprefix(DEPTH_PREFIX)),
-         "retrieval_accuracy": point["value"]}
-        for point in retrieval_history(run["run_id"], keys)
+        workload.RecordedRun(
+            label=run["label"],
+            point=run["point"],
+            metrics={name.removeprefix("metrics."): value for name, value in run.items()
+                     if name.startswith("metrics.") and pd.notna(value)},
+            history=partial(stepped_history, run["run_id"]),
+        )
+        for _, run in runs.iterrows()
     ]  # fmt: skip
-
-
-BY_LENGTH = {  # stepped metric -> column of retrieval_by_length
-    "retrieval_accuracy/all_depths": "accuracy",
-    "kv_cache_bytes/by_length": "kv_cache_bytes",
-    "ttft_ms/by_length": "ttft_ms",
-    "tpot_ms/by_length": "tpot_ms",
-}
-
-
-def retrieval_by_length(run: pd.Series) -> pd.DataFrame:
-    """Per context length: accuracy over every depth, and the KV bytes, TTFT and TPOT at that length."""
-    history = pd.DataFrame(retrieval_history(run["run_id"], list(BY_LENGTH)))
-    if history.empty:
-        return pd.DataFrame(columns=["context_tokens", *BY_LENGTH.values()])
-    table = history.pivot_table(index="context_tokens", columns="metric", values="value", aggfunc="last")
-    return table.rename(columns=BY_LENGTH).reset_index()

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import math
 
+from kvpipe import catalogue
 from kvpipe.decide.limits import Limits
 from kvpipe.decide.recommend import closest
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.runs import column
 
 OBJECTIVES = {  # --objective -> the figure it maximises
-    "throughput": "metrics.output_tokens_per_s",
-    "goodput": "metrics.goodput_requests_per_s",
+    "throughput": catalogue.column("output_tokens_per_s"),
+    "goodput": catalogue.column("goodput_requests_per_s"),
 }
 
 
@@ -30,7 +31,7 @@ def add_objective_argument(parser, latency: str, service: str) -> None:
 
 def serving_runs(runs):
     """The runs that served a load."""
-    return runs[column(runs, "metrics.output_tokens_per_s").notna()]
+    return runs[column(runs, catalogue.column("output_tokens_per_s")).notna()]
 
 
 def choose_for_service(runs, limits: Limits, objective: str):
@@ -60,12 +61,12 @@ def choose_for_service(runs, limits: Limits, objective: str):
 def _describe(run) -> str:
     """'paged at concurrency(16): 80.7 tok/s, 3.10 req/s, TPOT p90 41.2 ms, TTFT p90 310 ms'."""
     load = run.get(mlflow_tags.column(mlflow_tags.LOAD), "")
-    goodput = run.get("metrics.goodput_requests_per_s", math.nan)
+    goodput = run.get(catalogue.column("goodput_requests_per_s"), math.nan)
     parts = [
-        f"{run['metrics.output_tokens_per_s']:.1f} tok/s",
-        f"{run.get('metrics.requests_per_s', math.nan):.2f} req/s",
+        f"{run[catalogue.column('output_tokens_per_s')]:.1f} tok/s",
+        f"{run.get(catalogue.column('requests_per_s'), math.nan):.2f} req/s",
         *([f"goodput {goodput:.2f} req/s"] if goodput == goodput else []),
-        f"TPOT p90 {run.get('metrics.tpot_p90_ms', math.nan):.1f} ms",
-        f"TTFT p90 {run.get('metrics.ttft_p90_ms', math.nan):.0f} ms",
+        f"TPOT p90 {run.get(catalogue.column('tpot_p90_ms'), math.nan):.1f} ms",
+        f"TTFT p90 {run.get(catalogue.column('ttft_p90_ms'), math.nan):.0f} ms",
     ]
     return f"{run['label']} at {load or 'its load'}: " + ", ".join(parts)

@@ -6,18 +6,19 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+from kvpipe.workload import Section
+
 
 @dataclass
 class Shown:
-    """compare's table (and, for passkey runs, retrieval by context length) as strings."""
+    """compare's table, and each workload's own (passkey: retrieval by context length), as strings."""
 
     title: str
     columns: list[str]
     rows: list[list[str]]
     caption: str
     warning: str | None = None
-    retrieval_columns: list[str] = field(default_factory=list)
-    retrieval_rows: list[list[str]] = field(default_factory=list)
+    sections: list[Section] = field(default_factory=list)
 
 
 def print_shown(shown: Shown) -> None:
@@ -33,10 +34,12 @@ def print_shown(shown: Shown) -> None:
     console.print(table)
     if shown.warning:
         console.print(shown.warning, style="bold yellow")
-    if shown.retrieval_rows:
-        by_length = Table(title="passkey retrieval by context length", header_style="bold")
-        for name in shown.retrieval_columns:
-            by_length.add_column(name, justify="left" if name == "cache" else "right")
-        for row in shown.retrieval_rows:
-            by_length.add_row(*row)
-        console.print(by_length)
+    for section in shown.sections:
+        if not section.rows:
+            continue
+        own = Table(title=section.title, header_style="bold")
+        for name in section.columns:
+            own.add_column(name, justify="left" if name == "cache" else "right")
+        for row in section.rows:
+            own.add_row(*row)
+        console.print(own)

@@ -8,10 +8,16 @@ import shlex
 import socket
 from dataclasses import dataclass
 
+from kvpipe import catalogue
 from kvpipe.errors import KvpipeError
 from kvpipe.predict.calibration import Sample
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.spec import override_group
+
+# their columns among recorded runs
+BATCH, PROMPT, NEW, TPOT, TTFT = (
+    catalogue.column(name) for name in ("batch_size", "prompt_tokens", "new_tokens", "tpot_ms", "ttft_ms")
+)
 
 
 @dataclass(frozen=True)
@@ -46,14 +52,14 @@ def read_local_runs(spec, dtype: str, device: str, threads: int, prompt_lengths:
               mlflow_tags.column(mlflow_tags.DEVICE): device}  # fmt: skip
     if device == "cpu":
         wanted[mlflow_tags.column(mlflow_tags.TORCH_THREADS)] = str(threads)
-    keep = column(runs, "metrics.batch_size") == batch
+    keep = column(runs, BATCH) == batch
     for name, value in wanted.items():
         keep &= column(runs, name, None) == value
     contended = column(runs, mlflow_tags.column(mlflow_tags.CONTENDED), "").fillna("") == "true"
     keep &= ~contended & column(runs, mlflow_tags.column(mlflow_tags.FALLBACK_TO), None).isna()
-    keep &= column(runs, "metrics.tpot_ms").notna() & column(runs, "metrics.ttft_ms").notna()
+    keep &= column(runs, TPOT).notna() & column(runs, TTFT).notna()
     if prompt_lengths:
-        keep &= column(runs, "metrics.prompt_tokens").round().isin(prompt_lengths)
+        keep &= column(runs, PROMPT).round().isin(prompt_lengths)
     what = " · ".join([spec.model.name, dtype, device, f"host {host}"] + ([f"{threads} torch threads"] if device == "cpu"
                       else []) + [f"batch {batch}"])  # fmt: skip
     if prompt_lengths:
@@ -83,12 +89,10 @@ def samples(runs, variant, costs) -> list[Sample]:
     """The variant's runs among `runs`, each with what its context costs (floors.ModelCosts)."""
     found = []
     for _, run in matching(runs, variant).iterrows():
-        prompt, new = round(run["metrics.prompt_tokens"]), max(1, round(run["metrics.new_tokens"]))
+        prompt, new = round(run[PROMPT]), max(1, round(run[NEW]))
         cost = costs.at(variant.strategy, prompt, new)
         halves = [_half(run, figure) for figure in ("tpot_ms", "ttft_ms")]
-        found.append(
-            Sample.of(run["run_id"], cost, float(run["metrics.tpot_ms"]), float(run["metrics.ttft_ms"]), *halves)
-        )
+        found.append(Sample.of(run["run_id"], cost, float(run[TPOT]), float(run[TTFT]), *halves))
     return found
 
 

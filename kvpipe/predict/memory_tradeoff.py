@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import math
 
+from kvpipe import catalogue
 from kvpipe.predict.floors import split
 from kvpipe.predict.run_costs import job_costs, job_spec
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.units import human_bytes
 
-KV, PEAK = "metrics.kv_cache_bytes", "memory_bytes"
+# their columns among recorded runs
+BATCH, PROMPT, NEW = (catalogue.column(name) for name in ("batch_size", "prompt_tokens", "new_tokens"))
+
+KV, PEAK = catalogue.column("kv_cache_bytes"), "memory_bytes"
 
 
 def explain(runs, reference) -> str | None:
@@ -40,8 +44,7 @@ def smaller_but_higher(runs, reference) -> list:
     return sorted(found, key=lambda run: run[KV])
 
 
-_SAME_JOB = ("params.model.name", "params.model.dtype", "metrics.batch_size", "metrics.prompt_tokens",
-             "metrics.new_tokens", mlflow_tags.column(mlflow_tags.DEVICE))  # fmt: skip
+_SAME_JOB = ("params.model.name", "params.model.dtype", BATCH, PROMPT, NEW, mlflow_tags.column(mlflow_tags.DEVICE))
 
 
 def _same(a, b) -> bool:
@@ -72,8 +75,8 @@ def _accounted(saver, reference, gap: float) -> str:
     if any(found is None for found in pair):
         return ""
     (saver_spec, costs), (reference_spec, _) = pair
-    new_tokens = max(1, round(saver["metrics.new_tokens"]))
-    now = round(saver["metrics.prompt_tokens"]) + new_tokens
+    new_tokens = max(1, round(saver[NEW]))
+    now = round(saver[PROMPT]) + new_tokens
 
     def at(context: int):
         prompt, new = split(context, new_tokens)
@@ -110,10 +113,10 @@ def _accounted(saver, reference, gap: float) -> str:
 def _costed(run):
     """(the run's Spec, its model's costs), or None where its job no longer composes."""
     spec = job_spec(str(run.get(mlflow_tags.column(mlflow_tags.OVERRIDES))))
-    if spec is None or not isinstance(run.get("metrics.batch_size"), float):
+    if spec is None or not isinstance(run.get(BATCH), float):
         return None
     dtype, device = str(run.get("params.model.dtype")), str(run.get(mlflow_tags.column(mlflow_tags.DEVICE)))
-    costs = job_costs(spec, dtype, int(run["metrics.batch_size"]), device)
+    costs = job_costs(spec, dtype, int(run[BATCH]), device)
     return None if costs is None else (spec, costs)
 
 

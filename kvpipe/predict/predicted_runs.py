@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import math
 
+from kvpipe import catalogue
 from kvpipe.predict.calibration import Sample, calibrate
 from kvpipe.predict.run_costs import job_costs, job_spec
 from kvpipe.record import tags as mlflow_tags
+
+# their columns among recorded runs
+BATCH, PROMPT, NEW, TPOT, TTFT = (
+    catalogue.column(name) for name in ("batch_size", "prompt_tokens", "new_tokens", "tpot_ms", "ttft_ms")
+)
 
 # compare --predicted's columns (compare shows TPOT, not TTFT, of its own: the measured TTFT comes too)
 PREDICTED = {
@@ -26,7 +32,7 @@ def with_predictions(runs):
     runs = runs.copy()
     for name in PREDICTED:
         runs[name] = math.nan
-    runs["measured_ttft_ms"] = column(runs, "metrics.ttft_ms")
+    runs["measured_ttft_ms"] = column(runs, TTFT)
     groups: dict[tuple, list[tuple[int, Sample]]] = {}
     for index, run in runs.iterrows():
         found = _sample_of(run)
@@ -46,24 +52,24 @@ def with_predictions(runs):
 
 
 _GROUP_COLUMNS = ("params.model.name", "params.model.dtype", mlflow_tags.column(mlflow_tags.HOST), mlflow_tags.column(mlflow_tags.DEVICE),
-                  mlflow_tags.column(mlflow_tags.TORCH_THREADS), "metrics.batch_size")  # fmt: skip
+                  mlflow_tags.column(mlflow_tags.TORCH_THREADS), BATCH)  # fmt: skip
 
 
 def _sample_of(run) -> tuple[str, Sample] | None:
     """(the run's cache settings, its Sample), from its job composed again; None where it cannot be."""
     spec = job_spec(str(run.get(mlflow_tags.column(mlflow_tags.OVERRIDES))))
-    needed = ("metrics.prompt_tokens", "metrics.new_tokens", "metrics.batch_size", "metrics.tpot_ms", "metrics.ttft_ms")
+    needed = (PROMPT, NEW, BATCH, TPOT, TTFT)
     if spec is None or any(not isinstance(run.get(n), float) or math.isnan(run.get(n)) for n in needed):
         return None
     dtype, device, batch = (
         run.get("params.model.dtype"),
         run.get(mlflow_tags.column(mlflow_tags.DEVICE)),
-        int(run["metrics.batch_size"]),
+        int(run[BATCH]),
     )
     costs = job_costs(spec, str(dtype), batch, str(device))
     if costs is None:
         return None
-    prompt, new = round(run["metrics.prompt_tokens"]), max(1, round(run["metrics.new_tokens"]))
+    prompt, new = round(run[PROMPT]), max(1, round(run[NEW]))
     cost = costs.at(spec.strategy, prompt, new)
-    point = Sample.of(run["run_id"], cost, float(run["metrics.tpot_ms"]), float(run["metrics.ttft_ms"]))
+    point = Sample.of(run["run_id"], cost, float(run[TPOT]), float(run[TTFT]))
     return spec.strategy.describe(), point

@@ -14,6 +14,7 @@ from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.auth import check_uri, refusals, status_of
 from kvpipe.record.result import iter_results
 from kvpipe.record.store import point_mlflow_at, resolve_uri
+from kvpipe.workload import Step
 
 FINISHED = f"attributes.status = 'FINISHED' and {mlflow_tags.equals(mlflow_tags.STATUS, 'FINISHED')}"
 KEY = mlflow_tags.column(mlflow_tags.KEY)
@@ -143,14 +144,10 @@ def column(frame: pd.DataFrame, name: str, default=float("nan")) -> pd.Series:
     return pd.Series(default, index=frame.index, dtype=float if isinstance(default, float) else object)
 
 
-def retrieval_history(run_id: str, keys: list[str]) -> list[dict]:
-    """A passkey run's figures per context length, from MLflow's stepped metrics: one dict per
-    (key, length) with the value. The step is the context length (kvpipe.workload.passkey.retrieval)."""
-    return [
-        {"metric": key, "context_tokens": step, "value": value}
-        for key in keys
-        for step, value in _metric_history(run_id, key)
-    ]
+def stepped_history(run_id: str, series: list[str]) -> list[Step]:
+    """A run's stepped series from MLflow (a workload's figures by step, kvpipe.workload.Scored),
+    every point of each series in turn."""
+    return [Step(name, value, step) for name in series for step, value in _metric_history(run_id, name)]
 
 
 @lru_cache(maxsize=1024)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvpipe.config import TrackingConfig
 from kvpipe.record import tags as mlflow_tags
-from kvpipe.record.auth import check_at_door, recording
+from kvpipe.record.auth import check_at_door, recording, refusals
 from kvpipe.record.result import RESULT_FILE, Result
 from kvpipe.record.scored import log_scored
 from kvpipe.record.worker import forwarded
@@ -249,6 +249,18 @@ def log_rounds(tracking: TrackingConfig, launch_dir: Path, run_id: str, seconds:
         metrics.append(Metric("round_drift", value / seconds[0] - 1 if seconds[0] else float("nan"), now, step))
     with recording(tracking, launch_dir):
         MlflowClient().log_batch(run_id, metrics=metrics)
+
+
+def attach_files(run_id: str, paths: list[Path], artifact_dir: str, note: str) -> None:
+    """Files logged on a run of the store MLflow points at (compare's, on a sweep's parent), under
+    artifact_dir, and `note` as the run's description; auth.TrackingRefused where this user may not."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    with refusals(f"tracking.uri={mlflow.get_tracking_uri()}", f"the experiment of run {run_id}"):
+        for path in paths:
+            MlflowClient().log_artifact(run_id, str(path), artifact_dir)
+        MlflowClient().set_tag(run_id, mlflow_tags.NOTE, note)
 
 
 def finished_run_with_key(tracking: TrackingConfig, launch_dir: Path, key: str):

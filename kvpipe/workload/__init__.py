@@ -8,6 +8,7 @@ the ones that judge a workload's answers. A workload's scoring is a `Scored` (kv
 """
 
 from kvpipe.registry import import_plugins
+from kvpipe.workload._compared import RecordedRun, Section
 from kvpipe.workload._scored import Scored, ScoredFile, Step
 from kvpipe.workload.base import (
     AUTO_REPEATS,
@@ -35,6 +36,8 @@ __all__ = [
     "Batch",
     "Common",
     "Quality",
+    "RecordedRun",
+    "Section",
     "Scored",
     "ScoredFile",
     "Step",

@@ -19,6 +19,7 @@ from kvpipe import catalogue
 from kvpipe.errors import ConfigError
 from kvpipe.registry import Registered, Registry
 from kvpipe.workload import _encoding
+from kvpipe.workload._compared import RecordedRun, Section
 from kvpipe.workload._scored import Scored
 
 
@@ -86,6 +87,14 @@ class Quality:
     metric: catalogue.Metric
     term: str
     axis: str
+
+    def loss(self, value: float) -> float:
+        """Its value as a loss a search minimises: 1 - value where higher is better."""
+        return value if self.metric.lower_is_better else 1 - value
+
+    def objective(self) -> str:
+        """What a search calls that loss: `1 - retrieval accuracy`."""
+        return self.axis if self.metric.lower_is_better else f"1 - {self.term} accuracy"
 
 
 @dataclass
@@ -251,6 +260,12 @@ class Workload(Registered):
         """Its answers scored: kvpipe.record calls it again on the rows result.json keeps, so a job just
         run and one `kvpipe sync` uploads long after log the same figures, tables and files."""
         return Scored(rows=rows)
+
+    @classmethod
+    def compare_section(cls, runs: list[RecordedRun], out_dir) -> Section | None:
+        """Its own part of `compare`, over its recorded runs: a table, and its own plots written in
+        out_dir (a Path; None: the table alone). None by default."""
+        return None
 
     def run_tables(self, answers: list[dict]) -> list:
         """rich renderables the run's terminal summary prints after its metrics."""

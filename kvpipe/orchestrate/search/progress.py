@@ -21,7 +21,7 @@ def print_trial(search: SearchStudy, point: Point, seen: Seen) -> None:
     figures = ""
     if seen.values:
         memory, tpot, quality = seen.values
-        figures = f" · {human_bytes(memory)}, TPOT {tpot:.1f} ms, {'1-acc' if search.passkey else 'KL'} {quality:.3g}"
+        figures = f" · {human_bytes(memory)}, TPOT {tpot:.1f} ms, {'1-acc' if search.quality else 'KL'} {quality:.3g}"
     best = best_so_far(search.seen)
     eta = eta_text(time.monotonic() - search.started, search.measured(), search.measured() + total - done)
     line = (

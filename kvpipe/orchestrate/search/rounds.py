@@ -99,7 +99,7 @@ class Search(SearchStudy):
             elif (pruned := self._pruned(point)) is not None:
                 self._tell(trial, point, pruned)
             elif not self.exhaustive and (missed := self._inferred().get(point)) is not None:
-                self._tell(trial, point, _inferred_miss(missed, self.quality_limit, self.passkey))
+                self._tell(trial, point, _inferred_miss(missed, self.quality_limit, self.quality))
             else:
                 batch.append((trial, point))
             if tries == 25 * size and not batch:  # the sampler keeps to seen points: take an unseen one
@@ -146,7 +146,7 @@ class Search(SearchStudy):
         run = objectives.row(metrics, params, tags)
         values = objectives.values(run, self.device)
         if any(math.isnan(v) for v in values):
-            missing = [n for n, v in zip(objectives.axis_names(self.device, self.passkey), values) if math.isnan(v)]
+            missing = [n for n, v in zip(objectives.axis_names(self.device, self.quality), values) if math.isnan(v)]
             return Seen(FAILED, detail=f"{where} has no {', '.join(missing)} (run it with quality=on)")
         return Seen(outcome, values, objectives.constraints(run, self.limits), where, run["label"])
 
@@ -176,9 +176,9 @@ class Search(SearchStudy):
         return max(numbers, default=-1) + 1
 
 
-def _inferred_miss(missed: tuple[Point, float], limit: float, passkey: bool) -> Seen:
+def _inferred_miss(missed: tuple[Point, float], limit: float, quality) -> Seen:
     point, loss = missed
-    what = "1 - retrieval accuracy" if passkey else "KL"
+    what = quality.objective() if quality else "KL"
     detail = f"inferred: no better than {point.label()} ({what} {loss:.3g} > {limit:g}), which keeps more exact"
     return Seen(INFERRED, detail=detail)
 

@@ -85,8 +85,8 @@ class SearchStudy:
         self.settings, self.fixed, self.spec, self.space = settings, fixed, spec, space
         self.limits, self.device, self.study = limits, device, study
         self.launch_dir, self.sweep_dir = launch_dir, sweep_dir
-        # a workload that scores retrieval: its quality objective is 1 - accuracy (objectives.values)
-        self.passkey = any(m.name == "retrieval_accuracy" for m in spec.bound_workload.metrics)
+        # a workload that judges its answers (passkey): its own metric is the quality objective (objectives.values)
+        self.quality = spec.bound_workload.quality
         self.seen: dict[Point, Seen] = self._seen_before() if study is not None else {}
         self._bytes = None  # (weights bytes, the model's costs, longest prompt): made on the first prediction
         self.started = time.monotonic()
@@ -123,7 +123,7 @@ class SearchStudy:
         log.info(
             "search %r: %d configurations (%s), study in %s; objectives: %s",
             name, len(space.points), "every one measured" if search.exhaustive else f"at most {settings.trials} measured",
-            storage, ", ".join(objectives.axis_names(device, search.passkey)),
+            storage, ", ".join(objectives.axis_names(device, search.quality)),
         )  # fmt: skip
         for note in space.left_out:
             log.info("left out of the space: %s", note)
@@ -147,9 +147,9 @@ class SearchStudy:
 
     @property
     def quality_limit(self) -> float | None:
-        """The limit on the quality objective (KL, or 1 - retrieval accuracy)."""
-        if self.passkey:
-            return None if self.limits.accuracy is None else 1 - self.limits.accuracy
+        """The limit on the quality objective (KL, or the workload's own: 1 - retrieval accuracy)."""
+        if self.quality:
+            return None if self.limits.accuracy is None else self.quality.loss(self.limits.accuracy)
         return self.limits.kl
 
     @property

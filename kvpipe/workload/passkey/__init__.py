@@ -116,6 +116,12 @@ class Passkey(Workload):
             files=[ScoredFile(heatmap.HEATMAP_FILE, ARTIFACT_DIR, partial(heatmap.save, cells))],
         )
 
+    @classmethod
+    def compare_section(cls, runs, out_dir):
+        from kvpipe.workload.passkey import compared
+
+        return compared.section(runs, out_dir)
+
     def run_tables(self, answers):
         """Keys found / answers per context length (rows) and depth (columns)."""
         from rich.table import Table
