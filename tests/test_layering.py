@@ -1,7 +1,9 @@
 """kvpipe's floors, read from its imports: each floor imports only the floors below it, and nothing
 closes a cycle. Every import counts, wherever it is written: at the top of a module, inside a
 function, under `if TYPE_CHECKING:`, or as a module's dotted name in a string (`importlib`, a worker's
-warm-up list, a Hydra `_target_`)."""
+warm-up list, a Hydra `_target_`). Third-party libraries have floors too: MLflow is record/'s alone
+(every other floor goes through record's API), and the floors a config is validated on import no
+heavy library when they load (torch, transformers, MLflow and the rest arrive inside functions)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,15 @@ FLOORS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("kvpipe.orchestrate",),),
     (("kvpipe.commands", "kvpipe.cli", "kvpipe.api", "kvpipe.__main__"),),
 )
+
+
+# A library only these packages import, anywhere in a module.
+ONLY_UNDER = {"mlflow": ("kvpipe.record",)}
+# The floors a config is validated on, before a job loads anything (kvpipe.spec and what it reads):
+# none of their modules imports these at its top level.
+LIGHT_FLOORS = ("kvpipe", "kvpipe.config", "kvpipe.catalogue", "kvpipe.model", "kvpipe.workload", "kvpipe.load",
+                "kvpipe.spec")  # fmt: skip
+HEAVY = ("torch", "transformers", "mlflow", "pandas", "numpy", "matplotlib", "optuna", "datasets")
 
 
 def modules(root: Path = REPO) -> dict[str, Path]:
@@ -75,6 +86,49 @@ def imports(root: Path = REPO) -> dict[str, set[str]]:
                 if landed and landed != name:
                     edges[name].add(landed)
     return edges
+
+
+def third_party(root: Path = REPO) -> dict[str, tuple[set[str], set[str]]]:
+    """module -> (the libraries it imports at its top level, those it imports anywhere), by their
+    top-level name; kvpipe's own and relative imports left out."""
+    found = {}
+    for name, path in modules(root).items():
+        found[name] = (set(), set())
+        _library_imports(ast.parse(path.read_text(), str(path)), False, *found[name])
+    return found
+
+
+def _library_imports(node: ast.AST, in_function: bool, top: set[str], anywhere: set[str]) -> None:
+    for child in ast.iter_child_nodes(node):
+        roots = []
+        if isinstance(child, ast.Import):
+            roots = [alias.name.split(".")[0] for alias in child.names]
+        elif isinstance(child, ast.ImportFrom) and not child.level and child.module:
+            roots = [child.module.split(".")[0]]
+        roots = [root for root in roots if root != "kvpipe"]
+        anywhere.update(roots)
+        if not in_function:
+            top.update(roots)
+        inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        _library_imports(child, inside, top, anywhere)
+
+
+def library_misuses(root: Path = REPO) -> list[str]:
+    """Every import of a library outside the packages it belongs to, and every heavy library a light
+    floor imports at its top level."""
+    found = []
+    for module, (top, anywhere) in sorted(third_party(root).items()):
+        for library in sorted(anywhere & set(ONLY_UNDER)):
+            owners = ONLY_UNDER[library]
+            if not any(module == owner or module.startswith(owner + ".") for owner in owners):
+                found.append(f"{module} imports {library} (only {', '.join(owners)} may)")
+        where = place(module)
+        floor = FLOORS[where[0]][where[1]][0] if where else None
+        for library in sorted(top & set(HEAVY)) if floor in LIGHT_FLOORS else ():
+            found.append(
+                f"{module} imports {library} at its top level (floor {floor} stays light; import it inside a function)"
+            )
+    return found
 
 
 def place(module: str) -> tuple[int, int] | None:
@@ -158,6 +212,27 @@ def test_no_import_climbs_a_floor():
 
 def test_no_import_cycle():
     assert cycles() == []
+
+
+def test_libraries_stay_on_their_floors():
+    assert library_misuses() == []
+
+
+def test_the_library_rules_can_fail(tmp_path):
+    """A tree where compare calls MLflow itself (inside a function) and the config imports torch when
+    it loads is caught twice; torch inside the config's function, and MLflow in record/, are fine."""
+    package = tmp_path / "kvpipe"
+    for folder in ("decide", "record"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "decide" / "compare.py").write_text("def publish():\n    from mlflow.tracking import MlflowClient\n")
+    (package / "record" / "tracking.py").write_text("import mlflow\n")
+    (package / "config.py").write_text("import torch.nn\ndef late():\n    import transformers\n")
+    assert library_misuses(tmp_path) == [
+        "kvpipe.config imports torch at its top level (floor kvpipe.config stays light; import it inside a function)",
+        "kvpipe.decide.compare imports mlflow (only kvpipe.record may)",
+    ]
 
 
 def test_the_reader_sees_function_level_typing_and_string_imports(tmp_path):
