@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib
 import math
+import sys
 
 import pandas as pd
+import pytest
 
 from kvpipe import cli, commands
 from kvpipe.decide import limits
@@ -85,3 +87,137 @@ def test_a_new_accelerator_is_one_entry_of_conf_hardware_yaml(tmp_path, monkeypa
     assert '"title": "Toy GPU"' in planned.stdout
     unknown = run_cli(["plan", "model=tiny_random", "--hardware", "toy_gpx"], cwd=tmp_path)
     assert unknown.returncode == 2 and "toy_gpu" in unknown.stderr
+
+
+# --- a workload with its own metric ------------------------------------------------------------------
+
+COUNTUP = '''"""workload=countup: '1 2 3' and the like as prompts; its own quality metric is the share of the
+characters the model writes back that are digits. Made in a test."""
+
+from dataclasses import dataclass, field
+from functools import partial
+
+from kvpipe.catalogue import Metric
+from kvpipe.workload.base import Quality, Workload, Window, padded_batch
+from kvpipe.workload._encoding import encode
+from kvpipe.workload._scored import Scored, ScoredFile, Step
+
+DIGIT_SHARE = Metric("digit_share", "digits answered", "", ".0%", False, in_run_table=True, compare=True)
+
+
+def write_summary(shares, path, title):
+    path.write_text(f"{title}: {shares}\\n")
+
+
+class Countup(Workload):
+    name = "countup"
+    order = 95
+    metrics = (DIGIT_SHARE,)
+    quality = Quality(DIGIT_SHARE, term="digit", axis="digits answered")
+
+    @dataclass
+    class Settings:
+        lengths: list = field(default_factory=lambda: [3, 5])
+
+    def ids(self, tokenizer, length):
+        return encode(tokenizer, " ".join(str(n) for n in range(1, length + 1)))
+
+    def batches(self, tokenizer, device):
+        return [padded_batch(tokenizer, [self.ids(tokenizer, n)], device, [n]) for n in self.settings.lengths]
+
+    def windows(self, tokenizer, count, scored_tokens):
+        return [Window(self.ids(tokenizer, max(self.settings.lengths)), None)] * count
+
+    def answers(self, tokenizer, eos_ids, batches, calls):
+        rows = []
+        for index, call in enumerate(calls):
+            text = tokenizer.decode(call.new_tokens[0], skip_special_tokens=True)
+            share = sum(c.isdigit() for c in text) / max(1, len(text))
+            rows.append({"length": batches[index % len(batches)].rows[0], "answer": text, "digit_share": share})
+        return rows
+
+    def scored(self, rows):
+        by_length = {}
+        for row in rows:
+            by_length.setdefault(row["length"], []).append(row["digit_share"])
+        shares = {length: sum(v) / len(v) for length, v in sorted(by_length.items())}
+        return Scored(
+            metrics={DIGIT_SHARE: sum(r["digit_share"] for r in rows) / len(rows)},
+            steps=[Step("digit_share/by_length", share, length) for length, share in shares.items()],
+            rows=rows,
+            tables={"countup/answers.json": rows},
+            files=[ScoredFile("countup.txt", "countup", partial(write_summary, shares))],
+        )
+'''
+
+
+@pytest.fixture
+def countup(tmp_path, monkeypatch):
+    """The module above, dropped into kvpipe.workload's folder (here: one more folder on its path) and
+    found as kvpipe finds every workload; gone again after the test."""
+    from kvpipe import workload
+    from kvpipe.registry import import_plugins
+    from kvpipe.spec import register_schemas
+
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "countup.py").write_text(COUNTUP)
+    monkeypatch.setattr(workload, "__path__", [*workload.__path__, str(folder)])
+    import_plugins(workload.__name__, workload.__path__, packages=True)
+    register_schemas()  # the workload schema gains `lengths`
+    yield workload.get("countup")
+    del workload.REGISTRY["countup"]
+    sys.modules.pop("kvpipe.workload.countup", None)
+    register_schemas()
+
+
+@pytest.mark.slow  # two real jobs and an MLflow store: ~15 s
+def test_a_new_workload_with_its_own_metric_is_one_module(countup, tmp_path, existing_store):
+    from mlflow.tracking import MlflowClient
+
+    from kvpipe import workload
+    from kvpipe.decide import compare
+    from kvpipe.decide.limits import Limits
+    from kvpipe.decide.recommend import choose
+    from kvpipe.decide.runs import judged_by, load_runs
+    from kvpipe.job.runner import run_job
+    from kvpipe.record import recorder, sync
+    from kvpipe.record.result import Result
+    from kvpipe.spec import make_spec
+
+    from conftest import TINY, compose_config
+
+    db = existing_store(tmp_path)
+    uri = f"sqlite:///{db}"
+    assert workload.quality_metrics()["countup"].metric.name == "digit_share"
+    recorded = {}
+    for strategy, tracking in (("dynamic", f"tracking=sqlite tracking.uri={uri}"), ("static", "tracking=off")):
+        spec = make_spec(compose_config([*TINY, "workload.kind=countup", f"cache={strategy}", *tracking.split()]))
+        job = run_job(spec)
+        path = recorder.record(spec, Result.finished(spec, job), tmp_path / strategy, tmp_path)
+        recorded[strategy] = Result.load(path)
+        # the run's record: its metric, its rows, and its file beside result.json
+        assert recorded[strategy].metrics["digit_share"] == job.metrics["digit_share"]
+        assert {row["length"] for row in recorded[strategy].answers} == {3, 5}
+        assert (tmp_path / strategy / "countup.txt").read_text().startswith(f"{strategy} · tiny_random · countup")
+    # a result kept on disk reaches MLflow later with `kvpipe sync`, as the one tracked from the start did
+    sync.sync_one(tmp_path / "static" / "result.json", recorded["static"], uri)
+    client = MlflowClient(uri)
+    for strategy in recorded:
+        run_id = Result.load(tmp_path / strategy / "result.json").mlflow_run_id
+        assert client.get_run(run_id).data.metrics["digit_share"] == recorded[strategy].metrics["digit_share"]
+        assert [p.step for p in client.get_metric_history(run_id, "digit_share/by_length")] == [3, 5]
+        artifacts = {a.path for a in client.list_artifacts(run_id, "countup")}
+        assert artifacts == {"countup/answers.json", "countup/countup.txt"}
+    # compare: its column, from its class
+    runs, _ = load_runs("kvpipe", None, uri, whole_experiment=True)
+    assert "digits answered" in compare.display_table(runs).columns
+    # recommend: --min-accuracy bounds its quality metric, and the answer names it
+    share = runs["metrics.digit_share"].min()
+    chosen, (what, _) = choose(runs, Limits(accuracy=share))
+    assert f"digits answered {chosen['metrics.digit_share']:.0%} (at least {share:.0%})" in what
+    excess = Limits(accuracy=0.5).excesses(runs.iloc[0])["accuracy"]  # above 0: it misses by that share
+    assert excess == pytest.approx(1 - runs.iloc[0]["metrics.digit_share"] / 0.5)
+    # the search: its objective is 1 - the share, named from its declaration
+    assert objectives.values(runs.iloc[0], "cpu")[2] == pytest.approx(1 - runs.iloc[0]["metrics.digit_share"])
+    assert objectives.axis_names("cpu", judged_by(runs))[2] == "1 - digit accuracy"
