@@ -148,7 +148,7 @@ def test_the_sweeper_takes_either_sampler_and_refuses_others_in_one_line(sampler
     from kvpipe.orchestrate.search.rounds import Search
     from kvpipe.orchestrate.search.sweeper import SearchSettings
 
-    chat = SimpleNamespace(bound_workload=SimpleNamespace(metrics=[]))
+    chat = SimpleNamespace(bound_workload=SimpleNamespace(metrics=[], quality=None))
 
     def search(name):
         return Search(SearchSettings(sampler=name), [], chat, space(), Limits(), "cpu", None, tmp_path, tmp_path)
@@ -203,7 +203,7 @@ def test_progress_counts_jobs_against_the_budget_and_every_point_in_an_exhaustiv
     from kvpipe.orchestrate.search.study import MEASURED, REUSED, Seen
     from kvpipe.orchestrate.search.sweeper import SearchSettings
 
-    chat = SimpleNamespace(bound_workload=SimpleNamespace(metrics=[]))
+    chat = SimpleNamespace(bound_workload=SimpleNamespace(metrics=[], quality=None))
     the_space = space()
     first, second = the_space.points[:2]
 
