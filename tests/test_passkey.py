@@ -273,3 +273,20 @@ def test_a_lossless_cache_retrieves_at_least_as_often_as_int2_where_full_precisi
     int2 = run_job(spec_for(*settings, "cache=quantized", "backend.nbits=2")).metrics["retrieval_accuracy"]
     assert dynamic > 0.5, "full precision should find most keys at 500 tokens (it found 6 of 6 in the needle preset)"
     assert dynamic >= int2
+
+
+def test_a_recorded_result_scores_again_from_its_answers_alone():
+    """What record/ logs to MLflow (and `kvpipe sync` uploads long after) is made from result.json's rows."""
+    from kvpipe.record.result import Result
+
+    def row(depth, found):
+        return {"context_tokens": 200, "depth": depth, "trial": 0, "repeat": 0, "key": "48213", "answer": "",
+                "found": found, "ttft_ms": 2.0, "tpot_ms": 1.0, "kv_cache_bytes": 4096}  # fmt: skip
+
+    rows = [row(0.25, True), row(0.75, False)]
+    scored = Result(status="FINISHED", config={"workload": {"kind": "passkey"}}, answers=rows).scored()
+    assert scored.values() == {"retrieval_accuracy": 0.5, "retrieval_answers": 2} and scored.rows == rows
+    steps = {(step.series, step.step): step.value for step in scored.steps}
+    assert steps[("retrieval_accuracy/all_depths", 200)] == 0.5 and steps[("retrieval_accuracy/depth_0.75", 200)] == 0
+    assert set(scored.tables) == {"retrieval/answers.json", "retrieval/cells.json"}
+    assert [(file.name, file.artifact_dir) for file in scored.files] == [("retrieval_heatmap.png", "retrieval")]

@@ -24,7 +24,7 @@ from kvpipe.record import recorder
 from kvpipe.record.result import Result
 from kvpipe.spec import make_spec, register_schemas
 from kvpipe.workload._encoding import encode
-from kvpipe.workload.base import REGISTRY, Scored, Window, Workload, padded_batch
+from kvpipe.workload.base import REGISTRY, Quality, Scored, Window, Workload, padded_batch
 
 from conftest import REPO, TINY, compose_config, quoted_outside
 
@@ -130,3 +130,20 @@ def test_every_workload_option_file_names_a_registered_kind():
     for option in sorted(Path(REPO / "conf" / "workload").glob("*.yaml")):
         match = re.search(r"^kind: (\w+)", option.read_text(), re.MULTILINE)
         assert match and match.group(1) == option.stem and match.group(1) in workload.names(), option
+
+
+def test_a_quality_metric_must_be_one_of_the_workloads_own_with_a_direction():
+    count = Metric("echo_count", "echoes", "", ".0f")  # neither higher nor lower is better
+    with pytest.raises(TypeError, match="Echo.quality: expected one of its own metrics, with a direction"):
+
+        class Echo(Workload):
+            metrics = (count,)
+            quality = Quality(count, term="echo", axis="echoes")
+
+    assert "echo" not in REGISTRY
+
+
+def test_each_workload_that_judges_its_answers_declares_it_on_its_class():
+    for kind in workload.registered():
+        judged = workload.quality_metrics().get(kind.name)
+        assert judged is kind.quality and (judged is None or judged.metric in kind.metrics)

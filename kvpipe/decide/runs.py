@@ -142,8 +142,8 @@ def pareto_front(runs: pd.DataFrame) -> pd.Series:
     accuracy), that metric in its direction (and KL too when every run has it)."""
     axes = [runs["memory_bytes"], column(runs, catalogue.column("tpot_ms"))]
     quality = judged_by(runs)
-    judged = column(runs, quality.metric.column) if quality else pd.Series(np.nan, index=runs.index)
-    if judged.notna().all():  # its own quality judges it, KL too where every run has it
+    if quality is not None and column(runs, quality.metric.column).notna().all():  # KL too where every run has it
+        judged = column(runs, quality.metric.column)
         axes.append(judged if quality.metric.lower_is_better else -judged)
         if runs["quality_loss"].notna().all():
             axes.append(runs["quality_loss"])
