@@ -4,9 +4,10 @@ A workload owns its settings (the `workload.*` fields it reads beyond the common
 (against the config alone, and that its prompts fit the model's positions), its batches, the
 windows quality scores, the fields that define what it measures (the measurement key, the MLflow
 params, the run name and the quality reference's key), and any scoring of its own: its metrics, the
-one that judges its answers (`quality`), and a `Scored` that kvpipe.record writes and logs. Subclassing registers it under `name`; every other module asks the
-registry (`kvpipe.workload.get`, `registered`) and never spells a kind. Pure Python at import:
-torch and the tokenizer arrive as arguments.
+one that judges its answers (`quality`), and a `Scored` that kvpipe.record writes and logs.
+Subclassing registers it under `name`; every other module asks the registry (`kvpipe.workload.get`,
+`registered`) and never spells a kind. Pure Python at import: torch and the tokenizer arrive as
+arguments.
 """
 
 from __future__ import annotations
