@@ -147,3 +147,20 @@ def test_each_workload_that_judges_its_answers_declares_it_on_its_class():
     for kind in workload.registered():
         judged = workload.quality_metrics().get(kind.name)
         assert judged is kind.quality and (judged is None or judged.metric in kind.metrics)
+
+
+def test_a_workload_scores_only_the_metrics_it_declares():
+    declared = Metric("echo_words", "words echoed", "", ".0f", False)
+    stray = Metric("echo_chars", "characters echoed", "", ".0f", False)
+
+    class Echo(Workload):  # no `name`: not registered
+        metrics = (declared,)
+
+        def answers(self, tokenizer, eos_ids, batches, calls):
+            return [{"words": 2, "chars": 9}]
+
+        def scored(self, rows):
+            return Scored({declared: 2.0, stray: 9.0}, rows=rows)
+
+    with pytest.raises(TypeError, match=r"Echo scored \['echo_chars'\], which its `metrics` do not declare"):
+        Echo({}).score(None, set(), [], [])

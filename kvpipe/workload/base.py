@@ -251,7 +251,11 @@ class Workload(Registered):
 
     def score(self, tokenizer, eos_ids: set[int], batches: list[Batch], calls: list) -> Scored:
         """Its own scoring of the measured calls: its answers, scored."""
-        return self.scored(self.answers(tokenizer, eos_ids, batches, calls))
+        scored = self.scored(self.answers(tokenizer, eos_ids, batches, calls))
+        undeclared = [metric.name for metric in scored.metrics if metric not in self.metrics]
+        if undeclared:  # the run's table, compare and the docs would not know them
+            raise TypeError(f"{type(self).__name__} scored {undeclared}, which its `metrics` do not declare")
+        return scored
 
     def answers(self, tokenizer, eos_ids: set[int], batches: list[Batch], calls: list) -> list[dict]:
         """A row per answer of the measured calls (what result.json keeps); none by default."""
