@@ -8,16 +8,11 @@ import shlex
 import socket
 from dataclasses import dataclass
 
-from kvpipe import catalogue
 from kvpipe.errors import KvpipeError
 from kvpipe.predict.calibration import Sample
+from kvpipe.predict.run_costs import BATCH, NEW, PROMPT, TPOT, TTFT
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.spec import override_group
-
-# their columns among recorded runs
-BATCH, PROMPT, NEW, TPOT, TTFT = (
-    catalogue.column(name) for name in ("batch_size", "prompt_tokens", "new_tokens", "tpot_ms", "ttft_ms")
-)
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,9 @@ import math
 
 from kvpipe import catalogue
 from kvpipe.predict.floors import split
-from kvpipe.predict.run_costs import job_costs, job_spec
+from kvpipe.predict.run_costs import BATCH, NEW, PROMPT, job_costs, job_spec
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.units import human_bytes
-
-# their columns among recorded runs
-BATCH, PROMPT, NEW = (catalogue.column(name) for name in ("batch_size", "prompt_tokens", "new_tokens"))
 
 KV, PEAK = catalogue.column("kv_cache_bytes"), "memory_bytes"
 

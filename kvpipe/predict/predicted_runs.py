@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import math
 
-from kvpipe import catalogue
 from kvpipe.predict.calibration import Sample, calibrate
-from kvpipe.predict.run_costs import job_costs, job_spec
+from kvpipe.predict.run_costs import BATCH, NEW, PROMPT, TPOT, TTFT, job_costs, job_spec
 from kvpipe.record import tags as mlflow_tags
-
-# their columns among recorded runs
-BATCH, PROMPT, NEW, TPOT, TTFT = (
-    catalogue.column(name) for name in ("batch_size", "prompt_tokens", "new_tokens", "tpot_ms", "ttft_ms")
-)
 
 # compare --predicted's columns (compare shows TPOT, not TTFT, of its own: the measured TTFT comes too)
 PREDICTED = {

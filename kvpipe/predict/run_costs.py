@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import shlex
 
+from kvpipe import catalogue
 from kvpipe.errors import KvpipeError
+
+# A recorded run's columns (kvpipe.record.runs) that predictions read: its job's shape and its timings
+BATCH, PROMPT, NEW, TPOT, TTFT = (
+    catalogue.column(name) for name in ("batch_size", "prompt_tokens", "new_tokens", "tpot_ms", "ttft_ms")
+)
 
 _SPECS: dict[str, object] = {}
 _COSTS: dict[tuple, object] = {}
