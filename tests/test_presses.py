@@ -14,7 +14,8 @@ from optuna.distributions import CategoricalDistribution
 
 from kvpipe import model as models
 from kvpipe.cache import accounting, presses
-from kvpipe.cache.presses._layers import attach, attention_modules, window_queries
+from kvpipe.cache.presses._attention import window_queries
+from kvpipe.cache.presses._layers import attach, attention_modules
 from kvpipe.errors import ConfigError
 from kvpipe.job.runner import run_job
 from kvpipe.model.shape import ModelShape
@@ -23,11 +24,11 @@ from kvpipe.predict import plan
 from conftest import run_cli, spec_for
 
 JOB = ("workload=long_context", "tracking=off", "quality=off", "workload.warmup=0", "workload.repeats=1")
+EVICTING = [press for press in presses.registered() if press.evicts]
+# every press as its own test_overrides make a quick job of it, and streaming's second mode: a fixed window
 PRESSES = {
-    "streaming": ("press=streaming", "press.sinks=2"),
+    **{press.name: (f"press={press.name}", *press.test_overrides) for press in EVICTING},
     "streaming window": ("press=streaming", "press.sinks=2", "press.window=9"),
-    "knorm": ("press=knorm", "press.ratio=0.25"),
-    "snapkv": ("press=snapkv", "press.ratio=0.75", "press.window=8"),
 }
 CACHES = {
     "dynamic": ("cache=dynamic",),
@@ -88,21 +89,37 @@ def test_streaming_holds_its_budget_however_long_it_decodes():
 # ---- what each press keeps ----------------------------------------------------------------------
 
 
+class Attention(torch.nn.Module):
+    """A one-layer model's attention: its forward hands the prompt's keys and values to the cache, as a
+    model's attention does, and the press's hook runs after it."""
+
+    layer_idx = 0
+
+    def forward(self, keys, values, cache):
+        return cache.layers[0].update(keys, values), None
+
+
 def _layer_pair(window: int, sinks: int = 0):
+    """A streaming layer and transformers' sliding layer, and how to prefill ours."""
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-    cache = type("Cache", (), {})()
+    cache, attention = type("Cache", (), {})(), Attention()
     cache.layers = [DynamicLayer()]
     press = spec_for(*JOB, "press=streaming", f"press.sinks={sinks}", f"press.window={window}").strategy.press
-    return attach(press, cache, torch.nn.Module()).layers[0], DynamicSlidingWindowLayer(sliding_window=window)
+    ours = attach(press, cache, attention).layers[0]
+
+    def prefill(keys, values):
+        return attention(keys, values, cache=cache)
+
+    return ours, DynamicSlidingWindowLayer(sliding_window=window), prefill
 
 
 @pytest.mark.parametrize("window", [5, 12])
 def test_streaming_with_no_sinks_keeps_exactly_what_transformers_sliding_layer_keeps(window):
-    ours, stock = _layer_pair(window)
+    ours, stock, prefill = _layer_pair(window)
     torch.manual_seed(0)
     prompt = torch.randn(2, 2, 20, 8), torch.randn(2, 2, 20, 8)
-    ours.update(*prompt), stock.update(*prompt)
+    prefill(*prompt), stock.update(*prompt)
     assert torch.equal(ours.keys, stock.keys) and torch.equal(ours.values, stock.values)
     for _ in range(15):
         step = torch.randn(2, 2, 1, 8), torch.randn(2, 2, 1, 8)
@@ -112,9 +129,9 @@ def test_streaming_with_no_sinks_keeps_exactly_what_transformers_sliding_layer_k
 
 
 def test_streaming_keeps_its_sinks_while_the_window_moves():
-    ours, _ = _layer_pair(window=4, sinks=3)
+    ours, _, prefill = _layer_pair(window=4, sinks=3)
     keys = torch.arange(10.0).view(1, 1, 10, 1)
-    ours.update(keys, keys)
+    prefill(keys, keys)
     for token in range(10, 14):
         ours.update(torch.full((1, 1, 1, 1), float(token)), torch.full((1, 1, 1, 1), float(token)))
     assert ours.keys.flatten().tolist() == [0, 1, 2, 11, 12, 13]  # 3 sinks + window - 1 recent
@@ -123,18 +140,19 @@ def test_streaming_keeps_its_sinks_while_the_window_moves():
 def test_knorm_drops_the_keys_with_the_largest_norm():
     press = spec_for(*JOB, "press=knorm", "press.ratio=0.5").strategy.press
     keys = torch.tensor([3.0, 1.0, 4.0, 0.5, 2.0, 6.0]).view(1, 1, 6, 1)
-    assert press.keep(keys, keys, None, None).flatten().tolist() == [1, 3, 4]
+    assert press.keep(None, None, keys, keys, None, None).flatten().tolist() == [1, 3, 4]
 
 
 def test_snapkv_keeps_what_its_window_attends_to_and_the_window_itself():
     press = spec_for(*JOB, "press=snapkv", "press.ratio=0.5", "press.window=2", "press.kernel=1").strategy.press
     keys = torch.zeros(1, 1, 8, 4)
     keys[0, 0, 2] = torch.tensor([0.0, 0.0, 9.0, 0.0])  # the token the window's queries point at
-    queries = torch.zeros(1, 1, 2, 4)
-    queries[0, 0, :, 2] = 1.0
-    module = type("Attention", (), {"scaling": 1.0})()
-    assert press.keep(keys, keys, queries, module).flatten().tolist()[:1] == [2]
-    assert press.keep(keys, keys, queries, module).flatten().tolist()[-2:] == [6, 7]
+    hidden = torch.zeros(1, 8, 4)
+    hidden[0, -2:, 2] = 1.0  # the window's queries, through an identity q_proj and no rotation
+    module = type("Attention", (), {"scaling": 1.0, "head_dim": 4, "q_proj": torch.nn.Identity()})()
+    unrotated = torch.ones(1, 8, 4), torch.zeros(1, 8, 4)
+    kept = press.keep(module, hidden, keys, keys, None, unrotated).flatten().tolist()
+    assert kept[:1] == [2] and kept[-2:] == [6, 7]
 
 
 @pytest.mark.parametrize("shape", sorted(MODELS))
@@ -285,8 +303,8 @@ def test_padded_batches_are_refused_for_a_press():
 def test_the_press_schema_has_every_presss_settings():
     from kvpipe.spec import schema
 
-    names = {f.name for f in dataclasses.fields(schema.PressConfig)}
-    assert names == {"name", "ratio", "sinks", "window", "kernel"}
+    settings = {field.name for press in presses.registered() for field in dataclasses.fields(press.Settings)}
+    assert {f.name for f in dataclasses.fields(schema.PressConfig)} == {"name", *settings}
 
 
 # ---- the search: presses as one more family, walked from the safest ratio -----------------------
@@ -393,16 +411,24 @@ def test_a_space_narrowed_to_a_backend_and_presses_holds_both_families_and_no_ot
 
 def test_snapkv_keeps_what_the_models_own_attention_weights_rank_highest():
     """kvpress's reading of SnapKV from the attention weights an eager forward returns, layer by layer,
-    equals what kvpipe's press keeps from the queries it recomputes."""
+    equals what kvpipe's press keeps, from those weights and from the queries it recomputes without them
+    (as under sdpa)."""
     import torch.nn.functional as F
 
     spec = spec_for("model=tiny_sliding", *JOB, "model.attn_implementation=eager", "press=snapkv",
                     "press.ratio=0.5", "press.window=8", "press.kernel=3")  # fmt: skip
     loaded = models.load(spec.model)
-    strategy, kept = spec.strategy, []
+    strategy, kept, recomputed = spec.strategy, [], []
     press, cache = strategy.press, strategy.setup(loaded, 40).make_cache()
     original = press.keep
-    press.keep = lambda *args: kept.append(original(*args)) or kept[-1]
+
+    def keep(module, hidden, keys, values, attentions, position_embeddings):
+        assert attentions is not None  # eager returns them
+        recomputed.append(original(module, hidden, keys, values, None, position_embeddings))
+        kept.append(original(module, hidden, keys, values, attentions, position_embeddings))
+        return kept[-1]
+
+    press.keep = keep
     ids = torch.randint(0, 1000, (2, 40))
     with torch.inference_mode():
         attentions = loaded.model(input_ids=ids, cache=cache, use_cache=True, output_attentions=True).attentions
@@ -412,6 +438,7 @@ def test_snapkv_keeps_what_the_models_own_attention_weights_rank_highest():
     scores = F.avg_pool1d(weights, kernel_size=3, padding=1, stride=1).view(2, 2, 2, 32).mean(2)
     scores = F.pad(scores, (0, 8), value=scores.max().item() + 1)
     assert torch.equal(scores.topk(20, dim=-1).indices.sort(dim=-1).values, kept[0])
+    assert torch.equal(recomputed[0], kept[0])
 
 
 def test_a_press_setting_is_blank_for_runs_without_a_press_and_not_a_varying_column():
