@@ -55,18 +55,20 @@ def predicted(spec, prompt_tokens: int, new_tokens: int) -> int:
 @pytest.mark.slow  # a real job per press and cache, on two model shapes
 @pytest.mark.parametrize("shape", sorted(MODELS))
 @pytest.mark.parametrize("new_tokens", [1, 7])
-def test_every_press_prediction_equals_the_bytes_a_real_job_holds(shape, new_tokens):
-    for press, press_overrides in PRESSES.items():
-        for cache, cache_overrides in CACHES.items():
-            if press.startswith("streaming") and cache != "dynamic":
-                continue  # refused: see test_streaming_on_a_quantized_cache_is_refused
-            spec = spec_for(*MODELS[shape], *JOB, "workload.prompt_tokens=40", f"workload.max_new_tokens={new_tokens}",
-                            "workload.batch_size=2", *cache_overrides, *press_overrides)  # fmt: skip
-            metrics = run_job(spec).metrics
-            assert predicted(spec, 40, new_tokens) == metrics["kv_cache_bytes"], (press, cache)
-            unpressed = spec_for(*MODELS[shape], *JOB, "workload.prompt_tokens=40", *cache_overrides,
-                                 f"workload.max_new_tokens={new_tokens}", "workload.batch_size=2")  # fmt: skip
-            assert predicted(spec, 40, new_tokens) < predicted(unpressed, 40, new_tokens), (press, cache)
+@pytest.mark.parametrize("press", sorted(PRESSES))
+def test_every_press_prediction_equals_the_bytes_a_real_job_holds(press, shape, new_tokens):
+    press_overrides = PRESSES[press]
+    composes_with = spec_for(*JOB, *press_overrides).strategy.press.composes_with
+    for cache, cache_overrides in CACHES.items():
+        if spec_for(*JOB, *cache_overrides).strategy.press_layers not in composes_with:
+            continue  # refused: see test_a_press_config_it_cannot_run_is_one_line_before_anything_loads
+        spec = spec_for(*MODELS[shape], *JOB, "workload.prompt_tokens=40", f"workload.max_new_tokens={new_tokens}",
+                        "workload.batch_size=2", *cache_overrides, *press_overrides)  # fmt: skip
+        metrics = run_job(spec).metrics
+        assert predicted(spec, 40, new_tokens) == metrics["kv_cache_bytes"], cache
+        unpressed = spec_for(*MODELS[shape], *JOB, "workload.prompt_tokens=40", *cache_overrides,
+                             f"workload.max_new_tokens={new_tokens}", "workload.batch_size=2")  # fmt: skip
+        assert predicted(spec, 40, new_tokens) < predicted(unpressed, 40, new_tokens), cache
 
 
 def test_a_press_keeps_its_ratios_share_of_the_prompt_in_full_layers_only():
@@ -192,6 +194,64 @@ def test_every_model_type_snapkv_reads_projects_queries_and_rotates_them():
         attention = [c for n, c in vars(module).items() if n.endswith("Attention") and inspect.isclass(c)]
         source = inspect.getsource(attention[0])
         assert "self.q_proj" in source and "apply_rotary_pos_emb" in source, model_type
+
+
+# ---- every registered press, as its own test_overrides make a quick job of it ---------------------
+
+
+def prefill_under(spec, prompt_tokens: int = 40, batch: int = 2) -> list[dict]:
+    """A prefill of random tokens through the spec's pressed cache: for each full-attention layer, the
+    scores its press gave, the indices it kept, the prompt's keys and the keys the layer then holds."""
+    loaded, strategy, seen = models.load(spec.model), spec.strategy, []
+    press, cache = strategy.press, strategy.setup(loaded, prompt_tokens).make_cache()
+    score, keep = press.score, press.keep
+
+    def scoring(module, hidden_states, keys, *rest):
+        seen.append({"scores": score(module, hidden_states, keys, *rest), "keys": keys})
+        return seen[-1]["scores"]
+
+    def keeping(*args):
+        seen[-1]["kept"] = keep(*args)
+        return seen[-1]["kept"]
+
+    press.score, press.keep = scoring, keeping
+    with torch.inference_mode():
+        loaded.model(input_ids=torch.randint(0, 1000, (batch, prompt_tokens)), cache=cache, use_cache=True)
+    full = [layer for layer in cache.layers if not getattr(layer, "is_sliding", False)]
+    assert len(seen) == len(full) > 0
+    return [{**layer_seen, "held": layer.keys} for layer_seen, layer in zip(seen, full)]
+
+
+def assert_each_layer_keeps_its_protected_and_highest_scored(press, layers: list[dict], prompt_tokens: int) -> None:
+    """Each layer holds the `kept(prompt)` tokens its press chose: the protected ones, and none scored
+    lower than a token it dropped."""
+    first, last = press.protected(prompt_tokens)
+    protected = torch.zeros(prompt_tokens, dtype=torch.bool)
+    protected[:first], protected[prompt_tokens - last :] = True, True
+    for layer in layers:
+        kept, keys, scores = layer["kept"], layer["keys"], layer["scores"].float()
+        assert layer["held"].shape[-2] == kept.shape[-1] == press.kept(prompt_tokens)
+        assert torch.equal(layer["held"], keys.gather(2, kept.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])))
+        is_kept = torch.zeros(scores.shape, dtype=torch.bool).scatter(-1, kept, True)
+        assert is_kept[..., protected].all()
+        lowest_kept = scores.masked_fill(~is_kept | protected, float("inf")).amin(dim=-1)
+        highest_dropped = scores.masked_fill(is_kept, float("-inf")).amax(dim=-1)
+        assert (lowest_kept >= highest_dropped).all()
+
+
+@pytest.mark.parametrize("name", [press.name for press in EVICTING])
+def test_every_press_keeps_in_each_full_layer_its_protected_tokens_and_the_highest_scored(name):
+    spec = spec_for("model=tiny_random", *JOB, f"press={name}", *presses.get(name).test_overrides)
+    assert_each_layer_keeps_its_protected_and_highest_scored(spec.strategy.press, prefill_under(spec, 40), 40)
+
+
+@pytest.mark.slow  # a real job per press
+@pytest.mark.parametrize("name", [press.name for press in EVICTING])
+def test_every_press_makes_a_quick_job_of_its_test_overrides_on_the_default_workload(name):
+    harness = ("tracking=off", "quality=off", "workload.warmup=0", "workload.repeats=1", "workload.max_new_tokens=4")
+    pressed = run_job(spec_for("model=tiny_random", *harness, f"press={name}", *presses.get(name).test_overrides))
+    plain = run_job(spec_for("model=tiny_random", *harness))
+    assert 0 < pressed.metrics["kv_cache_bytes"] < plain.metrics["kv_cache_bytes"]
 
 
 # ---- generation and quality through a press -----------------------------------------------------
