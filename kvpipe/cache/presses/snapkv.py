@@ -8,7 +8,6 @@ implementation returns them (eager), else the window's attention recomputed from
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from kvpipe.cache.presses.base import Press
 from kvpipe.errors import ConfigError
@@ -25,11 +24,13 @@ class SnapKV(Press):
     @dataclass
     class Settings:
         ratio: float = 0.5  # the fraction of the prompt's KV removed
-        window: Optional[int] = DEFAULT_WINDOW  # the last prompt tokens whose attention scores the rest
+        window: int = DEFAULT_WINDOW  # the last prompt tokens whose attention scores the rest
         kernel: int = 5  # neighbours each score is pooled over
 
     @property
     def window(self) -> int:
+        # press.window=null can still reach here where the press schema is one union of every press's
+        # settings (streaming's window is optional): it means the paper's window
         return DEFAULT_WINDOW if self.settings.window is None else self.settings.window
 
     def check(self) -> list[str]:
