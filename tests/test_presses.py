@@ -245,6 +245,18 @@ def test_every_press_keeps_in_each_full_layer_its_protected_tokens_and_the_highe
     assert_each_layer_keeps_its_protected_and_highest_scored(spec.strategy.press, prefill_under(spec, 40), 40)
 
 
+def test_a_press_reads_the_prompt_through_one_hook_per_layer_gone_once_the_prompt_is_read():
+    spec = spec_for("model=tiny_random", *JOB, "press=knorm")
+    loaded, strategy = models.load(spec.model), spec.strategy
+    modules = attention_modules(loaded.model).values()
+    before = [len(module._forward_hooks) for module in modules]
+    cache = strategy.setup(loaded, 40).make_cache()
+    assert [len(module._forward_hooks) for module in modules] == [hooks + 1 for hooks in before]
+    with torch.inference_mode():
+        loaded.model(input_ids=torch.randint(0, 1000, (1, 40)), cache=cache, use_cache=True)
+    assert [len(module._forward_hooks) for module in modules] == before  # decoding pays nothing for it
+
+
 @pytest.mark.slow  # a real job per press
 @pytest.mark.parametrize("name", [press.name for press in EVICTING])
 def test_every_press_makes_a_quick_job_of_its_test_overrides_on_the_default_workload(name):
