@@ -14,7 +14,8 @@ from optuna.distributions import CategoricalDistribution
 
 from kvpipe import model as models
 from kvpipe.cache import accounting, presses
-from kvpipe.cache.presses._layers import attach, attention_modules, window_queries
+from kvpipe.cache.presses._attention import window_queries
+from kvpipe.cache.presses._layers import attach, attention_modules
 from kvpipe.errors import ConfigError
 from kvpipe.job.runner import run_job
 from kvpipe.model.shape import ModelShape
@@ -23,11 +24,11 @@ from kvpipe.predict import plan
 from conftest import run_cli, spec_for
 
 JOB = ("workload=long_context", "tracking=off", "quality=off", "workload.warmup=0", "workload.repeats=1")
+EVICTING = [press for press in presses.registered() if press.evicts]
+# every press as its own test_overrides make a quick job of it, and streaming's second mode: a fixed window
 PRESSES = {
-    "streaming": ("press=streaming", "press.sinks=2"),
+    **{press.name: (f"press={press.name}", *press.test_overrides) for press in EVICTING},
     "streaming window": ("press=streaming", "press.sinks=2", "press.window=9"),
-    "knorm": ("press=knorm", "press.ratio=0.25"),
-    "snapkv": ("press=snapkv", "press.ratio=0.75", "press.window=8"),
 }
 CACHES = {
     "dynamic": ("cache=dynamic",),
@@ -54,18 +55,20 @@ def predicted(spec, prompt_tokens: int, new_tokens: int) -> int:
 @pytest.mark.slow  # a real job per press and cache, on two model shapes
 @pytest.mark.parametrize("shape", sorted(MODELS))
 @pytest.mark.parametrize("new_tokens", [1, 7])
-def test_every_press_prediction_equals_the_bytes_a_real_job_holds(shape, new_tokens):
-    for press, press_overrides in PRESSES.items():
-        for cache, cache_overrides in CACHES.items():
-            if press.startswith("streaming") and cache != "dynamic":
-                continue  # refused: see test_streaming_on_a_quantized_cache_is_refused
-            spec = spec_for(*MODELS[shape], *JOB, "workload.prompt_tokens=40", f"workload.max_new_tokens={new_tokens}",
-                            "workload.batch_size=2", *cache_overrides, *press_overrides)  # fmt: skip
-            metrics = run_job(spec).metrics
-            assert predicted(spec, 40, new_tokens) == metrics["kv_cache_bytes"], (press, cache)
-            unpressed = spec_for(*MODELS[shape], *JOB, "workload.prompt_tokens=40", *cache_overrides,
-                                 f"workload.max_new_tokens={new_tokens}", "workload.batch_size=2")  # fmt: skip
-            assert predicted(spec, 40, new_tokens) < predicted(unpressed, 40, new_tokens), (press, cache)
+@pytest.mark.parametrize("press", sorted(PRESSES))
+def test_every_press_prediction_equals_the_bytes_a_real_job_holds(press, shape, new_tokens):
+    press_overrides = PRESSES[press]
+    composes_with = spec_for(*JOB, *press_overrides).strategy.press.composes_with
+    for cache, cache_overrides in CACHES.items():
+        if spec_for(*JOB, *cache_overrides).strategy.press_layers not in composes_with:
+            continue  # refused: see test_a_press_config_it_cannot_run_is_one_line_before_anything_loads
+        spec = spec_for(*MODELS[shape], *JOB, "workload.prompt_tokens=40", f"workload.max_new_tokens={new_tokens}",
+                        "workload.batch_size=2", *cache_overrides, *press_overrides)  # fmt: skip
+        metrics = run_job(spec).metrics
+        assert predicted(spec, 40, new_tokens) == metrics["kv_cache_bytes"], cache
+        unpressed = spec_for(*MODELS[shape], *JOB, "workload.prompt_tokens=40", *cache_overrides,
+                             f"workload.max_new_tokens={new_tokens}", "workload.batch_size=2")  # fmt: skip
+        assert predicted(spec, 40, new_tokens) < predicted(unpressed, 40, new_tokens), cache
 
 
 def test_a_press_keeps_its_ratios_share_of_the_prompt_in_full_layers_only():
@@ -88,21 +91,37 @@ def test_streaming_holds_its_budget_however_long_it_decodes():
 # ---- what each press keeps ----------------------------------------------------------------------
 
 
+class Attention(torch.nn.Module):
+    """A one-layer model's attention: its forward hands the prompt's keys and values to the cache, as a
+    model's attention does, and the press's hook runs after it."""
+
+    layer_idx = 0
+
+    def forward(self, keys, values, cache):
+        return cache.layers[0].update(keys, values), None
+
+
 def _layer_pair(window: int, sinks: int = 0):
+    """A streaming layer and transformers' sliding layer, and how to prefill ours."""
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-    cache = type("Cache", (), {})()
+    cache, attention = type("Cache", (), {})(), Attention()
     cache.layers = [DynamicLayer()]
     press = spec_for(*JOB, "press=streaming", f"press.sinks={sinks}", f"press.window={window}").strategy.press
-    return attach(press, cache, torch.nn.Module()).layers[0], DynamicSlidingWindowLayer(sliding_window=window)
+    ours = attach(press, cache, attention).layers[0]
+
+    def prefill(keys, values):
+        return attention(keys, values, cache=cache)
+
+    return ours, DynamicSlidingWindowLayer(sliding_window=window), prefill
 
 
 @pytest.mark.parametrize("window", [5, 12])
 def test_streaming_with_no_sinks_keeps_exactly_what_transformers_sliding_layer_keeps(window):
-    ours, stock = _layer_pair(window)
+    ours, stock, prefill = _layer_pair(window)
     torch.manual_seed(0)
     prompt = torch.randn(2, 2, 20, 8), torch.randn(2, 2, 20, 8)
-    ours.update(*prompt), stock.update(*prompt)
+    prefill(*prompt), stock.update(*prompt)
     assert torch.equal(ours.keys, stock.keys) and torch.equal(ours.values, stock.values)
     for _ in range(15):
         step = torch.randn(2, 2, 1, 8), torch.randn(2, 2, 1, 8)
@@ -112,9 +131,9 @@ def test_streaming_with_no_sinks_keeps_exactly_what_transformers_sliding_layer_k
 
 
 def test_streaming_keeps_its_sinks_while_the_window_moves():
-    ours, _ = _layer_pair(window=4, sinks=3)
+    ours, _, prefill = _layer_pair(window=4, sinks=3)
     keys = torch.arange(10.0).view(1, 1, 10, 1)
-    ours.update(keys, keys)
+    prefill(keys, keys)
     for token in range(10, 14):
         ours.update(torch.full((1, 1, 1, 1), float(token)), torch.full((1, 1, 1, 1), float(token)))
     assert ours.keys.flatten().tolist() == [0, 1, 2, 11, 12, 13]  # 3 sinks + window - 1 recent
@@ -123,18 +142,19 @@ def test_streaming_keeps_its_sinks_while_the_window_moves():
 def test_knorm_drops_the_keys_with_the_largest_norm():
     press = spec_for(*JOB, "press=knorm", "press.ratio=0.5").strategy.press
     keys = torch.tensor([3.0, 1.0, 4.0, 0.5, 2.0, 6.0]).view(1, 1, 6, 1)
-    assert press.keep(keys, keys, None, None).flatten().tolist() == [1, 3, 4]
+    assert press.keep(None, None, keys, keys, None, None).flatten().tolist() == [1, 3, 4]
 
 
 def test_snapkv_keeps_what_its_window_attends_to_and_the_window_itself():
     press = spec_for(*JOB, "press=snapkv", "press.ratio=0.5", "press.window=2", "press.kernel=1").strategy.press
     keys = torch.zeros(1, 1, 8, 4)
     keys[0, 0, 2] = torch.tensor([0.0, 0.0, 9.0, 0.0])  # the token the window's queries point at
-    queries = torch.zeros(1, 1, 2, 4)
-    queries[0, 0, :, 2] = 1.0
-    module = type("Attention", (), {"scaling": 1.0})()
-    assert press.keep(keys, keys, queries, module).flatten().tolist()[:1] == [2]
-    assert press.keep(keys, keys, queries, module).flatten().tolist()[-2:] == [6, 7]
+    hidden = torch.zeros(1, 8, 4)
+    hidden[0, -2:, 2] = 1.0  # the window's queries, through an identity q_proj and no rotation
+    module = type("Attention", (), {"scaling": 1.0, "head_dim": 4, "q_proj": torch.nn.Identity()})()
+    unrotated = torch.ones(1, 8, 4), torch.zeros(1, 8, 4)
+    kept = press.keep(module, hidden, keys, keys, None, unrotated).flatten().tolist()
+    assert kept[:1] == [2] and kept[-2:] == [6, 7]
 
 
 @pytest.mark.parametrize("shape", sorted(MODELS))
@@ -174,6 +194,76 @@ def test_every_model_type_snapkv_reads_projects_queries_and_rotates_them():
         attention = [c for n, c in vars(module).items() if n.endswith("Attention") and inspect.isclass(c)]
         source = inspect.getsource(attention[0])
         assert "self.q_proj" in source and "apply_rotary_pos_emb" in source, model_type
+
+
+# ---- every registered press, as its own test_overrides make a quick job of it ---------------------
+
+
+def prefill_under(spec, prompt_tokens: int = 40, batch: int = 2) -> list[dict]:
+    """A prefill of random tokens through the spec's pressed cache: for each full-attention layer, the
+    scores its press gave, the indices it kept, the prompt's keys and the keys the layer then holds."""
+    loaded, strategy, seen = models.load(spec.model), spec.strategy, []
+    press, cache = strategy.press, strategy.setup(loaded, prompt_tokens).make_cache()
+    score, keep = press.score, press.keep
+
+    def scoring(module, hidden_states, keys, *rest):
+        seen.append({"scores": score(module, hidden_states, keys, *rest), "keys": keys})
+        return seen[-1]["scores"]
+
+    def keeping(*args):
+        seen[-1]["kept"] = keep(*args)
+        return seen[-1]["kept"]
+
+    press.score, press.keep = scoring, keeping
+    with torch.inference_mode():
+        loaded.model(input_ids=torch.randint(0, 1000, (batch, prompt_tokens)), cache=cache, use_cache=True)
+    full = [layer for layer in cache.layers if not getattr(layer, "is_sliding", False)]
+    assert len(seen) == len(full) > 0
+    return [{**layer_seen, "held": layer.keys} for layer_seen, layer in zip(seen, full)]
+
+
+def assert_each_layer_keeps_its_protected_and_highest_scored(press, layers: list[dict], prompt_tokens: int) -> None:
+    """Each layer holds the `kept(prompt)` tokens its press chose: the protected ones, and none scored
+    lower than a token it dropped."""
+    first, last = press.protected(prompt_tokens)
+    protected = torch.zeros(prompt_tokens, dtype=torch.bool)
+    protected[:first], protected[prompt_tokens - last :] = True, True
+    for layer in layers:
+        kept, keys, scores = layer["kept"], layer["keys"], layer["scores"].float()
+        assert layer["held"].shape[-2] == kept.shape[-1] == press.kept(prompt_tokens)
+        assert torch.equal(layer["held"], keys.gather(2, kept.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])))
+        is_kept = torch.zeros(scores.shape, dtype=torch.bool).scatter(-1, kept, True)
+        assert is_kept[..., protected].all()
+        lowest_kept = scores.masked_fill(~is_kept | protected, float("inf")).amin(dim=-1)
+        highest_dropped = scores.masked_fill(is_kept, float("-inf")).amax(dim=-1)
+        assert (lowest_kept >= highest_dropped).all()
+
+
+@pytest.mark.parametrize("name", [press.name for press in EVICTING])
+def test_every_press_keeps_in_each_full_layer_its_protected_tokens_and_the_highest_scored(name):
+    spec = spec_for("model=tiny_random", *JOB, f"press={name}", *presses.get(name).test_overrides)
+    assert_each_layer_keeps_its_protected_and_highest_scored(spec.strategy.press, prefill_under(spec, 40), 40)
+
+
+def test_a_press_reads_the_prompt_through_one_hook_per_layer_gone_once_the_prompt_is_read():
+    spec = spec_for("model=tiny_random", *JOB, "press=knorm")
+    loaded, strategy = models.load(spec.model), spec.strategy
+    modules = attention_modules(loaded.model).values()
+    before = [len(module._forward_hooks) for module in modules]
+    cache = strategy.setup(loaded, 40).make_cache()
+    assert [len(module._forward_hooks) for module in modules] == [hooks + 1 for hooks in before]
+    with torch.inference_mode():
+        loaded.model(input_ids=torch.randint(0, 1000, (1, 40)), cache=cache, use_cache=True)
+    assert [len(module._forward_hooks) for module in modules] == before  # decoding pays nothing for it
+
+
+@pytest.mark.slow  # a real job per press
+@pytest.mark.parametrize("name", [press.name for press in EVICTING])
+def test_every_press_makes_a_quick_job_of_its_test_overrides_on_the_default_workload(name):
+    harness = ("tracking=off", "quality=off", "workload.warmup=0", "workload.repeats=1", "workload.max_new_tokens=4")
+    pressed = run_job(spec_for("model=tiny_random", *harness, f"press={name}", *presses.get(name).test_overrides))
+    plain = run_job(spec_for("model=tiny_random", *harness))
+    assert 0 < pressed.metrics["kv_cache_bytes"] < plain.metrics["kv_cache_bytes"]
 
 
 # ---- generation and quality through a press -----------------------------------------------------
@@ -285,8 +375,8 @@ def test_padded_batches_are_refused_for_a_press():
 def test_the_press_schema_has_every_presss_settings():
     from kvpipe.spec import schema
 
-    names = {f.name for f in dataclasses.fields(schema.PressConfig)}
-    assert names == {"name", "ratio", "sinks", "window", "kernel"}
+    settings = {field.name for press in presses.registered() for field in dataclasses.fields(press.Settings)}
+    assert {f.name for f in dataclasses.fields(schema.PressConfig)} == {"name", *settings}
 
 
 # ---- the search: presses as one more family, walked from the safest ratio -----------------------
@@ -393,16 +483,24 @@ def test_a_space_narrowed_to_a_backend_and_presses_holds_both_families_and_no_ot
 
 def test_snapkv_keeps_what_the_models_own_attention_weights_rank_highest():
     """kvpress's reading of SnapKV from the attention weights an eager forward returns, layer by layer,
-    equals what kvpipe's press keeps from the queries it recomputes."""
+    equals what kvpipe's press keeps, from those weights and from the queries it recomputes without them
+    (as under sdpa)."""
     import torch.nn.functional as F
 
     spec = spec_for("model=tiny_sliding", *JOB, "model.attn_implementation=eager", "press=snapkv",
                     "press.ratio=0.5", "press.window=8", "press.kernel=3")  # fmt: skip
     loaded = models.load(spec.model)
-    strategy, kept = spec.strategy, []
+    strategy, kept, recomputed = spec.strategy, [], []
     press, cache = strategy.press, strategy.setup(loaded, 40).make_cache()
     original = press.keep
-    press.keep = lambda *args: kept.append(original(*args)) or kept[-1]
+
+    def keep(module, hidden, keys, values, attentions, position_embeddings):
+        assert attentions is not None  # eager returns them
+        recomputed.append(original(module, hidden, keys, values, None, position_embeddings))
+        kept.append(original(module, hidden, keys, values, attentions, position_embeddings))
+        return kept[-1]
+
+    press.keep = keep
     ids = torch.randint(0, 1000, (2, 40))
     with torch.inference_mode():
         attentions = loaded.model(input_ids=ids, cache=cache, use_cache=True, output_attentions=True).attentions
@@ -412,6 +510,7 @@ def test_snapkv_keeps_what_the_models_own_attention_weights_rank_highest():
     scores = F.avg_pool1d(weights, kernel_size=3, padding=1, stride=1).view(2, 2, 2, 32).mean(2)
     scores = F.pad(scores, (0, 8), value=scores.max().item() + 1)
     assert torch.equal(scores.topk(20, dim=-1).indices.sort(dim=-1).values, kept[0])
+    assert torch.equal(recomputed[0], kept[0])
 
 
 def test_a_press_setting_is_blank_for_runs_without_a_press_and_not_a_varying_column():

@@ -1,14 +1,15 @@
 """A press on a built cache: each full-attention layer's update evicts (the layer stays transformers'
-DynamicLayer, or a quantized layer), so what is stored, counted and masked is the layer's own. This module imports torch: a strategy loads it only when a cache is built.
+DynamicLayer, or a quantized layer), so what is stored, counted and masked is the layer's own. This
+module imports torch: a strategy loads it only when a cache is built.
 
-At prefill the layer's first update gets the whole prompt: attention reads all of it, the layer
-stores the tokens the press keeps (then quantizes them, for a quantized layer). From then on it
-grows as before; positions stay the prompt's own (generate counts them from the attention mask,
-not from the shorter cache), and the causal mask spans what the layer holds.
-
-SnapKV scores with the prompt's last queries, which the layer's update never sees: a hook on the
-attention module computes them from the same hidden states and rotary embeddings the module uses,
-hands them to the layer, and removes itself once the layer has read the prompt.
+At prefill the layer's first update gets the whole prompt, and attention reads all of it. Then a
+forward hook on the layer's attention module hands the press what that module received and computed
+(its hidden states and rotary embeddings, and its attention weights where the implementation returns
+them), and the layer stores the tokens the press keeps (then quantizes them, for a quantized layer).
+The hook removes itself after that one forward, so decoding, and every job without a press, pays
+nothing for it. From then on the layer grows as before; positions stay the prompt's own (generate
+counts them from the attention mask, not from the shorter cache), and the causal mask spans what
+the layer holds.
 """
 
 from __future__ import annotations
@@ -21,19 +22,22 @@ import torch
 def evicting_update(layer, key_states, value_states, *args, **kwargs):
     """The layer's own update, with its press: bound to the layer in place of its class's method (see
     `attach`), so the layer stays of its own class."""
-    own = type(layer).update
-    press = layer.press
     if layer.is_initialized:
-        keys, values = own(layer, key_states, value_states, *args, **kwargs)
-        if press.bounds:
-            press.trim(layer, layer.prompt_tokens)
+        keys, values = type(layer).update(layer, key_states, value_states, *args, **kwargs)
+        if layer.press.bounds:
+            layer.press.trim(layer, layer.prompt_tokens)
         return keys, values
-    layer.prompt_tokens = key_states.shape[-2]
-    index = press.keep(key_states, value_states, layer.queries, layer.module)
-    layer.queries = None
-    gathered = index.unsqueeze(-1).expand(-1, -1, -1, key_states.shape[-1])
-    own(layer, key_states.gather(2, gathered), value_states.gather(2, gathered), *args, **kwargs)
+    layer.prompt = key_states, value_states, args, kwargs  # stored by `store_what_the_press_keeps`
     return key_states, value_states  # the prompt's own attention reads every token
+
+
+def store_what_the_press_keeps(layer, module, hidden_states, position_embeddings, attentions) -> None:
+    """After the prompt's attention: the layer's own update, with the tokens its press keeps."""
+    keys, values, args, kwargs = layer.prompt
+    layer.prompt, layer.prompt_tokens = None, keys.shape[-2]
+    index = layer.press.keep(module, hidden_states, keys, values, attentions, position_embeddings)
+    gathered = index.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+    type(layer).update(layer, keys.gather(2, gathered), values.gather(2, gathered), *args, **kwargs)
 
 
 def attention_modules(model) -> dict[int, torch.nn.Module]:
@@ -51,36 +55,24 @@ def attach(press, cache, model):
     for index, layer in enumerate(cache.layers):
         if getattr(layer, "is_sliding", False) or type(layer).__name__ == "DummyLayer":
             continue
-        layer.press, layer.module, layer.queries = press, modules.get(index), None
+        if index not in modules:
+            raise RuntimeError(f"layer {index} of {type(model).__name__} has no attention module a press can read")
+        layer.press, layer.prompt = press, None
         layer.update = types.MethodType(evicting_update, layer)
-        if press.needs_queries:
-            _observe(layer, modules[index], cache, press.window)
+        _after_prefill(layer, modules[index], cache)
     return cache
 
 
-def _observe(layer, module, cache, window: int) -> None:
-    """Until the layer has read its prompt, hand it the prompt's last `window` queries."""
+def _after_prefill(layer, module, cache) -> None:
+    """Once the module's first forward through `cache` has run, the layer stores what its press keeps."""
 
-    def hook(module, args, kwargs):
-        if (kwargs.get("cache") or kwargs.get("past_key_values")) is not cache:
+    def hook(module, args, kwargs, output):
+        if kwargs.get("cache", kwargs.get("past_key_values")) is not cache:
             return
-        if not layer.is_initialized:
-            layer.queries = window_queries(module, kwargs["hidden_states"], kwargs["position_embeddings"], window)
         handle.remove()
+        if layer.prompt is not None:
+            attentions = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            hidden_states = kwargs.get("hidden_states", args[0] if args else None)
+            store_what_the_press_keeps(layer, module, hidden_states, kwargs.get("position_embeddings"), attentions)
 
-    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
-
-
-def window_queries(module, hidden_states, position_embeddings, window: int):
-    """The attention's own queries [batch, heads, window, head_dim] of the last `window` tokens:
-    q_proj, q_norm where the model has one, then its rotary embeddings."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    batch = hidden_states.shape[0]
-    last = hidden_states[:, -window:]
-    queries = module.q_proj(last).view(batch, last.shape[1], -1, module.head_dim).transpose(1, 2)
-    if hasattr(module, "q_norm"):
-        queries = module.q_norm(queries)
-    cos, sin = position_embeddings
-    queries, _ = apply_rotary_pos_emb(queries, queries, cos[:, -window:], sin[:, -window:])
-    return queries
+    handle = module.register_forward_hook(hook, with_kwargs=True)

@@ -2,13 +2,19 @@
 
 A press removes prompt tokens from each full-attention layer's cache once the prompt has been read
 (evicting, not storing fewer bits: the other way to shrink a KV cache). It knows its `press.*`
-settings, their checks, which tokens each layer keeps (its `keep`, on torch tensors, loaded only
-when a cache is built) and so the tokens and bytes a layer holds. Prefill attention still reads
+settings, their checks, how it scores prompt tokens (its `score`, on torch tensors, loaded only when
+a cache is built) and so the tokens and bytes a layer holds. Prefill attention still reads
 every prompt token; the cache keeps the press's choice, then grows as usual (or, for a press that
 `bounds` the cache, stays at its budget). Sliding-window layers are left as they are: they already
 keep a window. A strategy composes the press with its own layers (`CacheStrategy.press`); nobody
 else names a press. Definitions follow NVIDIA's kvpress (`kvpress/presses/*_press.py`) and the
 papers it cites; the code is kvpipe's own. Pure Python at import.
+
+A press receives what kvpress's `ScorerPress.score` receives, once per full-attention layer after the
+prompt's attention has run (kvpipe.cache.presses._layers): the attention module, the prompt's hidden
+states, its keys and values, the attention weights where the attention implementation returns them
+(eager does; sdpa and flash return None) and the rotary position embeddings. It returns a score per
+token and KV head; the base keeps the `kept` highest, with the first and last tokens it `protected`.
 """
 
 from __future__ import annotations
@@ -23,13 +29,20 @@ from kvpipe.units import param_text
 
 
 class Press(Registered):
-    """Base class: subclass it with `name` and `Settings`, and override `keep`."""
+    """Base class: subclass it with `name` and `Settings`, and override `score` (and `protected`)."""
 
     registry: ClassVar[Registry[Press]] = Registry("press.name")
     Settings: ClassVar[type]
     evicts: ClassVar[bool] = True  # False only for press=none
     bounds: ClassVar[bool] = False  # keeps evicting while decoding: the cache never grows past its budget
-    needs_queries: ClassVar[bool] = False  # scores with the prompt's queries (its attention must expose q_proj)
+    needs_queries: ClassVar[bool] = False  # recomputes the prompt's queries: only from attention kvpipe has read
+    # model types whose attention kvpipe has read: q_proj, an optional q_norm, then rotary embeddings on
+    # every channel (tests/test_presses.py checks each against transformers' own classes)
+    QUERY_MODELS: ClassVar[tuple[str, ...]] = (
+        "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text",
+    )  # fmt: skip
+    # the Hydra overrides, beyond press=NAME, that make a quick valid job of it on model=tiny_random
+    test_overrides: ClassVar[tuple[str, ...]] = ()
     # the cache layers it composes with: "dense" (DynamicCache's) and "quantized" (evict, then quantize)
     composes_with: ClassVar[tuple[str, ...]] = ("dense", "quantized")
     search_ratios: ClassVar[tuple[float, ...]] = (0.25, 0.5, 0.75)  # what `kvpipe advise` walks, safest first
@@ -100,6 +113,14 @@ class Press(Registered):
                 "press.name", cls.name,
                 "every layer of this model slides, and a press evicts from full-attention layers only; expected press=none",
             )  # fmt: skip
+        if cls.needs_queries and model_type not in cls.QUERY_MODELS:
+            others = sorted(c.name for c in cls.registry.registered() if c.evicts and not c.needs_queries)
+            raise ConfigError(
+                "press.name", cls.name,
+                f"press={cls.name} recomputes the prompt's queries, and kvpipe reads them only from the attention of "
+                f"{', '.join(cls.QUERY_MODELS)}, not {model_type or 'this model'}'s; "
+                f"expected {' or '.join(f'press={name}' for name in others)}",
+            )  # fmt: skip
 
     def check_prompt(self, prompt_tokens: int) -> None:
         """Checks against the shortest prompt, before the weights load."""
@@ -123,9 +144,29 @@ class Press(Registered):
         """Tokens a full-attention layer holds however long the context (a bounded budget); 0: none."""
         return 0
 
-    def keep(self, keys, values, queries, module):
-        """The indices [batch, kv_heads, kept] of the prompt tokens each head keeps (torch)."""
+    def protected(self, prompt_tokens: int) -> tuple[int, int]:
+        """(first, last): how many of the prompt's first and last tokens are kept whatever their scores."""
+        return 0, 0
+
+    def score(self, module, hidden_states, keys, values, attentions, position_embeddings):
+        """How much each prompt token matters to each KV head, [batch, kv_heads, tokens]: the highest are
+        kept (torch). `hidden_states` [batch, tokens, hidden] is what the attention `module` read,
+        `keys` and `values` [batch, kv_heads, tokens, head_dim] what it would store, `attentions`
+        [batch, heads, tokens, tokens] its weights or None, `position_embeddings` its (cos, sin)."""
         raise NotImplementedError
+
+    def keep(self, module, hidden_states, keys, values, attentions, position_embeddings):
+        """The indices [batch, kv_heads, kept] of the prompt tokens each head keeps, in order (torch): the
+        protected ones, then the highest scored."""
+        import torch
+
+        tokens = keys.shape[-2]
+        scores = self.score(module, hidden_states, keys, values, attentions, position_embeddings)
+        first, last = self.protected(tokens)
+        if first or last:
+            position = torch.arange(tokens, device=scores.device)
+            scores = scores.masked_fill((position < first) | (position >= tokens - last), float("inf"))
+        return scores.topk(self.kept(tokens), dim=-1).indices.sort(dim=-1).values
 
     def trim(self, layer, prompt_tokens: int) -> None:
         """After a decoding step: what a `bounds` press evicts from the layer (dense layers only)."""

@@ -17,6 +17,7 @@ class Knorm(Press):
     class Settings:
         ratio: float = 0.5  # the fraction of the prompt's KV removed
 
-    def keep(self, keys, values, queries, module):
-        kept = self.kept(keys.shape[-2])
-        return (-keys.float().norm(dim=-1)).topk(kept, dim=-1).indices.sort(dim=-1).values
+    test_overrides = ("press.ratio=0.25",)
+
+    def score(self, module, hidden_states, keys, values, attentions, position_embeddings):
+        return -keys.float().norm(dim=-1)

@@ -2,13 +2,12 @@
 generation"; kvpress's SnapKVPress): the last `press.window` prompt tokens (the observation window,
 where a prompt's question sits) vote for the earlier tokens with their attention, averaged over
 the window's queries, pooled over `press.kernel` neighbours and over the query heads that share a
-KV head. The window itself is always kept."""
+KV head. The window itself is always kept. The votes are the attention's own weights where its
+implementation returns them (eager), else the window's attention recomputed from the hidden states."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Optional
 
 from kvpipe.cache.presses.base import Press
 from kvpipe.errors import ConfigError
@@ -20,18 +19,18 @@ class SnapKV(Press):
     name = "snapkv"
     order = 30
     needs_queries = True
-    # model types whose attention kvpipe has read: q_proj, an optional q_norm, then rotary embeddings on
-    # every channel (tests/test_presses.py checks each against transformers' own classes)
-    QUERY_MODELS = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text")
+    test_overrides = ("press.ratio=0.75", "press.window=8")
 
     @dataclass
     class Settings:
         ratio: float = 0.5  # the fraction of the prompt's KV removed
-        window: Optional[int] = DEFAULT_WINDOW  # the last prompt tokens whose attention scores the rest
+        window: int = DEFAULT_WINDOW  # the last prompt tokens whose attention scores the rest
         kernel: int = 5  # neighbours each score is pooled over
 
     @property
     def window(self) -> int:
+        # press.window=null can still reach here where the press schema is one union of every press's
+        # settings (streaming's window is optional): it means the paper's window
         return DEFAULT_WINDOW if self.settings.window is None else self.settings.window
 
     def check(self) -> list[str]:
@@ -45,39 +44,25 @@ class SnapKV(Press):
             raise ConfigError("press.kernel", kernel, "expected an odd positive pooling width (5 in SnapKV)")
         return warnings
 
-    @classmethod
-    def check_for_model(cls, model_type: str, full_layers: int) -> None:
-        super().check_for_model(model_type, full_layers)
-        if model_type not in cls.QUERY_MODELS:
-            raise ConfigError(
-                "press.name", cls.name,
-                f"press=snapkv recomputes the prompt's queries, and kvpipe reads them only from the attention of "
-                f"{', '.join(cls.QUERY_MODELS)}, not {model_type or 'this model'}'s; expected press=knorm or press=streaming",
-            )  # fmt: skip
-
     def check_prompt(self, prompt_tokens: int) -> None:
         if self.window >= prompt_tokens:
             raise ConfigError(
                 "press.window", self.window, f"expected fewer than the shortest prompt's {prompt_tokens} tokens"
             )
 
-    def keep(self, keys, values, queries, module):
-        import torch
+    def protected(self, prompt_tokens: int) -> tuple[int, int]:
+        return 0, self.window
+
+    def score(self, module, hidden_states, keys, values, attentions, position_embeddings):
         import torch.nn.functional as F
 
-        batch, kv_heads, tokens, head_dim = keys.shape
-        window = queries.shape[-2]
-        groups = queries.shape[1] // kv_heads
-        scale = getattr(module, "scaling", 1 / math.sqrt(head_dim))
-        expanded = (
-            keys[:, :, None].expand(batch, kv_heads, groups, tokens, head_dim).reshape(batch, -1, tokens, head_dim)
-        )
-        logits = torch.matmul(queries.float(), expanded.float().transpose(2, 3)) * scale
-        future = torch.ones(window, tokens, dtype=torch.bool, device=keys.device).triu(tokens - window + 1)
-        weights = logits.masked_fill(future, float("-inf")).softmax(dim=-1)[..., : tokens - window]
-        scores = weights.mean(dim=-2)
-        kernel = self.settings.kernel
+        from kvpipe.cache.presses._attention import window_attention
+
+        batch, kv_heads, tokens = keys.shape[:3]
+        window, kernel = self.window, self.settings.kernel
+        if attentions is None:
+            attentions = window_attention(module, hidden_states, keys, position_embeddings, window)
+        scores = attentions[..., -window:, : tokens - window].float().mean(dim=-2)
         scores = F.avg_pool1d(scores, kernel_size=kernel, padding=kernel // 2, stride=1)
-        scores = scores.view(batch, kv_heads, groups, tokens - window).mean(dim=2)
-        scores = F.pad(scores, (0, window), value=scores.max().item() + 1)  # the window is always kept
-        return scores.topk(self.kept(tokens), dim=-1).indices.sort(dim=-1).values
+        scores = scores.view(batch, kv_heads, -1, tokens - window).mean(dim=2)
+        return F.pad(scores, (0, window))  # the window's own tokens are `protected`

@@ -23,6 +23,7 @@ class Streaming(Press):
     bounds = True
     in_label = ("press.name", "press.ratio", "press.window")
     composes_with = ("dense",)  # re-quantizing a layer at every step would cost more than it saves
+    test_overrides = ("press.sinks=2",)
 
     @dataclass
     class Settings:
@@ -84,14 +85,12 @@ class Streaming(Press):
     def layer_tokens(self, prompt_tokens: int, new_tokens: int) -> int:
         return min(prompt_tokens + new_tokens - 1, self.budget(prompt_tokens))
 
-    def keep(self, keys, values, queries, module):
-        import torch
+    def protected(self, prompt_tokens: int) -> tuple[int, int]:
+        sinks = min(self.settings.sinks, prompt_tokens)
+        return sinks, self.kept(prompt_tokens) - sinks
 
-        batch, heads, tokens = keys.shape[:3]
-        sinks = min(self.settings.sinks, tokens)
-        recent = self.kept(tokens) - sinks
-        index = torch.cat([torch.arange(sinks), torch.arange(tokens - recent, tokens)]).to(keys.device)
-        return index.expand(batch, heads, -1)
+    def score(self, module, hidden_states, keys, values, attentions, position_embeddings):
+        return keys.new_zeros(keys.shape[:3])  # what it keeps is where tokens sit: all of it `protected`
 
     def trim(self, layer, prompt_tokens: int) -> None:
         import torch
