@@ -318,6 +318,7 @@ def test_a_served_job_measures_its_rounds_and_judges_noise_from_them():
     job = run_job(spec_for(*TINY, "load=concurrency", "load.concurrency=2", "load.requests=3", "workload.repeats=3"))
     assert job.metrics["rounds"] == 3 and job.tags["interval_over"] == "rounds"
     assert job.metrics["served_requests"] == 3 and job.metrics["new_tokens"] == 3 * 6  # per pass, as before
+    assert job.metrics["prompt_tokens"] == job.metrics["prompt_tokens_mean"]  # the length compare matches runs at
     for figure in ("ttft_ms", "tpot_ms", "output_tokens_per_s"):
         series = json.loads(job.tags[f"round_{figure}"])
         assert len(series) == 3 and job.metrics[f"{figure}_ci_low"] <= statistics.fmean(series) * 1.001

@@ -5,6 +5,7 @@ is every job's (kvpipe.job.phases): the checks, the model, the verdict on noise,
 
 from __future__ import annotations
 
+import statistics
 import time
 
 from kvpipe.job.phases import Job
@@ -77,6 +78,8 @@ class ServedJob(Job):
             **({"kv_held_bytes": float(max(held))} if held else {}),
             weights_bytes=float(self.loaded.weights_bytes),
             measured_ms=metrics["serve_span_ms"] * len(passes),
+            # the measured prompt length, as a batch job's: what compare weighs a run against a baseline at
+            prompt_tokens=statistics.fmean(self.prompt_tokens()),
             # between rounds: a round's mean TTFT and TPOT, as a batch job's calls of one shape
             timing_noise_cv=repeat_noise(self.per_round, [()] * self.rounds_done()),
         )
