@@ -269,6 +269,27 @@ def test_paged_serving_answers_each_request_as_the_dynamic_cache_does():
     assert paged.tags["cache.effective"] == "paged" and "kv_held_bytes" not in dynamic.metrics
 
 
+def test_a_continuous_server_says_why_it_has_no_quality_pass():
+    from kvpipe.job.runner import run_job
+
+    on = [o for o in SERVE if o != "quality=off"]
+    job = run_job(spec_for(*on, "cache=paged", "load=offline", "load.requests=2"))
+    assert "kl_vs_reference" not in job.metrics and "quality_reference" not in job.tags
+    assert any("builds its cache inside its server" in note and "no quality pass" in note for note in job.notes)
+
+
+def test_a_served_job_and_a_batch_job_take_turns_in_shared_rounds():
+    from kvpipe.job.runner import measured_together
+
+    common = (*TINY, "workload.prompts=[Hi.]", "workload.repeats=2")
+    labelled = [("batch", spec_for(*common)), ("served", spec_for(*common, "load=offline", "load.requests=2"))]
+    batch, served = measured_together(labelled, seed=1)
+    assert (batch.label, served.label) == ("batch", "served") and batch.rounds_done() == served.rounds_done() == 2
+    served_result, batch_result = served.result({}), batch.result({})
+    assert served_result.metrics["rounds"] == batch_result.metrics["rounds"] == 2
+    assert "round_output_tokens_per_s" in served_result.tags and "round_decode_tokens_per_s" in batch_result.tags
+
+
 def test_paged_without_a_load_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="cache=paged serves many requests at once by continuous batching"):
         spec_for(*SERVE, "cache=paged")
