@@ -235,3 +235,7 @@ def test_a_served_sweep_takes_turns_in_shared_rounds_and_its_ratios_are_paired(t
     runs, _ = load_runs("kvpipe", None, f"sqlite:///{tmp_path}/outputs/mlflow.db", whole_experiment=True)
     paged = paired.with_ratios(runs).set_index("label").loc["paged"]
     assert paged["baseline"] == "dynamic" and paged["ratio_tpot_ms"].paired and paged["ratio_ttft_ms"].paired
+    shown = run_cli(["compare"], cwd=tmp_path)
+    assert shown.returncode == 0 and "TPOT vs dynamic" in shown.stdout, shown.stderr[-2000:]
+    row = next(line for line in shown.stdout.splitlines() if "│ paged " in line)
+    assert "×" in row and "†" not in row  # a ratio, paired round by round
