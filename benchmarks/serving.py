@@ -69,7 +69,7 @@ def bare_span_s(args, data: Path) -> float:
 
     spec = spec_from(offline_overrides(args, data, CACHES["paged"]))
     loaded = model.load(spec.model)
-    requests = requests_of(spec.bound_workload.batches(loaded.tokenizer, "cpu"), args.requests, 32)
+    requests = spec.bound_load.requests(requests_of(spec.bound_workload.batches(loaded.tokenizer, "cpu"), 32))
     manager = spec.strategy.start_manager(loaded, max(len(r.ids) for r in requests),
                                           max(r.new_tokens for r in requests), len(requests))  # fmt: skip
     try:

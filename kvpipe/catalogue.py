@@ -91,10 +91,10 @@ CORE = (
     _m("itl_p50_ms", "ITL p50", "ms", lower=LOWER),
     _m("itl_p90_ms", "ITL p90", "ms", lower=LOWER),
     _m("itl_p99_ms", "ITL p99", "ms", lower=LOWER),
-    _m("rounds", "rounds", "", ".0f", in_run_table=True),  # measured rounds: every batch once each (kvpipe.job.rounds)
+    _m("rounds", "rounds", "", ".0f", in_run_table=True),  # rounds measured (kvpipe.job.shared_rounds)
     _m("rounds_converged", "TPOT interval within target", "", ".0f"),  # repeats=auto: 1 where it was reached
     _m("itl_ms", "ITL", "ms", lower=LOWER),  # its mean is not reported: its interval, itl_ms_ci_low/_ci_high, is
-    # a serving run (load=...): per request, from its arrival (kvpipe.measure.serving)
+    # a serving run (load=...): per request, from its arrival (kvpipe.measure.request_figures)
     _m("ttft_p50_ms", "TTFT p50", "ms", lower=LOWER),
     _m("ttft_p90_ms", "TTFT p90", "ms", lower=LOWER, in_run_table=True, compare=True),
     _m("ttft_p99_ms", "TTFT p99", "ms", lower=LOWER),

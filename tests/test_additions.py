@@ -298,3 +298,81 @@ def test_a_new_press_is_one_module_and_its_yaml(tova, tmp_path):
     assert run_job(spec).metrics["kv_cache_bytes"] == predicted == kv.full_layers * (10 + 7 - 1) * kv.token_bytes()
     planned = run_cli(["plan", "model=tiny_random", tova], cwd=tmp_path)
     assert planned.returncode == 0 and "dynamic + tova0.5" in planned.stdout, planned.stderr
+
+
+# ---- a load kind: one module and its YAML -------------------------------------------------------
+
+GAP = '''"""load=gap: one request every load.gap_s seconds, in turn: a load made in a test."""
+
+from dataclasses import dataclass
+
+from kvpipe.errors import ConfigError
+from kvpipe.load.base import Load
+
+
+class Gap(Load):
+    name = "gap"
+    order = 90
+
+    @dataclass
+    class Settings:
+        gap_s: float = 0.05  # seconds between two arrivals
+
+    def check(self):
+        super().check()
+        if not self.settings.gap_s >= 0:
+            raise ConfigError("load.gap_s", self.settings.gap_s, "expected seconds, 0 or more")
+
+    def arrivals(self, requests):
+        return [number * self.settings.gap_s for number in range(len(requests))]
+
+    def label(self):
+        return f"gap({self.settings.gap_s:g}s)"
+'''
+
+GAP_YAML = "kind: gap\ngap_s: 0.05\nrequests: null\nmax_ttft_ms: null\nmax_tpot_ms: null\n"
+
+
+def test_a_new_load_is_one_module_and_its_yaml_and_a_served_job_uses_its_arrivals(tmp_path, monkeypatch):
+    import sys
+
+    import pytest
+
+    from kvpipe import load
+    from kvpipe.errors import ConfigError
+    from kvpipe.job.runner import job_for
+    from kvpipe.job.shared_rounds import run_rounds
+    from kvpipe.spec import register_schemas
+
+    from conftest import TINY, spec_for
+
+    (tmp_path / "gap.py").write_text(GAP)
+    (tmp_path / "conf" / "load").mkdir(parents=True)
+    (tmp_path / "conf" / "load" / "gap.yaml").write_text(GAP_YAML)
+    monkeypatch.setattr(load, "__path__", [*load.__path__, str(tmp_path)])
+    importlib.import_module("kvpipe.load.gap")  # as kvpipe.load's import_plugins would at start-up
+    register_schemas()  # the load schema gains gap_s
+    try:
+        found = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+        job = ("workload.prompts=[Hi.,Hello there.]", "workload.repeats=1", "load.requests=3")
+
+        def served(*overrides):
+            return spec_for(*TINY, found, "load=gap", *job, *overrides)
+
+        assert "gap" in load.names() and served().params()["load.gap_s"] == "0.05"
+        assert served("load.gap_s=0.2").measurement_key() != served().measurement_key()
+        with pytest.raises(ConfigError, match=r"^load.gap_s=-1.0 is not valid: expected seconds, 0 or more$"):
+            served("load.gap_s=-1")
+        measured = job_for(served("load.gap_s=0.2"))
+        measured.prepare()
+        run_rounds([measured], seed=0, shuffle=False)
+        (requests,) = [outcome.served for outcome in measured.passes]
+        first = requests[0].arrival_s
+        assert [r.arrival_s - first for r in requests] == pytest.approx([0.0, 0.2, 0.4])  # its arrivals, used
+        result = measured.result({})
+        assert result.tags["load"] == "gap(0.2s)" and result.metrics["served_requests"] == 3
+        assert result.metrics["serve_span_ms"] >= 400
+    finally:
+        del load.Load.registry.classes["gap"]
+        sys.modules.pop("kvpipe.load.gap", None)
+        register_schemas()

@@ -7,47 +7,42 @@ from __future__ import annotations
 import logging
 import math
 import random
+from types import SimpleNamespace
 
 import pytest
 
 from kvpipe.decide import paired
-from kvpipe.job.rounds import run_rounds
-from kvpipe.measure.rounds import over_rounds, parse_series, round_tags
+from kvpipe.job.shared_rounds import RoundTaker, run_rounds
+from kvpipe.measure.round_figures import (
+    BATCH_FIGURES,
+    converged,
+    over_rounds,
+    parse_series,
+    relative_half_width,
+    round_tags,
+)
 from kvpipe.measure.uncertainty import ratio_interval
 
 
-class FakeJob:
-    """A RoundJob whose TPOT per round comes from `tpot(round)`; it counts its calls."""
+class FakeJob(RoundTaker):
+    """A job taking part in rounds whose TPOT per round comes from `tpot(round)`: the real stopping
+    rule (RoundTaker's, as every job's), with no model behind it."""
+
+    calls_per_round = 2
 
     def __init__(self, label, repeats=3, tpot=lambda r: 10.0, target=0.05, max_repeats=30, fail_at=None):
-        self.label, self.auto = label, repeats == "auto"
-        self.fixed_rounds = None if self.auto else repeats
-        self.calls_per_round, self.failed = 2, None
-        self.tpot, self.target, self.max_repeats, self.fail_at = tpot, target, max_repeats, fail_at
-        self.values: list[float] = []
+        timing = SimpleNamespace(repeats=repeats, target_interval=target, max_repeats=max_repeats, max_measure_s=600.0)
+        super().__init__(label, timing, BATCH_FIGURES)
+        self.tpot, self.fail_at = tpot, fail_at
 
-    def wants_more(self, measured_s):
-        if not self.auto:
-            return len(self.values) < self.fixed_rounds
-        return self.may_go_on(measured_s) and not self.converged()
-
-    def may_go_on(self, measured_s):
-        return len(self.values) < self.max_repeats
-
-    def converged(self):
-        if len(self.values) < 3:
-            return False
-        mean = sum(self.values) / len(self.values)
-        sd = math.sqrt(sum((v - mean) ** 2 for v in self.values) / (len(self.values) - 1))
-        return 2 * sd / math.sqrt(len(self.values)) / mean <= self.target
-
-    def rounds_done(self):
-        return len(self.values)
+    @property
+    def values(self) -> list[float]:
+        return self.per_round["tpot_ms"]
 
     def measure_round(self, advance):
-        if self.fail_at == len(self.values):
+        if self.fail_at == self.rounds_done():
             raise RuntimeError("backend failed")
-        self.values.append(self.tpot(len(self.values)))
+        self.add_round({"ttft_ms": 1.0, "tpot_ms": self.tpot(self.rounds_done()), "decode_tokens_per_s": 100.0})
         for _ in range(self.calls_per_round):
             advance()
 
@@ -89,22 +84,24 @@ def test_a_job_that_fails_mid_round_stops_alone_and_keeps_its_error():
 
 
 def test_each_round_line_says_the_rounds_left_and_their_eta(caplog):
-    with caplog.at_level(logging.INFO, logger="kvpipe.job.rounds"):
+    with caplog.at_level(logging.INFO, logger="kvpipe.job.shared_rounds"):
         run_rounds([FakeJob("#0", repeats=2), FakeJob("#1", repeats=3)], seed=0, shuffle=True)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("round ")]
     assert "· 2 rounds left, ETA " in lines[0] and "· 1 round left, ETA " in lines[1]
     assert "left" not in lines[2]  # the last round: nothing left to say
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="kvpipe.job.rounds"):
+    with caplog.at_level(logging.INFO, logger="kvpipe.job.shared_rounds"):
         run_rounds([FakeJob("#0", repeats="auto"), FakeJob("#1", repeats=3)], seed=0, shuffle=True)
     assert not [r for r in caplog.records if "ETA" in r.getMessage()]  # auto: its rounds end when it settles
 
 
 def test_the_rounds_eta_is_each_jobs_mean_round_times_the_rounds_it_still_wants():
-    from kvpipe.job.rounds import _left_text
+    from kvpipe.job.shared_rounds import _left_text
 
     short, long = FakeJob("#0", repeats=2), FakeJob("#1", repeats=5)
-    short.values, long.values = [1.0, 1.0], [1.0, 1.0]
+    for job in (short, long):
+        for _ in range(2):
+            job.add_round({"ttft_ms": 1.0, "tpot_ms": 1.0, "decode_tokens_per_s": 1.0})
     assert _left_text([short, long], measured_s=[2.0, 4.0], taken=[2, 2]) == " · 3 rounds left, ETA 6s"
 
 
@@ -176,23 +173,24 @@ def test_a_round_split_by_a_slow_spell_does_not_carry_the_ratio():
     assert verdict.clear and 1.07 < verdict.value < 1.13
 
 
-@pytest.mark.slow  # two real jobs of the tiny random model, in this process
-def test_repeats_auto_measures_until_the_interval_is_tight_or_the_cap(monkeypatch):
+def test_auto_stops_when_the_tpot_interval_is_within_target_after_the_fewest_rounds():
+    steady = FakeJob("#0", repeats="auto", tpot=lambda r: 10.0 + 0.01 * (r % 2), target=0.05)
+    run_rounds([steady], seed=0, shuffle=False)
+    assert len(steady.values) == 3  # MIN_ROUNDS, and within ±5% then
+    assert relative_half_width(steady.values) <= 0.05 and converged(steady.per_round, 0.05)
+    assert not converged({"tpot_ms": steady.values[:2]}, 0.05)  # two rounds: too few, however close
+
+
+@pytest.mark.slow  # a real job of the tiny random model, in this process
+def test_repeats_auto_on_a_real_job_stops_at_its_cap_and_says_how_wide_it_got():
     from kvpipe.job import runner
 
     from conftest import TINY, spec_for
 
-    # The interval's width is fixed here (relative_half_width is tested above on known series): the real
-    # one of three rounds of a ~1 ms TPOT can exceed any target when the machine hiccups.
-    width = {"now": 0.5}  # within the loose job's 0.9
-    monkeypatch.setattr(runner, "relative_half_width", lambda values: width["now"] if len(values) >= 2 else math.inf)
-    loose = runner.run_job(
-        spec_for(*TINY, "workload.prompts=[Hi.]", "workload.repeats=auto", "workload.target_interval=0.9")
-    )
-    assert loose.metrics["rounds"] == 3 and loose.metrics["rounds_converged"] == 1.0  # the fewest rounds, then done
-    assert len(parse_series(loose.tags["round_tpot_ms"])) == 3 and loose.tags["interval_over"] == "rounds"
-    width["now"] = 0.2  # wider than the capped job's target
+    # a target no real interval reaches: the cap decides, whatever the machine does
     capped = runner.run_job(spec_for(*TINY, "workload.prompts=[Hi.]", "workload.repeats=auto",
                                      "workload.target_interval=0.000001", "workload.max_repeats=4"))  # fmt: skip
     assert capped.metrics["rounds"] == 4 and capped.metrics["rounds_converged"] == 0.0
-    assert any("repeats=auto stopped after 4 rounds" in note and "within ±20.0%" in note for note in capped.notes)
+    assert len(parse_series(capped.tags["round_tpot_ms"])) == 4 and capped.tags["interval_over"] == "rounds"
+    (note,) = [note for note in capped.notes if note.startswith("repeats=auto stopped after 4 rounds")]
+    assert "workload.target_interval=1e-06" in note and "with TPOT within ±" in note

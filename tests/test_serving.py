@@ -5,45 +5,74 @@ from __future__ import annotations
 
 import json
 import statistics
+from types import SimpleNamespace
 
 import pytest
 
+from kvpipe import load as loads
 from kvpipe.errors import ConfigError, KvpipeError
-from kvpipe.measure.serving import Served, percentile, serving_metrics
+from kvpipe.measure.request_figures import Served, pass_figures, percentile, serving_metrics
 
-from conftest import TINY, run_cli, spec_for
+from conftest import REPO, TINY, run_cli, spec_for
 
-SERVE = (*TINY, "workload.max_new_tokens=6")
+SERVE = (*TINY, "workload.max_new_tokens=6", "workload.repeats=1")
 
 
 def load_of(*overrides: str):
     return spec_for(*SERVE, *overrides).bound_load
 
 
+def untimed(count: int) -> list:
+    """`count` requests as a load receives them, carrying no arrival times of their own."""
+    return [SimpleNamespace(arrival_s=None)] * count
+
+
+def gaps(arrivals: list[float]) -> list[float]:
+    return [b - a for a, b in zip(arrivals, arrivals[1:])]
+
+
 def test_rate_arrivals_are_poisson_from_the_seed_and_start_at_zero():
-    arrivals = load_of("load=rate", "load.rate=4", "load.seed=3").arrivals(4000)
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    assert arrivals[0] == 0.0 and all(gap > 0 for gap in gaps)
-    assert statistics.fmean(gaps) == pytest.approx(0.25, rel=0.05)  # mean 1/rate
-    assert statistics.stdev(gaps) == pytest.approx(0.25, rel=0.1)  # exponential: stdev = mean
-    assert load_of("load=rate", "load.rate=4", "load.seed=3").arrivals(10) == arrivals[:10]
-    assert load_of("load=rate", "load.rate=4", "load.seed=4").arrivals(10) != arrivals[:10]
+    arrivals = load_of("load=rate", "load.rate=4", "load.seed=3").arrivals(untimed(4000))
+    assert arrivals[0] == 0.0 and all(gap > 0 for gap in gaps(arrivals))
+    assert statistics.fmean(gaps(arrivals)) == pytest.approx(0.25, rel=0.05)  # mean 1/rate
+    assert statistics.stdev(gaps(arrivals)) == pytest.approx(0.25, rel=0.1)  # exponential: stdev = mean
+    assert load_of("load=rate", "load.rate=4", "load.seed=3").arrivals(untimed(10)) == arrivals[:10]
+    assert load_of("load=rate", "load.rate=4", "load.seed=4").arrivals(untimed(10)) != arrivals[:10]
+    assert (
+        load_of("load=rate", "load.rate=4", "load.seed=3", "load.burstiness=1").arrivals(untimed(10)) == arrivals[:10]
+    )
+
+
+@pytest.mark.parametrize("burstiness", [0.25, 4.0])
+def test_burstiness_draws_gamma_gaps_with_the_rates_mean(burstiness):
+    arrivals = load_of("load=rate", "load.rate=4", f"load.burstiness={burstiness}").arrivals(untimed(8000))
+    assert statistics.fmean(gaps(arrivals)) == pytest.approx(0.25, rel=0.08)  # the rate's mean, whatever the shape
+    cv = statistics.stdev(gaps(arrivals)) / statistics.fmean(gaps(arrivals))
+    assert cv == pytest.approx(burstiness**-0.5, rel=0.1)  # a gamma of shape k: cv 1/sqrt(k)
+    assert load_of("load=rate", f"load.burstiness={burstiness}").label() == f"rate(1/s, burstiness {burstiness:g})"
+
+
+def test_burstiness_unset_leaves_a_rate_runs_key_and_params_as_they_were():
+    poisson = spec_for(*SERVE, "load=rate")
+    assert "load.burstiness" not in poisson.params()
+    assert spec_for(*SERVE, "load=rate", "load.burstiness=1").measurement_key() == poisson.measurement_key()
+    bursty = spec_for(*SERVE, "load=rate", "load.burstiness=0.5")
+    assert bursty.params()["load.burstiness"] == "0.5" and bursty.measurement_key() != poisson.measurement_key()
 
 
 def test_a_duration_sets_how_many_requests_arrive_within_it():
     load = load_of("load=rate", "load.rate=10", "load.duration_s=3")
-    count = load.request_count(prompts=4)
-    assert 15 < count < 50 and max(load.arrivals(count)) < 3.0
+    requests = load.requests(untimed(4))
+    assert 15 < len(requests) < 50 and max(load.arrivals(requests)) < 3.0
 
 
 def test_each_load_says_how_many_are_in_flight_and_whether_its_loop_is_closed():
-    assert (load_of("load=offline").in_flight(7), load_of("load=offline").closed) == (7, False)
-    assert (load_of("load=concurrency", "load.concurrency=3").in_flight(7), load_of("load=concurrency").closed) == (
-        3,
-        True,
-    )
-    assert load_of("load=concurrency", "load.concurrency=16").in_flight(7) == 7
-    assert load_of("load=offline", "load.requests=9").request_count(prompts=4) == 9
+    seven = untimed(7)
+    assert (load_of("load=offline").in_flight(seven), load_of("load=offline").closed) == (7, False)
+    concurrency = load_of("load=concurrency", "load.concurrency=3")
+    assert (concurrency.in_flight(seven), concurrency.closed) == (3, True)
+    assert load_of("load=concurrency", "load.concurrency=16").in_flight(seven) == 7
+    assert len(load_of("load=offline", "load.requests=9").requests(untimed(4))) == 9
 
 
 @pytest.mark.parametrize(
@@ -52,6 +81,11 @@ def test_each_load_says_how_many_are_in_flight_and_whether_its_loop_is_closed():
         (("load=concurrency", "load.concurrency=0"), "load.concurrency=0 is not valid: expected 1 or more"),
         (("load=rate", "load.rate=0"), "load.rate=0.0 is not valid: expected requests per second above 0"),
         (("load=rate", "load.rate=-2"), "load.rate=-2.0 is not valid"),
+        (
+            ("load=rate", "load.burstiness=0"),
+            r"load.burstiness=0.0 is not valid: expected a number above 0 \(1: Poisson",
+        ),
+        (("load=rate", "load.burstiness=-1"), "load.burstiness=-1.0 is not valid"),
         (("load=offline", "load.requests=0"), "load.requests=0 is not valid"),
         (("load=offline", "load.max_tpot_ms=0"), "load.max_tpot_ms=0.0 is not valid"),
         (("load=rate", "load.duration_s=5", "load.requests=3"), "give load.requests or load.duration_s, not both"),
@@ -59,16 +93,16 @@ def test_each_load_says_how_many_are_in_flight_and_whether_its_loop_is_closed():
     ],
 )
 def test_bad_load_settings_are_one_line_naming_the_field(overrides, says):
-    with pytest.raises(ConfigError, match=says):
+    with pytest.raises(ConfigError, match=says) as refused:
         spec_for(*SERVE, *overrides)
+    assert "\n" not in str(refused.value)
 
 
 def test_an_unknown_load_names_the_known_ones():
     from kvpipe.spec import spec_from
 
-    with pytest.raises(
-        KvpipeError, match="load=nope is not a known option; expected one of: concurrency, offline, rate"
-    ):
+    known = ", ".join(sorted(loads.names()))  # as Hydra lists a group's options
+    with pytest.raises(KvpipeError, match=f"load=nope is not a known option; expected one of: {known}"):
         spec_from([*SERVE, "load=nope"])
 
 
@@ -83,6 +117,30 @@ def test_a_load_is_keyed_and_logged_with_what_its_kind_reads_and_no_load_leaves_
     assert other_rate.measurement_key() == served.measurement_key()
 
 
+@pytest.mark.parametrize("kind", loads.registered(), ids=lambda kind: kind.name)
+def test_each_load_serves_a_quick_job_of_the_requests_it_picks_when_it_says(kind, monkeypatch):
+    """Every registered load, with its own test_overrides: the requests it picks are served, none
+    before it says it arrives, and at most as many at once as it lets in."""
+    from kvpipe.job.runner import job_for
+    from kvpipe.job.shared_rounds import run_rounds
+
+    monkeypatch.chdir(REPO)  # a load's overrides may name the repository's example files
+    job = job_for(spec_for(*SERVE, f"load={kind.name}", *kind.test_overrides))
+    job.prepare()
+    run_rounds([job], seed=0, shuffle=False)
+    picked = job.load.requests(job.prompts)
+    assert [r.ids for r in job.requests] == [r.ids for r in picked] and job.arrivals == job.load.arrivals(picked)
+    (served,) = [outcome.served for outcome in job.passes]
+    start = min(s.arrival_s for s in served)
+    if not kind.closed:  # a closed loop's request arrives when one in flight is answered, whenever that is
+        assert [s.arrival_s - start for s in served] == pytest.approx(job.arrivals)
+    assert all(s.started_s >= s.arrival_s - 1e-6 for s in served)
+    result = job.result({})
+    assert result.metrics["served_requests"] == len(picked) and result.tags["load"] == job.load.label()
+    assert result.metrics["max_in_flight"] <= job.load.in_flight(picked)
+    assert result.metrics["serve_span_ms"] >= job.arrivals[-1] * 1e3  # it lasts at least until its last arrival
+
+
 def served(arrival, tokens_at, finished=None, started=None):
     return Served(arrival, arrival if started is None else started, list(tokens_at), finished or tokens_at[-1], 10,
                   list(range(len(tokens_at))))  # fmt: skip
@@ -90,7 +148,7 @@ def served(arrival, tokens_at, finished=None, started=None):
 
 def test_serving_figures_follow_the_field_definitions():
     runs = [served(0.0, [0.1, 0.2, 0.3]), served(0.5, [0.9, 1.0], started=0.7), served(1.0, [1.2, 1.6, 2.0])]
-    figures = serving_metrics(runs, max_in_flight=2, max_ttft_ms=250, max_tpot_ms=150)
+    figures = serving_metrics([runs], max_in_flight=2, max_ttft_ms=250, max_tpot_ms=150)
     assert figures["ttft_ms"] == pytest.approx((100 + 400 + 200) / 3)  # from each request's arrival
     assert figures["tpot_ms"] == pytest.approx((100 + 100 + 400) / 3)  # its own tokens after the first
     assert figures["itl_p90_ms"] == pytest.approx(400)  # gaps pooled: 100, 100, 100, 400, 400
@@ -99,7 +157,18 @@ def test_serving_figures_follow_the_field_definitions():
     assert figures["requests_per_s"] == pytest.approx(3 / 2.0)
     assert figures["goodput_requests_per_s"] == pytest.approx(1 / 2.0)  # only the first meets both targets
     assert figures["within_targets"] == pytest.approx(1 / 3)
-    assert "goodput_requests_per_s" not in serving_metrics(runs, 2, None, None)
+    assert "goodput_requests_per_s" not in serving_metrics([runs], 2, None, None)
+
+
+def test_passes_pool_their_requests_and_count_requests_tokens_and_span_per_pass():
+    first = [served(0.0, [0.1, 0.2, 0.3]), served(0.5, [0.9, 1.0])]  # first arrival to last token: 1 s
+    second = [served(10.0, [10.2, 10.4, 10.6]), served(10.0, [10.5, 12.0])]  # 2 s
+    figures = serving_metrics([first, second], max_in_flight=2, max_ttft_ms=None, max_tpot_ms=None)
+    assert figures["served_requests"] == 2 and figures["new_tokens"] == 5  # per pass, as one pass gives them
+    assert figures["serve_span_ms"] == pytest.approx(1500)  # the mean pass
+    assert figures["output_tokens_per_s"] == pytest.approx(10 / 3.0)  # both passes' tokens over both spans
+    assert figures["ttft_ms"] == pytest.approx((100 + 400 + 200 + 500) / 4)  # over every request of both
+    assert pass_figures(second) == pytest.approx({"ttft_ms": 350.0, "tpot_ms": 850.0, "output_tokens_per_s": 2.5})
 
 
 def test_percentiles_are_nearest_rank():
@@ -116,14 +185,6 @@ def test_static_batches_serve_every_request_at_most_the_limit_at_once():
     assert job.metrics["new_tokens"] == 5 * 6
     assert job.tags["load"] == "concurrency(2)" and job.tags["cache.effective"] == "dynamic"
     assert job.metrics["ttft_p90_ms"] >= job.metrics["ttft_p50_ms"] > 0
-
-
-def test_a_rate_run_waits_for_its_arrivals(tmp_path):
-    from kvpipe.job.runner import run_job
-
-    job = run_job(spec_for(*SERVE, "load=rate", "load.rate=20", "load.requests=6", "load.seed=1", "workload.warmup=0"))
-    last_arrival = spec_for(*SERVE, "load=rate", "load.rate=20", "load.seed=1").bound_load.arrivals(6)[-1]
-    assert job.metrics["serve_span_ms"] >= last_arrival * 1e3  # the run lasts at least until its last arrival
 
 
 def test_a_serving_run_records_its_load_and_figures(tmp_path):
@@ -208,6 +269,27 @@ def test_paged_serving_answers_each_request_as_the_dynamic_cache_does():
     assert paged.tags["cache.effective"] == "paged" and "kv_held_bytes" not in dynamic.metrics
 
 
+def test_a_continuous_server_says_why_it_has_no_quality_pass():
+    from kvpipe.job.runner import run_job
+
+    on = [o for o in SERVE if o != "quality=off"]
+    job = run_job(spec_for(*on, "cache=paged", "load=offline", "load.requests=2"))
+    assert "kl_vs_reference" not in job.metrics and "quality_reference" not in job.tags
+    assert any("builds its cache inside its server" in note and "no quality pass" in note for note in job.notes)
+
+
+def test_a_served_job_and_a_batch_job_take_turns_in_shared_rounds():
+    from kvpipe.job.runner import measured_together
+
+    common = (*TINY, "workload.prompts=[Hi.]", "workload.repeats=2")
+    labelled = [("batch", spec_for(*common)), ("served", spec_for(*common, "load=offline", "load.requests=2"))]
+    batch, served = measured_together(labelled, seed=1)
+    assert (batch.label, served.label) == ("batch", "served") and batch.rounds_done() == served.rounds_done() == 2
+    served_result, batch_result = served.result({}), batch.result({})
+    assert served_result.metrics["rounds"] == batch_result.metrics["rounds"] == 2
+    assert "round_output_tokens_per_s" in served_result.tags and "round_decode_tokens_per_s" in batch_result.tags
+
+
 def test_paged_without_a_load_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="cache=paged serves many requests at once by continuous batching"):
         spec_for(*SERVE, "cache=paged")
@@ -221,13 +303,59 @@ def traffic(tmp_path, times):
     return ("workload=dataset", f"workload.path={path}")
 
 
-def test_a_rate_load_replays_a_datasets_own_arrival_times(tmp_path):
+def test_a_replay_load_serves_a_datasets_requests_when_its_rows_say(tmp_path):
     from kvpipe.job.runner import run_job
 
-    job = run_job(spec_for(*SERVE, *traffic(tmp_path, [100.0, 100.2, 100.2, 100.5]), "load=rate", "workload.warmup=0"))
-    assert job.metrics["served_requests"] == 4
+    job = run_job(spec_for(*SERVE, *traffic(tmp_path, [100.0, 100.2, 100.2, 100.5]), "load=replay"))
+    assert job.metrics["served_requests"] == 4 and job.tags["load"] == "replay"
     assert job.metrics["serve_span_ms"] >= 500  # the last request arrives 0.5 s after the first
-    assert any("replayed the workload's own arrival times (4 requests over 0.5 s)" in note for note in job.notes)
+
+
+def test_a_rate_load_draws_its_own_arrivals_whatever_the_dataset_carries(tmp_path):
+    from kvpipe.job.runner import job_for
+
+    job = job_for(spec_for(*SERVE, *traffic(tmp_path, [100.0, 100.2, 100.2, 100.5]), "load=rate", "load.rate=3"))
+    job.prepare()
+    assert [r.arrival_s for r in job.requests] == pytest.approx([0.0, 0.2, 0.2, 0.5])  # carried, not used
+    assert job.arrivals == job.load.arrivals(untimed(4)) != pytest.approx([0.0, 0.2, 0.2, 0.5])
+
+
+def test_replay_on_prompts_without_arrival_times_is_one_line_before_the_model_loads(monkeypatch):
+    from kvpipe import model
+    from kvpipe.job.runner import run_job
+
+    monkeypatch.setattr(model, "load", lambda *args: pytest.fail("the model loaded"))
+    with pytest.raises(ConfigError) as refused:
+        run_job(spec_for(*SERVE, "load=replay"))
+    assert str(refused.value).startswith(
+        "load.kind='replay' is not valid: the workload's prompts carry no arrival times"
+    )
+    assert "workload=dataset with a timestamp or arrival_s column" in str(refused.value)
+
+
+def test_a_served_job_measures_its_rounds_and_judges_noise_from_them():
+    from kvpipe.job.runner import run_job
+
+    job = run_job(spec_for(*TINY, "load=concurrency", "load.concurrency=2", "load.requests=3", "workload.repeats=3"))
+    assert job.metrics["rounds"] == 3 and job.tags["interval_over"] == "rounds"
+    assert job.metrics["served_requests"] == 3 and job.metrics["new_tokens"] == 3 * 6  # per pass, as before
+    assert job.metrics["prompt_tokens"] == job.metrics["prompt_tokens_mean"]  # the length compare matches runs at
+    for figure in ("ttft_ms", "tpot_ms", "output_tokens_per_s"):
+        series = json.loads(job.tags[f"round_{figure}"])
+        assert len(series) == 3 and job.metrics[f"{figure}_ci_low"] <= statistics.fmean(series) * 1.001
+    assert job.metrics["timing_noise_cv"] == job.metrics["timing_noise_cv"]  # not NaN: rounds to compare
+    assert job.tags["noisy"] in ("true", "false")
+    single = run_job(spec_for(*SERVE, "load=offline", "load.requests=2"))
+    assert single.metrics["rounds"] == 1 and single.tags["noisy"] in ("unknown", "true")  # true only if contended
+
+
+def test_a_lossless_served_cache_gets_the_quality_pass_a_batch_job_gets():
+    from kvpipe.job.runner import run_job
+
+    on = [o for o in SERVE if o != "quality=off"]
+    job = run_job(spec_for(*on, "load=offline", "load.requests=2", "quality.windows=1"))
+    assert job.metrics["kl_vs_reference"] == 0.0 and job.tags["quality_reference"].startswith("DynamicCache")
+    assert job.params["quality.scored_tokens"] == str(int(job.metrics["quality_scored_tokens"]))
 
 
 def test_arrival_times_that_go_backwards_are_one_line_before_anything_loads(tmp_path):

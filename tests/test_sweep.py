@@ -215,3 +215,27 @@ def test_jobs_on_different_models_take_turns_within_their_models_group(tmp_path)
     assert groups[0] == groups[1] != groups[2] == groups[3]  # one model in memory at a time
     rounds = json.loads((min((tmp_path / "outputs" / "multiruns").glob("*/*")) / "rounds.json").read_text())
     assert [group["jobs"] for group in rounds] == [["#0", "#1"], ["#2", "#3"]]
+
+
+@pytest.mark.slow  # a served sweep: two caches under one load, recorded in MLflow, read back
+def test_a_served_sweep_takes_turns_in_shared_rounds_and_its_ratios_are_paired(tmp_path, existing_store):
+    from kvpipe.decide import paired
+    from kvpipe.decide.runs import load_runs
+
+    existing_store(tmp_path)
+    served = ["cache=dynamic,paged", "load=concurrency", "load.concurrency=2", "load.requests=2"]
+    proc = run_cli(["-m", *TINY, *served], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = sweep_results(tmp_path)
+    assert {r["tags"]["measured_order"] for r in results} == {"interleaved"}
+    assert len({r["tags"]["round_group"] for r in results}) == 1  # their rounds pair
+    assert all(len(json.loads(r["tags"]["round_tpot_ms"])) == 3 for r in results)  # workload.repeats passes
+    (group,) = json.loads((min((tmp_path / "outputs" / "multiruns").glob("*/*")) / "rounds.json").read_text())
+    assert len(group["jobs"]) == 2 and len(group["seconds"]) == 3
+    runs, _ = load_runs("kvpipe", None, f"sqlite:///{tmp_path}/outputs/mlflow.db", whole_experiment=True)
+    paged = paired.with_ratios(runs).set_index("label").loc["paged"]
+    assert paged["baseline"] == "dynamic" and paged["ratio_tpot_ms"].paired and paged["ratio_ttft_ms"].paired
+    shown = run_cli(["compare"], cwd=tmp_path)
+    assert shown.returncode == 0 and "TPOT vs dynamic" in shown.stdout, shown.stderr[-2000:]
+    row = next(line for line in shown.stdout.splitlines() if "│ paged " in line)
+    assert "×" in row and "†" not in row  # a ratio, paired round by round

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from kvpipe import cache
-from kvpipe.measure.rounds import TAG_PREFIX, parse_series
+from kvpipe.measure.round_figures import TAG_PREFIX, parse_series
 from kvpipe.measure.uncertainty import ratio_interval
 from kvpipe.record import tags as mlflow_tags
 

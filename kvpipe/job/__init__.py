@@ -1,1 +1,2 @@
-"""The job stage: a workload's batches, generated under one cache strategy, measured call by call."""
+"""The job stage: one job, measured round by round under one cache strategy: a workload's batches one
+after another, or its requests served under a load."""

@@ -1,5 +1,5 @@
-"""The two servers a serving job measures, and the requests they serve: the workload's prompts,
-arriving as the load says (kvpipe.job.serving runs them and measures; kvpipe.measure.serving sums up).
+"""The two servers a served job measures, and the requests they serve: the workload's prompts, picked
+and timed by the load (kvpipe.job.served runs them and measures; kvpipe.measure.request_figures sums up).
 
 Two servers. A strategy that batches continuously (cache=paged) gets transformers' continuous
 batching manager: a request joins the running batch as soon as it arrives and leaves it when its
@@ -8,7 +8,7 @@ to the load's in-flight limit, left-padded, each held until its longest request 
 honest baseline continuous batching is measured against.
 
 A closed loop (load=concurrency) lets the next request in when one is answered: its arrival is
-then. An open loop (load=rate, load=offline) has its arrivals fixed in advance; a request that
+then. An open loop (load=rate, load=replay, load=offline) has its arrivals fixed in advance; a request that
 arrives while the server is busy waits, and that wait counts in its TTFT.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from kvpipe.cache.accounting import kv_cache_bytes
 from kvpipe.job.generate import clocked_generate
 from kvpipe.measure.clock import TokenClock
-from kvpipe.measure.serving import Served
+from kvpipe.measure.request_figures import Served
 
 # How long the continuous server's client waits for an answer before it looks at the clock (and samples
 # the blocks its requests hold) again: short enough to see a request's blocks before it finishes.
@@ -51,23 +51,15 @@ class Outcome:
     kv_held_bytes: int | None = None
 
 
-def requests_of(batches, count: int, new_tokens: int) -> list[Request]:
-    """The workload's prompts (one per batch: a load serves one row per request) cycled to `count`."""
+def requests_of(batches, new_tokens: int) -> list[Request]:
+    """The workload's prompts as requests, one per batch (a load serves one row per request), in the
+    workload's order; the load picks which it serves (kvpipe.load)."""
     prompts = []
     for batch in batches:
         ids = batch.input_ids[0][batch.attention_mask[0].bool()].tolist()
         arrival = getattr(batch.rows[0], "arrival_s", None) if batch.rows else None
         prompts.append(Request(ids, batch.max_new_tokens or new_tokens, batch.texts[0], arrival))
-    return [prompts[i % len(prompts)] for i in range(count)]
-
-
-def replayed(requests: list[Request], count: int) -> list[Request] | None:
-    """The workload's own requests in the order they arrived, each once, the first `count` of them;
-    None where they carry no arrival times."""
-    own = {id(r): r for r in requests}.values()  # cycled requests are the same objects
-    if any(r.arrival_s is None for r in own):
-        return None
-    return sorted(own, key=lambda r: r.arrival_s)[:count]
+    return prompts
 
 
 def serve_static_batches(spec, loaded, setup, requests: list[Request], arrivals: list[float], cap: int,

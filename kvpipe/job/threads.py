@@ -24,8 +24,3 @@ def use_threads(model_cfg, device: str) -> int:
 def _omp_threads() -> int | None:
     value = os.environ.get("OMP_NUM_THREADS", "")
     return int(value) if value.isdigit() and int(value) > 0 else None
-
-
-def _omp_threads() -> int | None:
-    value = os.environ.get("OMP_NUM_THREADS", "")
-    return int(value) if value.isdigit() and int(value) > 0 else None

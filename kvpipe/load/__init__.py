@@ -1,4 +1,4 @@
-"""The load stage: how requests arrive at a served model (load=offline|concurrency|rate), one module
+"""The load stage: how requests arrive at a served model (load=offline|concurrency|rate|replay), one module
 each, registered on import. Independent of which prompts (workload=) and which cache (cache=).
 Without a load (the default), a job runs its workload's batches one after another."""
 

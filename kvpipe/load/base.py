@@ -1,12 +1,14 @@
-"""What a load is: one class per way requests arrive, registered by subclassing. A load knows its
-settings and their checks, when each request arrives (offsets from the start, in seconds), and how
-many it lets be in flight at once. Pure Python: the serving job (kvpipe.job.serve) runs it."""
+"""What a load is: one class per way requests arrive, registered by subclassing. A load receives the
+workload's requests (vLLM's `get_request(requests, rate, burstiness)` shape) and says which of them a
+run serves, when each arrives (offsets from the start, in seconds), and how many it lets be in flight
+at once. Pure Python: the served job (kvpipe.job.served) runs it. A request is whatever the job hands
+over; a load may read its `arrival_s` (when the workload says it arrived, or None)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Optional, Sequence
 
 from kvpipe.errors import ConfigError
 from kvpipe.registry import Registered, Registry
@@ -32,26 +34,34 @@ class NoSettings:
 
 
 class Load(Registered):
-    """Base class: subclass it with `name`, its `Settings`, and `arrivals` / `in_flight` where they
-    differ from "every request at once, all in flight"."""
+    """Base class: subclass it with `name`, its `Settings`, and `requests` / `arrivals` / `in_flight`
+    where they differ from "the workload's prompts, every one at once, all in flight"."""
 
     registry: ClassVar[Registry[Load]] = Registry("load.kind")
     Settings: ClassVar[type] = NoSettings
     # a closed loop: each request arrives when one in flight is answered (its client was waiting);
     # otherwise arrivals are fixed in advance and a request may wait for the server
     closed: ClassVar[bool] = False
-    # replays the arrival times a workload's requests carry (a dataset's timestamp column), where they do
-    replays_arrivals: ClassVar[bool] = False
+    # runs with any workload's requests (what a refusal suggests); False: it needs something of them
+    # that not every workload carries (load=replay: their own arrival times)
+    any_workload: ClassVar[bool] = True
+    # Settings added after runs were keyed, with the value they mean unset: at it (or null) they are
+    # neither keyed nor logged, so resume=true still finds the older runs
+    late_defaults: ClassVar[dict[str, Any]] = {}
+    # the Hydra overrides, beyond load=NAME, that make a quick, valid job of it on model=tiny_random
+    test_overrides: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, load_cfg):
         self.config = load_cfg
         self.settings = self.Settings(**{f.name: getattr(load_cfg, f.name) for f in dataclasses.fields(self.Settings)})
 
-    @classmethod
-    def read_fields(cls) -> tuple[str, ...]:
-        """The load.* fields this kind's measurement depends on."""
-        return ("load.kind", *(f"load.{name}" for name in COMMON_FIELDS),
-                *(f"load.{f.name}" for f in dataclasses.fields(cls.Settings)))  # fmt: skip
+    def read_fields(self) -> tuple[str, ...]:
+        """The load.* fields this load's measurement depends on (its key, its params)."""
+        own = [f.name for f in dataclasses.fields(self.Settings) if not self._at_late_default(f.name)]
+        return ("load.kind", *(f"load.{name}" for name in (*COMMON_FIELDS, *own)))
+
+    def _at_late_default(self, name: str) -> bool:
+        return name in self.late_defaults and getattr(self.settings, name) in (None, self.late_defaults[name])
 
     def check(self) -> None:
         """Checks against the config alone; raises a one-line ConfigError."""
@@ -62,21 +72,27 @@ class Load(Registered):
             if value is not None and not value > 0:
                 raise ConfigError(f"load.{name}", value, "expected a latency target in ms above 0, or null")
 
-    def request_count(self, prompts: int) -> int:
-        """How many requests the run serves: load.requests, else one per prompt of the workload."""
-        return self.config.requests or prompts
+    def requests(self, prompts: Sequence) -> list:
+        """The requests a run serves, in the order they arrive, from the workload's (one per prompt):
+        load.requests of them, the prompts cycled, else one per prompt."""
+        return cycled(prompts, self.config.requests or len(prompts))
 
-    def arrivals(self, count: int) -> list[float]:
+    def arrivals(self, requests: Sequence) -> list[float]:
         """When each request arrives, in seconds from the start: all at once unless the kind says."""
-        return [0.0] * count
+        return [0.0] * len(requests)
 
-    def in_flight(self, count: int) -> int:
+    def in_flight(self, requests: Sequence) -> int:
         """The most requests served at once: all of them unless the kind says."""
-        return count
+        return len(requests)
 
     def label(self) -> str:
         """How the run's title names it: load=concurrency(4)."""
         return self.name
+
+
+def cycled(prompts: Sequence, count: int) -> list:
+    """`count` requests: the prompts in turn, from the first again where more are asked for."""
+    return [prompts[i % len(prompts)] for i in range(count)]
 
 
 registered = Load.registry.registered

@@ -13,6 +13,7 @@ class Concurrency(Load):
     name = "concurrency"
     order = 20
     closed = True
+    test_overrides = ("load.concurrency=2",)
 
     @dataclass
     class Settings:
@@ -23,8 +24,8 @@ class Concurrency(Load):
         if self.settings.concurrency < 1:
             raise ConfigError("load.concurrency", self.settings.concurrency, "expected 1 or more requests in flight")
 
-    def in_flight(self, count: int) -> int:
-        return min(self.settings.concurrency, count)
+    def in_flight(self, requests) -> int:
+        return min(self.settings.concurrency, len(requests))
 
     def label(self) -> str:
         return f"concurrency({self.settings.concurrency})"

@@ -9,3 +9,4 @@ from kvpipe.load.base import Load
 class Offline(Load):
     name = "offline"
     order = 10
+    test_overrides = ("load.requests=3",)

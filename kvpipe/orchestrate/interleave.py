@@ -5,7 +5,7 @@ Hydra's basic launcher runs each job to its end before the next starts, so a mac
 down halfway through a sweep makes the later jobs look slower. Here each job is first prepared in
 its own Hydra job context (its folder, its log, its skips: kvpipe.orchestrate.sweep hands it back
 loaded and warmed up), then the jobs take turns in rounds whose order is shuffled from the sweep's
-seed (kvpipe.job.rounds), then each is summarised and recorded. Jobs on different models form
+seed (kvpipe.job.shared_rounds), then each is summarised and recorded. Jobs on different models form
 groups that run one after another, so only one model is resident at a time. What the rounds took
 is written to the sweep folder (rounds.json) and to the parent run (round_s, round_drift).
 """
@@ -22,7 +22,7 @@ from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job
 from hydra.plugins.launcher import Launcher
 from omegaconf import OmegaConf, open_dict
 
-from kvpipe.job.rounds import Rounds, run_rounds
+from kvpipe.job.shared_rounds import Rounds, run_rounds
 from kvpipe.orchestrate.sweep import Deferred, SweepState, outcome_counts
 from kvpipe.record import store, tracking
 

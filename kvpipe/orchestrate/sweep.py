@@ -268,7 +268,7 @@ class Deferred:
     (kvpipe.orchestrate.interleave); finish(order_tags) summarises and records it, and returns its
     status; kill() records it KILLED."""
 
-    job: object  # kvpipe.job.runner.BatchJob
+    job: object  # kvpipe.job.phases.Job: a batch job or a served one
     finish: Callable[[dict], str]
     kill: Callable[[], None]
 
@@ -320,9 +320,8 @@ def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str | Deferre
         run_pipeline(spec, run_dir, launch_dir, False, parent, check_store=False, order_tags=order_tags)
         return "FINISHED"
 
-    if why_sequential is not None or spec.load is not None:  # a served load is one pass, not rounds
-        reason = why_sequential or "a served load is one pass over its requests, not rounds"
-        return guarded(lambda: measure_now({"measured_order": "sequential", "order_reason": reason}))
+    if why_sequential is not None:
+        return guarded(lambda: measure_now({"measured_order": "sequential", "order_reason": why_sequential}))
 
     def kill() -> None:
         skips.unmark_pending(run_dir)
@@ -336,7 +335,7 @@ def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str | Deferre
     def prepare() -> Deferred:
         for warning in spec.warnings:
             log.warning(warning)
-        job = runner.BatchJob(spec)
+        job = runner.job_for(spec)
         job.label = f"#{hydra_cfg.job.num}"
         skips.mark_pending(run_dir, key)  # a later job with the same key is its duplicate, as with a finished one
         try:

@@ -315,7 +315,7 @@ def _check_serving(spec: Spec) -> None:
             "cache.strategy",
             strategy.name,
             f"cache={strategy.name} serves many requests at once by continuous batching; choose how they arrive: "
-            + ", ".join(f"load={name}" for name in loads.names()),
+            + ", ".join(f"load={load.name}" for load in loads.registered() if load.any_workload),
         )
     if spec.press is not None and spec.load is not None:
         raise ConfigError(

@@ -1,11 +1,12 @@
-"""Measured rounds: each round calls every job once (every batch of it), in an order shuffled per
-round from the seed where jobs take turns (a sweep's interleaved jobs), so that a machine whose
-speed drifts slows each job alike instead of the one that happened to run late (google-benchmark's
-random interleaving). A job alone is the same loop with one job: its repeats are its rounds.
+"""Measured rounds: each round calls every job once (every batch of a batch job, one pass over a
+served job's requests), in an order shuffled per round from the seed where jobs take turns (a
+sweep's interleaved jobs), so that a machine whose speed drifts slows each job alike instead of the
+one that happened to run late (google-benchmark's random interleaving). A job alone is the same loop
+with one job: its repeats are its rounds.
 
 A job says how many rounds it wants: `workload.repeats` of them, or with repeats=auto at least
-MIN_ROUNDS (kvpipe.measure.rounds) and then more until its TPOT interval is within `workload.target_interval`, or it
-reaches `workload.max_repeats` rounds or `workload.max_measure_s` seconds of them. Jobs on auto
+MIN_ROUNDS (kvpipe.measure.round_figures) and then more until its TPOT interval is within
+`workload.target_interval`, or it reaches `workload.max_repeats` rounds or `workload.max_measure_s` seconds of them. Jobs on auto
 keep taking part until every one of them is done, so that each pair shares as many rounds as it can.
 """
 
@@ -16,32 +17,62 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from kvpipe.job.progress import progress_bar
+from kvpipe.job.progress_bar import progress_bar
+from kvpipe.measure.round_figures import STOPPING_FIGURE, converged, relative_half_width, rounds_of
 from kvpipe.units import duration_text
 
 log = logging.getLogger(__name__)
 
 
-class RoundJob(Protocol):
-    label: str
-    auto: bool  # workload.repeats=auto
-    fixed_rounds: int | None  # workload.repeats, where it is a number
+class RoundTaker:
+    """What takes part in rounds: a job, or a test's stand-in. It keeps its figures round by round
+    and knows, from its workload's settings (`timing`: repeats, and repeats=auto's target_interval,
+    max_repeats and max_measure_s), whether it wants another; a subclass measures a round
+    (`measure_round`, which calls `add_round`) and says how many calls a round makes."""
+
     calls_per_round: int
-    failed: BaseException | None  # what stopped it mid-round: it takes no further part
+
+    def __init__(self, label: str, timing, figures: tuple[str, ...]):
+        self.label = label  # a sweep names its jobs by number instead
+        self.timing = timing
+        self.auto = timing.repeats == "auto"
+        self.fixed_rounds: int | None = None if self.auto else int(timing.repeats)
+        self.per_round: dict[str, list[float]] = {name: [] for name in figures}
+        self.failed: BaseException | None = None  # what stopped it mid-round: it takes no further part
+
+    def measure_round(self, advance) -> None:
+        raise NotImplementedError
+
+    def add_round(self, figures: dict[str, float]) -> None:
+        for name, values in self.per_round.items():
+            values.append(figures[name])
+
+    def rounds_done(self) -> int:
+        """Its rounds so far (a job with no warm-up measures its first as it prepares)."""
+        return rounds_of(self.per_round)
 
     def wants_more(self, measured_s: float) -> bool:
         """Whether it needs another round: short of its repeats, or (auto) not yet converged and
         under its caps."""
+        if not self.auto:
+            return self.rounds_done() < self.fixed_rounds
+        return self.may_go_on(measured_s) and not self.converged()
 
     def may_go_on(self, measured_s: float) -> bool:
         """Auto: whether it is under its caps (it takes part while another job on auto is not done)."""
+        return self.rounds_done() < self.timing.max_repeats and measured_s < self.timing.max_measure_s
 
-    def rounds_done(self) -> int:
-        """Its rounds so far (a job with no warm-up measures its first as it prepares)."""
+    def converged(self) -> bool:
+        return converged(self.per_round, self.timing.target_interval)
 
-    def measure_round(self, advance) -> None: ...
+    def not_converged_note(self) -> str:
+        width = relative_half_width(self.per_round[STOPPING_FIGURE])
+        return (
+            f"repeats=auto stopped after {self.rounds_done()} rounds (workload.max_repeats={self.timing.max_repeats}, "
+            f"workload.max_measure_s={self.timing.max_measure_s:g}) with TPOT within ±{width:.1%}, wider than "
+            f"workload.target_interval={self.timing.target_interval:g}"
+        )
 
 
 @dataclass
@@ -65,7 +96,7 @@ class Rounds:
         }
 
 
-def run_rounds(jobs: list[RoundJob], seed: int, shuffle: bool) -> Rounds:
+def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool) -> Rounds:
     """Measure rounds until every job has what it wants; shuffle: a fresh order each round."""
     draw = random.Random(seed)
     rounds = Rounds()
@@ -104,7 +135,7 @@ def run_rounds(jobs: list[RoundJob], seed: int, shuffle: bool) -> Rounds:
     return rounds
 
 
-def _left_text(jobs: list[RoundJob], measured_s: list[float], taken: list[int]) -> str:
+def _left_text(jobs: list[RoundTaker], measured_s: list[float], taken: list[int]) -> str:
     """' · 2 rounds left, ETA 4s': each job's mean round so far times the rounds it still wants.
     '' where a job is on repeats=auto, whose rounds end when its TPOT settles: not known ahead."""
     alive = [i for i, job in enumerate(jobs) if job.failed is None and taken[i]]
@@ -118,7 +149,7 @@ def _left_text(jobs: list[RoundJob], measured_s: list[float], taken: list[int]) 
     return f" · {most} round{'s' if most > 1 else ''} left, ETA {duration_text(math.ceil(seconds))}"
 
 
-def _wanting(jobs: list[RoundJob], measured_s: list[float]) -> list[int]:
+def _wanting(jobs: list[RoundTaker], measured_s: list[float]) -> list[int]:
     """The jobs the next round calls: fixed ones short of their repeats, and every job on auto
     under its caps while any of them is not done."""
     alive = [i for i, job in enumerate(jobs) if job.failed is None]

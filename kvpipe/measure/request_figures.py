@@ -1,9 +1,10 @@
-"""What a serving run measured, per request and over the run, with the definitions vLLM's
+"""What a served job measured, per request and over its passes, with the definitions vLLM's
 `bench serve`, GuideLLM and AIPerf use, so a user can set kvpipe's figures beside theirs:
 TTFT from the request's arrival (its queueing delay included), TPOT over its own tokens after the
 first, ITL between consecutive tokens of one request (pooled over requests), end-to-end from arrival
 to its last token, output tokens and requests per second over the run (first arrival to last
-token), and goodput: the requests per second that met both latency targets."""
+token, each pass's), and goodput: the requests per second that met both latency targets. A served
+job's round is one pass over its requests (`pass_figures`)."""
 
 from __future__ import annotations
 
@@ -63,18 +64,34 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(max(rank, 1), len(ordered)) - 1]
 
 
-def serving_metrics(served: list[Served], max_in_flight: int, max_ttft_ms: float | None,
+SERVED_FIGURES = ("ttft_ms", "tpot_ms", "output_tokens_per_s")  # what one pass over the requests (a round) gives
+
+
+def pass_figures(served: list[Served]) -> dict[str, float]:
+    """One pass's figures, a served job's round: mean TTFT and TPOT over its requests (as the run's
+    own are), and its output tokens per second."""
+    tpot = [t for t in (s.tpot_ms for s in served) if t is not None]
+    return {
+        "ttft_ms": statistics.fmean(s.ttft_ms for s in served),
+        "tpot_ms": statistics.fmean(tpot) if tpot else float("nan"),
+        "output_tokens_per_s": sum(len(s.tokens) for s in served) / _span_s(served),
+    }
+
+
+def serving_metrics(passes: list[list[Served]], max_in_flight: int, max_ttft_ms: float | None,
                     max_tpot_ms: float | None) -> dict[str, float]:  # fmt: skip
-    """The run's figures: means and p50/p90/p99 per request, throughput and goodput over the run."""
-    start = min(s.arrival_s for s in served)
-    span_s = max(max(s.finished_s for s in served) - start, 1e-9)
+    """The run's figures over its passes (each serves every request once): means and p50/p90/p99 per
+    request, pooled; throughput and goodput over the passes' spans together; requests, tokens and
+    span per pass."""
+    served = [s for one_pass in passes for s in one_pass]
+    span_s = sum(_span_s(one_pass) for one_pass in passes)
     ttft = [s.ttft_ms for s in served]
     tpot = [t for t in (s.tpot_ms for s in served) if t is not None]
     itl = [gap for s in served for gap in s.itl_ms()]
     e2e = [s.e2e_ms for s in served]
     queue = [s.queue_ms for s in served]
     metrics = {
-        "served_requests": float(len(served)),
+        "served_requests": len(served) / len(passes),
         "max_in_flight": float(max_in_flight),
         "ttft_ms": statistics.fmean(ttft),
         "tpot_ms": statistics.fmean(tpot) if tpot else float("nan"),
@@ -82,8 +99,8 @@ def serving_metrics(served: list[Served], max_in_flight: int, max_ttft_ms: float
         "queue_ms": statistics.fmean(queue),
         "output_tokens_per_s": sum(len(s.tokens) for s in served) / span_s,
         "requests_per_s": len(served) / span_s,
-        "new_tokens": float(sum(len(s.tokens) for s in served)),
-        "serve_span_ms": span_s * 1e3,
+        "new_tokens": sum(len(s.tokens) for s in served) / len(passes),
+        "serve_span_ms": span_s * 1e3 / len(passes),
     }
     with_intervals(metrics, {"ttft_ms": ttft, "tpot_ms": tpot})  # over requests
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e), ("queue", queue)):
@@ -94,3 +111,8 @@ def serving_metrics(served: list[Served], max_in_flight: int, max_ttft_ms: float
         metrics["goodput_requests_per_s"] = met / span_s
         metrics["within_targets"] = met / len(served)
     return metrics
+
+
+def _span_s(served: list[Served]) -> float:
+    """A pass's span: its first arrival to its last token."""
+    return max(max(s.finished_s for s in served) - min(s.arrival_s for s in served), 1e-9)

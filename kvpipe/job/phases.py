@@ -1,0 +1,183 @@
+"""One job in phases, batch or served: prepare() reads the workload's prompts, checks them against the
+model and the cache, loads the model and warms the cache up; measure_round() measures one round
+(kvpipe.job.shared_rounds); result() summarises. A batch job (kvpipe.job.runner) and a served one
+(kvpipe.job.served) differ only in how a round calls the model and in the figures they summarise;
+the rest is here, once: the checks, the verdict on contention and noise, the quality pass, the tags.
+
+A job measures; it never records (that is kvpipe.record)."""
+
+from __future__ import annotations
+
+import time
+from typing import ClassVar
+
+from kvpipe import model
+from kvpipe.job.outcome import JobResult, resolved_params
+from kvpipe.job.shared_rounds import RoundTaker
+from kvpipe.job.threads import use_threads
+from kvpipe.measure import contention, quality
+from kvpipe.measure.environment import environment, load_average
+from kvpipe.measure.memory import freeze_long_lived_objects
+from kvpipe.measure.metrics import prompt_lengths
+from kvpipe.measure.round_figures import over_rounds, round_tags
+from kvpipe.workload import Scored, longest_prompt_of, shortest_and_padded
+
+
+class Job(RoundTaker):
+    """What every job does; a subclass says what a round measures (`figures`, `round`), how it warms
+    up (`warm_up`) and what its rounds sum up to (`summary`, `texts`, `quality_inputs`)."""
+
+    figures: ClassVar[tuple[str, ...]]  # what a round gives (kvpipe.measure.round_figures)
+
+    def __init__(self, spec):
+        super().__init__(spec.strategy.describe(), spec.workload, self.figures)
+        self.spec = spec
+        self.ran = spec  # what it measured: another strategy's spec after an out-of-memory fallback
+        self.setup = None  # the cache it builds (CacheSetup); None where its server builds its own
+        self.warmup_ms: list[float] = []
+        self.scored_answers = Scored()  # the workload's own scoring of its answers (none by default)
+        self.own_s = 0.0  # its own phases' wall time: a sweep's turns of other jobs are not its harness
+        self.started_epoch_s: float | None = None  # when prepare() began: the job's own start
+        self.process_setup_s: float | None = None  # set by prepare(): see JobResult.process_setup_s
+
+    # ---- what a kind of job says ---------------------------------------------------------------
+
+    def plan(self) -> None:
+        """What it serves, from the checked batches, before the weights load (a load's refusal is then
+        as quick as a config error's)."""
+
+    def warm_up(self, longest_prompt: int) -> None:
+        """Build its cache (self.setup, self.ran) and warm it up (self.warmup_ms), the model loaded."""
+        raise NotImplementedError
+
+    def round(self, advance) -> dict[str, float]:
+        """One round's calls, advancing the progress bar by one per call; its figures."""
+        raise NotImplementedError
+
+    def summary(self) -> tuple[dict[str, float], list[str], dict[str, str]]:
+        """Its rounds summed up: metrics (`measured_ms` and `timing_noise_cv` among them), notes and
+        its own tags."""
+        raise NotImplementedError
+
+    def prompt_tokens(self) -> list[int]:
+        """Each measured prompt's length in tokens, over one round."""
+        raise NotImplementedError
+
+    def texts(self) -> list[dict[str, str]]:
+        """Prompts and completions for result.json."""
+        raise NotImplementedError
+
+    def quality_inputs(self) -> tuple[list, list]:
+        """The batches the quality pass scores, and what this job generated for each."""
+        raise NotImplementedError
+
+    # ---- the phases ----------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        started = time.perf_counter()
+        self.started_epoch_s = time.time()
+        spec = self.spec
+        imports_paid_s = model.import_libraries()  # once per process, with the collector off
+        shape = model.read_shape(spec.model)
+        tokenizer = model.load_tokenizer(spec.model)
+        self.workload = spec.bound_workload
+        self.batches = self.workload.batches(tokenizer, model.resolve_device(spec.model.device))
+        self.workload.check_fits(shape, self.batches)
+        longest_prompt = longest_prompt_of(self.batches, spec.workload.max_new_tokens)
+        spec.strategy.check_for_model(shape, longest_prompt)
+        spec.strategy.check_prompts(*shortest_and_padded(self.batches))
+        self.plan()
+
+        load_started = time.perf_counter()
+        self.loaded = loaded = model.load(spec.model)
+        self.load_paid_ms = (time.perf_counter() - load_started) * 1e3  # 0 where an earlier job loaded it
+        self.process_setup_s = imports_paid_s + self.load_paid_ms / 1e3
+        freeze_long_lived_objects()
+        self.load_at_start = load_average()
+        self.threads = use_threads(spec.model, loaded.device)
+        self.cpu_before = contention.sample()
+        self.warm_up(longest_prompt)
+        self.own_s += time.perf_counter() - started
+
+    def measure_round(self, advance=lambda: None) -> None:
+        started = time.perf_counter()
+        use_threads(self.spec.model, self.loaded.device)  # jobs that take turns may each set their own
+        self.add_round(self.round(advance))
+        self.own_s += time.perf_counter() - started
+
+    def result(self, order_tags: dict[str, str]) -> JobResult:
+        if self.failed is not None:
+            raise self.failed
+        started = time.perf_counter()
+        spec, loaded, ran, setup = self.spec, self.loaded, self.ran, self.setup
+        verdict = contention.judge(
+            self.cpu_before, contention.sample(), self.threads, self.load_at_start, loaded.device
+        )
+        metrics, summary_notes, own_tags = self.summary()
+        notes = [*spec.warnings, *(setup.notes if setup else []), *summary_notes]
+        metrics.update(over_rounds(self.per_round))
+        if self.auto:
+            metrics["rounds_converged"] = float(self.converged())
+            if not self.converged():
+                notes.append(self.not_converged_note())
+        metrics["warmup_ms"] = sum(self.warmup_ms)
+        metrics.update(prompt_lengths(self.prompt_tokens()))
+        metrics["load_ms"] = loaded.load_s * 1e3
+        threshold = spec.workload.noise_threshold
+        tags = {
+            "cache.requested": setup.requested if setup else ran.strategy.name,
+            "cache.effective": setup.effective if setup else ran.strategy.name,
+            "device": loaded.device,
+            "dtype": loaded.dtype,
+            "noisy": "true" if verdict.busy else noisy(metrics["timing_noise_cv"], threshold),
+            "contended": str(verdict.busy).lower(),
+            **own_tags,
+            **self.workload.tags(loaded.tokenizer),
+            **environment(loaded.device),
+            **round_tags(self.per_round),
+            **order_tags,
+        }
+        metrics.update(verdict.metrics())
+        if verdict.busy:
+            notes.append(verdict.note())
+        elif tags["noisy"] == "true":
+            notes.append(
+                f"noisy: TTFT or TPOT varied by {metrics['timing_noise_cv']:.0%} between calls of one shape, between "
+                f"rounds or between a call's tokens (threshold workload.noise_threshold={threshold:g}); rerun on an "
+                "idle machine or with more repeats"
+            )
+        params = resolved_params(loaded, self.threads, setup.params if setup else {})
+        if ran.quality.enabled:
+            self._quality(metrics, tags, notes, params)
+        metrics["load_average_start"], metrics["load_average_end"] = self.load_at_start, load_average()
+        # The harness's own cost: the job's own wall time less what it is there to do
+        own_ms = (self.own_s + time.perf_counter() - started) * 1e3
+        spent = self.load_paid_ms + metrics["warmup_ms"] + metrics["measured_ms"] + metrics.get("quality_ms", 0.0)
+        metrics["harness_ms"] = max(own_ms - spent, 0.0)
+        return JobResult(metrics=metrics, tags=tags, texts=self.texts(), notes=notes, params=params,
+                         scored=self.scored_answers, started_epoch_s=self.started_epoch_s, ended_epoch_s=time.time(),
+                         process_setup_s=self.process_setup_s)  # fmt: skip
+
+    def _quality(self, metrics: dict, tags: dict, notes: list, params: dict) -> None:
+        """The quality pass, lossless caches too (a dense cache's reuses the reference's own scores:
+        kvpipe.measure.quality), on the cache the job built; a server that builds its own has none
+        to score."""
+        if self.setup is None:
+            notes.append(
+                f"cache={self.ran.strategy.name} builds its cache inside its server (continuous batching), where "
+                "the quality pass cannot score it: no quality pass"
+            )
+            return
+        started = time.perf_counter()
+        batches, generated = self.quality_inputs()
+        metrics.update(quality.measure(self.loaded, self.ran, self.workload, batches, generated, self.setup))
+        tags["quality_reference"] = f"DynamicCache, {self.loaded.dtype}"  # the same weights and dtype as the run
+        metrics["quality_ms"] = (time.perf_counter() - started) * 1e3
+        params["quality.scored_tokens"] = str(int(metrics["quality_scored_tokens"]))
+
+
+def noisy(timing_noise_cv: float, threshold: float) -> str:
+    """'true', 'false', or 'unknown' when a single repeat gave nothing to compare."""
+    if timing_noise_cv != timing_noise_cv:  # NaN
+        return "unknown"
+    return "true" if timing_noise_cv > threshold else "false"

@@ -1,0 +1,106 @@
+"""A served job: the workload's prompts as requests that its load (kvpipe.load) picks and times,
+served by the cache strategy (kvpipe.job.servers), measured per request and over its passes
+(kvpipe.measure.request_figures). A round is one pass over every request, as the load says; the rest
+is every job's (kvpipe.job.phases): the checks, the model, the verdict on noise, the quality pass."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from kvpipe.job.phases import Job
+from kvpipe.job.servers import Outcome, requests_of, serve_continuously, serve_static_batches
+from kvpipe.measure.memory import PeakMemory, release_freed_memory
+from kvpipe.measure.metrics import repeat_noise
+from kvpipe.measure.request_figures import SERVED_FIGURES, pass_figures, serving_metrics
+
+SHOWN_TEXTS = 4  # completions kept in result.json, as a batch job keeps one per prompt
+
+
+class ServedJob(Job):
+    """Every request of its load served once a round; its figures per request, pooled over rounds."""
+
+    figures = SERVED_FIGURES
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.load = spec.bound_load
+        self.passes: list[Outcome] = []
+        self.peaks: list[PeakMemory] = []
+
+    @property
+    def calls_per_round(self) -> int:
+        return len(self.requests)
+
+    def plan(self) -> None:
+        self.prompts = requests_of(self.batches, self.spec.workload.max_new_tokens)  # one per prompt
+        self.requests = self.load.requests(self.prompts)
+        self.arrivals = self.load.arrivals(self.requests)
+        self.cap = self.load.in_flight(self.requests)
+
+    def warm_up(self, longest_prompt: int) -> None:
+        strategy = self.spec.strategy
+        # sized and checked as a batch job's caches are: the longest context less workload.max_new_tokens
+        self.setup = None if strategy.continuous else strategy.setup(self.loaded, longest_prompt)
+        first = self.requests[: self.cap]  # what a warm-up pays once (allocation, kernels), at the largest batch
+        for _ in range(self.spec.workload.warmup):
+            started = time.perf_counter()
+            self._serve(first, [0.0] * len(first), len(first), closed=False)
+            self.warmup_ms.append((time.perf_counter() - started) * 1e3)
+
+    def round(self, advance) -> dict[str, float]:
+        import torch
+
+        release_freed_memory(self.loaded.device)
+        torch.manual_seed(self.spec.workload.seed)
+        with PeakMemory(self.loaded.device) as peak:
+            outcome = self._serve(self.requests, self.arrivals, self.cap, self.load.closed)
+        self.passes.append(outcome)
+        self.peaks.append(peak)
+        for _ in outcome.served:
+            advance()
+        return pass_figures(outcome.served)
+
+    def _serve(self, requests, arrivals: list[float], cap: int, closed: bool) -> Outcome:
+        if self.setup is None:  # a continuous server builds its own cache
+            return serve_continuously(self.spec, self.loaded, requests, arrivals, cap, closed)
+        return serve_static_batches(self.spec, self.loaded, self.setup, requests, arrivals, cap, closed)
+
+    def summary(self) -> tuple[dict[str, float], list[str], dict[str, str]]:
+        passes, common = self.passes, self.load.config
+        most_in_flight = max(outcome.max_in_flight for outcome in passes)
+        metrics = serving_metrics([o.served for o in passes], most_in_flight, common.max_ttft_ms, common.max_tpot_ms)
+        held = [o.kv_held_bytes for o in passes if o.kv_held_bytes is not None]
+        metrics.update(
+            peak_memory_bytes=float(max(p.peak_bytes for p in self.peaks)),
+            peak_over_baseline_bytes=float(max(p.peak_over_baseline_bytes for p in self.peaks)),
+            kv_cache_bytes=float(max(o.kv_bytes for o in passes)),
+            **({"kv_held_bytes": float(max(held))} if held else {}),
+            weights_bytes=float(self.loaded.weights_bytes),
+            measured_ms=metrics["serve_span_ms"] * len(passes),
+            # the measured prompt length, as a batch job's: what compare weighs a run against a baseline at
+            prompt_tokens=statistics.fmean(self.prompt_tokens()),
+            # between rounds: a round's mean TTFT and TPOT, as a batch job's calls of one shape
+            timing_noise_cv=repeat_noise(self.per_round, [()] * self.rounds_done()),
+        )
+        return metrics, [], {"load": self.load.label(), "peak_memory_source": self.peaks[0].source}
+
+    def prompt_tokens(self) -> list[int]:
+        return [len(request.ids) for request in self.requests]
+
+    def texts(self) -> list[dict[str, str]]:
+        decode = self.loaded.tokenizer.decode
+        return [
+            {"prompt": request.text, "completion": decode(served.tokens, skip_special_tokens=True)}
+            for request, served in list(zip(self.requests, self.passes[0].served))[:SHOWN_TEXTS]
+        ]
+
+    def quality_inputs(self) -> tuple[list, list]:
+        """The batches whose prompt was served, each with its first answer in the first pass."""
+        import torch
+
+        answers: dict[int, object] = {}
+        for request, served in zip(self.requests, self.passes[0].served):
+            answers.setdefault(id(request), served)
+        pairs = [(b, answers[id(p)]) for b, p in zip(self.batches, self.prompts) if id(p) in answers]
+        return [batch for batch, _ in pairs], [torch.tensor([served.tokens]) for _, served in pairs]
