@@ -286,11 +286,12 @@ class Paged(CacheStrategy):
 
     @classmethod
     def plan_notes(cls, choice, shape) -> list[str]:
-        num_blocks = choice.cache.num_blocks  # the paged row reads it whatever cache= the plan was asked for
+        own = choice.with_strategy(cls.name).cache  # the paged row's settings, whatever cache= the plan was asked for
+        num_blocks = own.num_blocks
         if num_blocks is not None:
             return [
                 f"{cls.name} counts its whole pool, cache.num_blocks={num_blocks} blocks of "
-                f"{choice.cache.block_size} tokens for every layer plus two trash sectors, whatever the context; "
+                f"{own.block_size} tokens for every layer plus two trash sectors, whatever the context; "
                 "every request in flight shares it"
             ]
         return [
