@@ -41,6 +41,7 @@ class Paged(CacheStrategy):
     family = "paged"
     order = 60
     continuous = True
+    test_overrides = ("load=offline",)  # it serves requests, so it runs only under a load
     supports_sliding_window = True  # sliding layers get their own allocator, a ring buffer of their window
     search_variants = ()  # `kvpipe advise` searches one-batch jobs, which cache=paged does not run
 

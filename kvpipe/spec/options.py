@@ -46,7 +46,9 @@ def typed(group: str, node) -> Typed:
     except ValidationError as exc:
         key = str(exc.key)
         expected = type_text(typing.get_type_hints(option)[key])
-        raise ConfigError(f"{group}.{key}", given.get(key), f"expected {expected} ({group}={name}'s type)") from None
+        raise ConfigError(
+            f"{group}.{key}", given.get(key), f"wrong type; expected {expected} ({group}={name}'s type)"
+        ) from None
     ignored = {k: v for k, v in values.items() if k not in own and _given(registry, k, v)}
     return Typed(checked, ignored)
 
@@ -79,8 +81,12 @@ def _given(registry, key: str, value) -> bool:
     """Whether another option's setting was given: not null, and off every declaring option's default."""
     if value is None:
         return False
-    defaults = [f.default for p in registry.registered() for f in dataclasses.fields(p.Settings) if f.name == key]
-    return all(value != default for default in defaults)
+    declared = [f for p in registry.registered() for f in dataclasses.fields(p.Settings) if f.name == key]
+    return all(value != _default(setting) for setting in declared)
+
+
+def _default(setting: dataclasses.Field):
+    return setting.default_factory() if setting.default is dataclasses.MISSING else setting.default
 
 
 def _setting_names(plugin) -> set[str]:

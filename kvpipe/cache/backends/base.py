@@ -33,6 +33,7 @@ class QuantBackend(Registered):
     axes: ClassVar[dict[str, tuple[int, int]]] = {}
     # kvpipe has a layer for it that keeps a sliding window quantized (cache.quantize_sliding=true)
     quantizes_windows: ClassVar[bool] = False
+    test_overrides: ClassVar[tuple[str, ...]] = ("cache=quantized",)  # the strategy that reads a backend
 
     def __init__(self, backend_cfg, axis_cfg):
         self.settings = self.Settings(

@@ -1,0 +1,63 @@
+"""Every registered plugin (each cache strategy, quantization backend, press, load and workload),
+read from the registries: it composes as `group=name` plus its own `test_overrides` into a valid
+Spec, and a short real job on model=tiny_random produces the core metrics (and the workload's own).
+A plugin added tomorrow is tested here with no line of this file changed."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpipe.spec import spec_from
+from kvpipe.spec.schema import PLUGGED
+
+from conftest import REPO
+
+QUICK = ("model=tiny_random", "workload.max_new_tokens=4", "workload.warmup=0", "workload.repeats=1",
+         "tracking=off", "quality=off")  # fmt: skip
+CORE_METRICS = ("ttft_ms", "tpot_ms", "kv_cache_bytes")  # what every job measures, batch by batch or served
+
+PLUGINS = [(group, plugin) for group, (registry, _) in PLUGGED.items() for plugin in registry.registered()]
+
+
+def plugin_id(case) -> str:
+    group, plugin = case
+    return f"{group}={plugin.name}"
+
+
+@pytest.fixture(autouse=True)
+def from_the_repository_root(monkeypatch):
+    monkeypatch.chdir(REPO)  # test_overrides name files as a user in the repository would (examples/...)
+
+
+def overrides_of(group: str, plugin) -> list[str]:
+    return [*QUICK, f"{group}={plugin.name}", *plugin.test_overrides]
+
+
+@pytest.mark.parametrize("case", PLUGINS, ids=plugin_id)
+def test_every_plugin_composes_into_a_valid_spec_from_its_own_declarations(case):
+    group, plugin = case
+    spec = spec_from(overrides_of(group, plugin))
+    chosen = getattr(spec, group)  # None: the option that means "none" (press=none)
+    assert chosen is None or type(chosen).plugin is plugin
+    assert spec.warnings == (), "its test_overrides set only what it reads"
+
+
+@pytest.mark.slow  # a real job each (~1 s; the first loads the model)
+@pytest.mark.parametrize("case", PLUGINS, ids=plugin_id)
+def test_every_plugin_runs_a_short_job_with_its_core_metrics(case):
+    from kvpipe.job.runner import run_job
+
+    group, plugin = case
+    spec = spec_from(overrides_of(group, plugin))
+    metrics = run_job(spec).metrics
+    for name in CORE_METRICS:
+        assert metrics[name] > 0, name
+    for metric in spec.bound_workload.metrics:  # a workload that scores its own way
+        assert metric.name in metrics, metric.name
+
+
+def test_the_registries_hold_every_group_s_options():
+    """Not a list of names: each group has options, and each option's config is its own class."""
+    for group, plugin in PLUGINS:
+        assert plugin.registry is PLUGGED[group][0]
+    assert all(len(registry.registered()) >= 1 for registry, _ in PLUGGED.values())
