@@ -288,6 +288,32 @@ class CacheStrategy(Registered):
         one traced signature: no mask. A press keeps each row's own tokens: no padding either."""
         return "equal_length" if compiled or self.press.evicts else "padded"
 
+    # ---- serving: what a `continuous` strategy says (kvpipe.job's continuous server asks it) -------
+
+    def start_manager(self, loaded, max_prompt_tokens: int, max_new_tokens: int, num_requests: int, seed: int = 0,
+                      ignore_eos: bool = True, do_sample: bool = False):  # fmt: skip
+        """A started server that admits requests as they arrive (transformers' continuous batching manager)."""
+        raise NotImplementedError(self._not_serving("start_manager"))
+
+    @staticmethod
+    def stop_manager(manager, hard: bool = False) -> None:
+        """Stop a started manager (hard: fail the requests in flight instead of finishing them)."""
+        raise NotImplementedError("stop_manager: only a continuous strategy starts a manager")
+
+    @classmethod
+    def pool_bytes(cls, manager) -> int:
+        """Bytes of every tensor the manager's cache holds."""
+        raise NotImplementedError(cls._not_serving("pool_bytes"))
+
+    @classmethod
+    def held_bytes(cls, manager) -> int:
+        """Bytes the requests in flight hold now."""
+        raise NotImplementedError(cls._not_serving("held_bytes"))
+
+    @classmethod
+    def _not_serving(cls, hook: str) -> str:
+        return f"cache={cls.name} does not serve requests by continuous batching (continuous=False): no {hook}"
+
     # ---- bytes ---------------------------------------------------------------------------------
 
     def predict_kv_bytes(self, kv: KvShape, prompt_tokens: int, new_tokens: int) -> int:
