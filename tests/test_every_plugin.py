@@ -56,8 +56,18 @@ def test_every_plugin_runs_a_short_job_with_its_core_metrics(case):
         assert metric.name in metrics, metric.name
 
 
-def test_the_registries_hold_every_group_s_options():
-    """Not a list of names: each group has options, and each option's config is its own class."""
-    for group, plugin in PLUGINS:
-        assert plugin.registry is PLUGGED[group][0]
-    assert all(len(registry.registered()) >= 1 for registry, _ in PLUGGED.values())
+@pytest.mark.parametrize("case", PLUGINS, ids=plugin_id)
+def test_every_plugins_config_is_its_name_the_groups_common_settings_and_its_own_with_their_defaults(case):
+    import dataclasses
+
+    from kvpipe.spec.schema import option_schema
+
+    group, plugin = case
+    registry, common = PLUGGED[group]
+    config = option_schema(plugin)()
+    own = [*(dataclasses.fields(common) if common else ()), *dataclasses.fields(plugin.Settings)]
+    assert [f.name for f in dataclasses.fields(config)] == [registry.key, *(f.name for f in own)]
+    assert getattr(config, registry.key) == plugin.name
+    for setting in own:
+        default = setting.default_factory() if setting.default is dataclasses.MISSING else setting.default
+        assert getattr(config, setting.name) == default, setting.name
