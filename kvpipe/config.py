@@ -1,10 +1,11 @@
 """Typed schemas for the config groups that no plugin extends: model, axis, quality, tracking.
 
-The `cache`, `backend` and `workload` schemas are the union of what the registered strategies,
-backends and workloads read (each declares its own `Settings`): `union` makes one, and
+The groups that plugins extend (cache, backend, press, workload, load) get two schemas from what
+each registered class declares (its `Settings`): `group_schema`, what Hydra composes (every key any
+option declares, so a misspelt key fails at composition), and `option_schema`, one dataclass per
+option with its own types and defaults, which kvpipe.spec checks the chosen option against.
 kvpipe.spec.schema, above the registries, assembles them with these into the whole config and
-stores it in Hydra's ConfigStore (the first entry of `conf/config.yaml`'s defaults list), so a
-misspelt key or a wrong type in any group file or override fails at composition, not silently.
+stores it in Hydra's ConfigStore (the first entry of `conf/config.yaml`'s defaults list).
 Composition errors from Hydra and OmegaConf become one line here (`from_hydra`). Imports no
 registry; pure Python: importing this module must not import torch, transformers or mlflow.
 """
@@ -115,24 +116,90 @@ def known(schema: type) -> type:
     return schema
 
 
-def union(name: str, key: str, options: list, module: str, common: type | None = None) -> type:
-    """A dataclass with `key` (the option's name, defaulting to the first option), the `common`
-    settings every option reads, and every field any option's Settings declares, with the first
-    declaring option's type and default. `module` is where it is kept, by `name`: launchers pickle
-    configs by reference to ship them to other processes."""
-    found: dict[str, tuple] = {}
-    for settings in [*([common] if common else []), *(option.Settings for option in options)]:
-        hints = typing.get_type_hints(settings)
-        for setting in dataclasses.fields(settings):
-            default = (
-                field(default_factory=setting.default_factory)
-                if setting.default_factory is not dataclasses.MISSING
-                else field(default=setting.default)
-            )
-            found.setdefault(setting.name, (setting.name, hints[setting.name], default))
-    schema = dataclasses.make_dataclass(name, [(key, str, field(default=options[0].name)), *found.values()])
+def group_schema(name: str, key: str, options: list, module: str, common: type | None = None) -> type:
+    """What Hydra composes for a group that plugins extend: `key` (the option's name, defaulting to
+    the first option), the `common` settings every option reads (typed), and every setting any
+    option declares, typed Any and null (unset) by default. Permissive on purpose: a setting of
+    another option of the group composes (kvpipe.spec warns that it is ignored, as a sweep over the
+    options needs), a key no option declares fails, and the chosen option's own types are checked
+    by `option_schema`'s dataclass. Kept in `module`, by `name`: launchers pickle configs by reference."""
+    fields_ = [(key, str, field(default=options[0].name)), *_typed_fields(common)]
+    taken = {entry[0] for entry in fields_}
+    for option in options:
+        for setting in dataclasses.fields(option.Settings):
+            if setting.name not in taken:
+                taken.add(setting.name)
+                fields_.append((setting.name, Any, field(default=None)))
+    schema = dataclasses.make_dataclass(name, fields_)
     schema.__module__ = module
     return known(schema)
+
+
+class OptionConfig:
+    """The typed config of one option of a group (a strategy's, a backend's...): its name, the
+    group's common settings and its own `Settings`, each with its own type and default."""
+
+    plugin: typing.ClassVar[type]  # the registered class it configures
+    selector: typing.ClassVar[str]  # the field naming the option: cache.strategy's `strategy`
+    common: typing.ClassVar[Optional[type]]
+
+    def __reduce__(self):
+        # made at run time, so pickled as (plugin, values): a launcher's worker rebuilds the class
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return _restored, (self.plugin, self.common, values)
+
+
+def _restored(plugin: type, common: Optional[type], values: dict) -> OptionConfig:
+    return option_schema(plugin, common)(**values)
+
+
+_OPTION_SCHEMAS: dict[tuple[type, Optional[type]], type] = {}
+
+
+def option_schema(plugin: type, common: type | None = None) -> type:
+    """The dataclass of one option's config: `plugin.registry.field`'s key (e.g. `strategy`) set to
+    its name, then `common`'s fields and its own `Settings`, each with its own type and default.
+    One class per plugin: equal configs compare equal, and `retyped` moves between options."""
+    cached = _OPTION_SCHEMAS.get((plugin, common))
+    if cached is not None:
+        return cached
+    group, _, key = plugin.registry.field.partition(".")
+    fields_ = [(key, str, field(default=plugin.name)), *_typed_fields(common), *_typed_fields(plugin.Settings)]
+    title = "".join(part.capitalize() for part in f"{plugin.name}_{group}".split("_"))
+    schema = dataclasses.make_dataclass(
+        f"{title}Config",
+        fields_,
+        bases=(OptionConfig,),
+        namespace={"plugin": plugin, "selector": key, "common": common},
+    )
+    schema.__module__ = __name__
+    _OPTION_SCHEMAS[(plugin, common)] = schema
+    return schema
+
+
+def retyped(value, schema: type, **changes):
+    """`value`, an option's config, as `schema`'s (another option of its group): the fields both
+    declare kept, the rest at `schema`'s defaults, then `changes`."""
+    declared = {f.name for f in dataclasses.fields(schema)} - {schema.selector}
+    kept = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.name in declared}
+    return schema(**{**kept, **changes})
+
+
+def _typed_fields(settings: type | None) -> list[tuple]:
+    """(name, type, field) of a settings dataclass, its string annotations resolved."""
+    if settings is None:
+        return []
+    hints = typing.get_type_hints(settings)
+    return [
+        (
+            setting.name,
+            hints[setting.name],
+            field(default_factory=setting.default_factory)
+            if setting.default_factory is not dataclasses.MISSING
+            else field(default=setting.default),
+        )
+        for setting in dataclasses.fields(settings)
+    ]
 
 
 # ---- composition errors -------------------------------------------------------------------------

@@ -19,6 +19,7 @@ class Registry(Generic[T]):
 
     def __init__(self, field: str):
         self.field = field
+        self.group, _, self.key = field.partition(".")  # cache.strategy: the group `cache`, its key `strategy`
         self.classes: dict[str, type[T]] = {}
 
     def registered(self) -> list[type[T]]:
@@ -40,11 +41,21 @@ class Registered:
     registry: ClassVar[Registry]
     name: ClassVar[str]
     order: ClassVar[int] = 100
+    Settings: ClassVar[type]  # dataclass of the group's fields it reads, with their types and defaults
+    # The Hydra overrides, beyond `group=name` itself, that make a quick valid job of it on
+    # model=tiny_random (a load for a strategy that serves requests, a prompt long enough for a press)
+    test_overrides: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         if "name" in cls.__dict__:
             cls.registry.classes[cls.name] = cls
+
+    @classmethod
+    def refusal(cls, setting: str) -> str | None:
+        """Why a job choosing another option of this group may not set this one's `setting` away from
+        its default (None: it is merely ignored there, with a warning)."""
+        return None
 
 
 def import_plugins(package: str, path, packages: bool = False) -> None:

@@ -4,6 +4,7 @@ every command that should know of it does. Each addition here is a throwaway mad
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import sys
 
@@ -376,3 +377,139 @@ def test_a_new_load_is_one_module_and_its_yaml_and_a_served_job_uses_its_arrival
         del load.Load.registry.classes["gap"]
         sys.modules.pop("kvpipe.load.gap", None)
         register_schemas()
+
+
+# ---- a cache strategy and a quantization backend: one module and its YAML each ------------------
+
+STRATEGY = '''"""cache=spare: a StaticCache with `spare` tokens past prompt + new tokens, made in a test."""
+
+from dataclasses import dataclass
+
+from kvpipe.cache.accounting import dense_bytes
+from kvpipe.cache.base import CacheSetup, CacheStrategy
+from kvpipe.errors import ConfigError
+
+
+class Spare(CacheStrategy):
+    name = "spare"
+    family = "static"
+    order = 26
+
+    @dataclass
+    class Settings:
+        spare: int = 16
+
+    def check(self, overridden=frozenset()):
+        if self.settings.spare < 0:
+            raise ConfigError("cache.spare", self.settings.spare, "expected 0 or more")
+        return super().check(overridden)
+
+    def build(self, loaded, longest_prompt):
+        from transformers import StaticCache
+
+        length = longest_prompt + self.choice.max_new_tokens + self.settings.spare
+
+        def make(capacity=0):
+            return StaticCache(config=loaded.model.config, max_cache_len=max(length, capacity))
+
+        return CacheSetup(self.name, self.name, make, {"disable_compile": True})
+
+    def predict_kv_bytes(self, kv, prompt_tokens, new_tokens):
+        return dense_bytes(kv, prompt_tokens + new_tokens + self.settings.spare)
+'''
+
+# Only what a backend must say: no residual_length, no dequantized_tokens, no axes (the base's defaults).
+BACKEND = '''"""backend=plain16: layers kept as transformers' DynamicLayer, made in a test."""
+
+from dataclasses import dataclass
+
+from kvpipe.cache.backends.base import QuantBackend
+
+
+class Plain16(QuantBackend):
+    name = "plain16"
+    order = 90
+    nbits_choices = (16,)
+
+    @dataclass
+    class Settings:
+        nbits: int = 16
+        header_bytes: int = 0
+
+    @classmethod
+    def layer_class(cls):
+        from transformers.cache_utils import DynamicLayer
+
+        return DynamicLayer
+
+    def layer_bytes(self, kv, window, prompt_tokens, new_tokens):
+        return (prompt_tokens + new_tokens - 1) * kv.token_bytes() + self.settings.header_bytes
+
+    def token_bytes(self, kv):
+        return kv.token_bytes()
+'''
+
+ADDED = {"cache": ("spare", STRATEGY, "strategy: spare\nspare: 16\n"),
+         "backend": ("plain16", BACKEND, "name: plain16\nnbits: 16\nheader_bytes: 0\n")}  # fmt: skip
+
+
+@pytest.fixture
+def added(tmp_path, monkeypatch):
+    """A strategy module and a backend module in a folder of their own, each with its YAML in a
+    config folder Hydra searches (hydra.searchpath): no file of kvpipe's is edited."""
+    from kvpipe import cache
+    from kvpipe.cache import backends
+    from kvpipe.registry import import_plugins
+    from kvpipe.spec import register_schemas
+
+    for group, package in (("cache", cache), ("backend", backends)):
+        name, module, yaml = ADDED[group]
+        (tmp_path / "modules" / group).mkdir(parents=True)
+        (tmp_path / "modules" / group / f"{name}.py").write_text(module)
+        (tmp_path / "conf" / group).mkdir(parents=True)
+        (tmp_path / "conf" / group / f"{name}.yaml").write_text(yaml)
+        monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path / "modules" / group)])
+        import_plugins(package.__name__, package.__path__)  # what importing the package does
+    register_schemas()
+    yield [f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "model=tiny_random"]
+    for group, package in (("cache", cache), ("backend", backends)):
+        name = ADDED[group][0]
+        del package.get(name).registry.classes[name]
+        sys.modules.pop(f"{package.__name__}.{name}", None)
+    register_schemas()
+
+
+def test_a_new_strategy_and_backend_compose_with_their_own_typed_settings(added):
+    from kvpipe.errors import ConfigError
+    from kvpipe.spec import spec_from
+
+    spare = spec_from([*added, "cache=spare", "cache.spare=4"])
+    assert spare.strategy.settings.spare == 4 and spare.as_dict()["cache"] == {"strategy": "spare", "spare": 4}
+    with pytest.raises(ConfigError, match=r"cache.spare='many' .*wrong type; expected int \(cache=spare's type\)"):
+        spec_from([*added, "cache=spare", "cache.spare=many"])
+    assert spec_from([*added, "cache.spare=4"]).warnings == ("cache.spare is ignored by cache=dynamic",)
+    plain = spec_from([*added, "cache=quantized", "backend=plain16", "backend.header_bytes=64"])
+    assert plain.strategy.backend.settings.header_bytes == 64 and plain.residual_length == 128  # no residual
+    with pytest.raises(ConfigError, match=r"backend.header_bytes='x' .*expected int \(backend=plain16's type\)"):
+        spec_from([*added, "cache=quantized", "backend=plain16", "backend.header_bytes=x"])
+
+
+def test_plan_shows_the_rows_of_a_new_strategy_and_of_a_backend_without_its_optional_hooks(added, tmp_path):
+    planned = run_cli(["plan", *added, "--context", "100", "--device", "cpu"], cwd=tmp_path)
+    assert planned.returncode == 0, planned.stderr
+    rows = {line.split("│")[1].strip() for line in planned.stdout.splitlines() if line.count("│") > 2}
+    assert {"spare", "plain16", "dynamic"} <= rows, rows  # a backend that reads no axis: a row of its own
+
+
+@pytest.mark.slow  # two real jobs through the command line
+def test_a_new_strategy_and_backend_each_run_a_job(added, tmp_path):
+    quick = ["workload.max_new_tokens=4", "workload.warmup=0", "workload.repeats=1", "quality=off", "tracking=off"]
+    for choice in (["cache=spare", "cache.spare=4"], ["cache=quantized", "backend=plain16"]):
+        folder = tmp_path / choice[0].replace("=", "_")
+        folder.mkdir()
+        ran = run_cli([*added, *quick, *choice], cwd=folder)
+        assert ran.returncode == 0, ran.stderr
+        (path,) = folder.rglob("result.json")
+        result = json.loads(path.read_text())
+        assert result["config"]["cache"]["strategy"] == choice[0].split("=")[1]
+        assert result["metrics"]["kv_cache_bytes"] > 0

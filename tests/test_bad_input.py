@@ -38,6 +38,8 @@ CATALOGUE = {
     "a press ratio of 1 or more": (["press=snapkv", "press.ratio=1"], "press.ratio=1", "not including) 1"),
     "a press on a cache it cannot evict from": (["press=knorm", "cache=static"], "press.name", "cache=dynamic"),
     "an unknown press": (["press=h2o"], "press=h2o", "snapkv"),
+    "a wrong type for the chosen option": (["press=snapkv", "press.window=abc"], "press.window='abc'", "expected int"),
+    "a wrong type for a load": (["load=rate", "load.rate=fast"], "load.rate='fast'", "expected float"),
     "an unknown interleave": (
         ["-m", "cache=dynamic,static", "interleave=sometimes"],
         "interleave",

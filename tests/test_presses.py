@@ -181,7 +181,8 @@ def test_snapkv_scores_with_the_attentions_own_queries(shape):
         full = module.q_proj(hidden).view(batch, tokens, -1, module.head_dim).transpose(1, 2)
         full = module.q_norm(full) if hasattr(module, "q_norm") else full
         full, _ = apply_rotary_pos_emb(full, full, cos, sin)
-        assert torch.allclose(window_queries(module, hidden, (cos, sin), 6), full[:, :, -6:])
+        # float32's tolerance: the window's matmul may block differently from the whole prompt's (threads)
+        torch.testing.assert_close(window_queries(module, hidden, (cos, sin), 6), full[:, :, -6:])
 
 
 def test_every_model_type_snapkv_reads_projects_queries_and_rotates_them():

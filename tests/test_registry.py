@@ -114,7 +114,7 @@ def test_unknown_strategy_names_the_registered_ones(toy):
 
 # Where strategy and backend names may appear: their own modules and the config files.
 OWNERS = ("kvpipe/cache/",)
-NAMES = [s.name for s in cache.registered()] + ["quanto", "hqq", "fp8"]
+NAMES = [*cache.names(), *cache.backends.names()]
 
 
 def test_no_module_outside_the_cache_stage_names_a_strategy_or_backend():
@@ -123,11 +123,10 @@ def test_no_module_outside_the_cache_stage_names_a_strategy_or_backend():
 
 
 def test_every_cache_and_backend_option_file_names_a_registered_class():
-    for group, registered in (("cache", cache.names()), ("backend", cache.backends.names())):
-        key = "strategy" if group == "cache" else "name"
-        for option in sorted(Path(REPO / "conf" / group).glob("*.yaml")):
-            match = re.search(rf"^{key}: (\w+)", option.read_text(), re.MULTILINE)
-            assert match and match.group(1) in registered, option
+    for registry in (cache.CacheStrategy.registry, cache.backends.QuantBackend.registry):
+        for option in sorted(Path(REPO / "conf" / registry.group).glob("*.yaml")):
+            match = re.search(rf"^{registry.key}: (\w+)", option.read_text(), re.MULTILINE)
+            assert match and match.group(1) in registry.names(), option
 
 
 def test_the_registry_helper_registers_by_subclassing_in_order_and_refuses_unknown_names_in_one_line():

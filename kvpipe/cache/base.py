@@ -15,9 +15,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 from kvpipe.cache import accounting, presses
+from kvpipe.config import option_schema, retyped
 from kvpipe.errors import ConfigError
 from kvpipe.registry import Registered, Registry
 from kvpipe.units import param_text
@@ -66,10 +68,10 @@ class NoSettings:
 
 @dataclass(frozen=True)
 class CacheChoice:
-    """What a strategy reads of a job: the cache group (every strategy's settings; `strategy` names
-    the one chosen), the backend and axis groups (cache=quantized's), the tokens each call
+    """What a strategy reads of a job: the cache group (the chosen strategy's own settings, its
+    `strategy` naming it), the backend and axis groups (cache=quantized's), the tokens each call
     generates (what a static cache is sized for beyond the prompt), and the press that evicts from
-    its layers (None: press=none)."""
+    its layers (None: press=none). Its strategy is built once, on first use."""
 
     cache: Any
     backend: Any
@@ -79,15 +81,20 @@ class CacheChoice:
 
     GROUPS: ClassVar[tuple[str, ...]] = ("cache", "backend", "axis", "press")  # config groups: what a strategy may read
 
-    @property
+    @cached_property
     def strategy(self) -> CacheStrategy:
-        """The strategy `cache.strategy` names, bound to this choice."""
+        """The strategy `cache.strategy` names, bound to this choice: one object, so what it keeps
+        between calls stays (`replace` makes a new choice, with a strategy of its own)."""
         return get(self.cache.strategy)(self)
 
+    def __getstate__(self) -> dict:
+        # the fields only: a process it is shipped to builds its own strategy
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
     def with_strategy(self, name: str, **groups) -> CacheChoice:
-        """This choice with another strategy (the cache settings kept) and optionally other groups
-        replaced, e.g. backend=..."""
-        return replace(self, cache=replace(self.cache, strategy=name), **groups)
+        """This choice with another strategy (the settings both strategies declare kept) and
+        optionally other groups replaced, e.g. backend=..."""
+        return replace(self, cache=retyped(self.cache, option_schema(get(name))), **groups)
 
     def read_fields(self) -> tuple[str, ...]:
         """The cache, backend and axis fields its strategy reads, and its press's (none for press=none)."""
@@ -201,17 +208,10 @@ class CacheStrategy(Registered):
     # ---- checks -------------------------------------------------------------------------------
 
     def check(self, overridden: frozenset[str] = frozenset()) -> list[str]:
-        """Checks against the config alone; raises ConfigError, returns warnings for ignored settings."""
+        """Checks against the config alone; raises ConfigError, returns warnings for ignored settings
+        (another strategy's settings are kvpipe.spec's to warn about: this one's config has none)."""
         warnings = []
         read = set(self.read_fields(self.choice.backend.name))
-        for name, (default, owner) in _settings_fields().items():
-            dotted, value = f"cache.{name}", getattr(self.choice.cache, name)
-            if dotted in read or value == default:
-                continue
-            refusal = owner.refusal(name)
-            if refusal:
-                raise ConfigError(dotted, value, refusal)
-            warnings.append(f"{dotted} is ignored by cache={self.name}")
         uses_backend = "backend.name" in read
         if not uses_backend and overridden & {"backend", "axis"}:
             users = ", ".join(f"cache={s.name}" for s in registered() if "backend.name" in s.read_fields("quanto"))
@@ -221,9 +221,8 @@ class CacheStrategy(Registered):
         return warnings
 
     @classmethod
-    def refusal(cls, setting: str) -> str | None:
-        """Why another strategy may not set this strategy's `setting` away from its default (None: it
-        is merely ignored there, with a warning)."""
+    def attention_refusal(cls, attn_implementation: str) -> str | None:
+        """Why this strategy cannot run with this model.attn_implementation (None: it can)."""
         return None
 
     def check_for_model(self, shape: ModelShape, prompt_tokens: int) -> None:
@@ -302,6 +301,32 @@ class CacheStrategy(Registered):
         (only windows of one prefix length, unpadded), or "apart". A compiled decode step keeps its
         one traced signature: no mask. A press keeps each row's own tokens: no padding either."""
         return "equal_length" if compiled or self.press.evicts else "padded"
+
+    # ---- serving: what a `continuous` strategy says (kvpipe.job's continuous server asks it) -------
+
+    def start_manager(self, loaded, max_prompt_tokens: int, max_new_tokens: int, num_requests: int, seed: int = 0,
+                      ignore_eos: bool = True, do_sample: bool = False):  # fmt: skip
+        """A started server that admits requests as they arrive (transformers' continuous batching manager)."""
+        raise NotImplementedError(self._not_serving("start_manager"))
+
+    @staticmethod
+    def stop_manager(manager, hard: bool = False) -> None:
+        """Stop a started manager (hard: fail the requests in flight instead of finishing them)."""
+        raise NotImplementedError("stop_manager: only a continuous strategy starts a manager")
+
+    @classmethod
+    def pool_bytes(cls, manager) -> int:
+        """Bytes of every tensor the manager's cache holds."""
+        raise NotImplementedError(cls._not_serving("pool_bytes"))
+
+    @classmethod
+    def held_bytes(cls, manager) -> int:
+        """Bytes the requests in flight hold now."""
+        raise NotImplementedError(cls._not_serving("held_bytes"))
+
+    @classmethod
+    def _not_serving(cls, hook: str) -> str:
+        return f"cache={cls.name} does not serve requests by continuous batching (continuous=False): no {hook}"
 
     # ---- bytes ---------------------------------------------------------------------------------
 
@@ -388,12 +413,3 @@ REGISTRY = CacheStrategy.registry.classes  # name -> strategy class
 registered = CacheStrategy.registry.registered  # every strategy, in table order
 names = CacheStrategy.registry.names
 get = CacheStrategy.registry.get  # raises a one-line ConfigError naming the registered ones
-
-
-def _settings_fields() -> dict[str, tuple[Any, type[CacheStrategy]]]:
-    """Every strategy's settings: name -> (default, owning strategy). The first owner wins."""
-    found: dict[str, tuple[Any, type[CacheStrategy]]] = {}
-    for strategy in registered():
-        for setting in dataclasses.fields(strategy.Settings):
-            found.setdefault(setting.name, (setting.default, strategy))
-    return found

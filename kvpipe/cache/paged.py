@@ -41,6 +41,7 @@ class Paged(CacheStrategy):
     family = "paged"
     order = 60
     continuous = True
+    test_overrides = ("load=offline",)  # it serves requests, so it runs only under a load
     supports_sliding_window = True  # sliding layers get their own allocator, a ring buffer of their window
     search_variants = ()  # `kvpipe advise` searches one-batch jobs, which cache=paged does not run
 
@@ -286,11 +287,12 @@ class Paged(CacheStrategy):
 
     @classmethod
     def plan_notes(cls, choice, shape) -> list[str]:
-        num_blocks = choice.cache.num_blocks  # the paged row reads it whatever cache= the plan was asked for
+        own = choice.with_strategy(cls.name).cache  # the paged row's settings, whatever cache= the plan was asked for
+        num_blocks = own.num_blocks
         if num_blocks is not None:
             return [
                 f"{cls.name} counts its whole pool, cache.num_blocks={num_blocks} blocks of "
-                f"{choice.cache.block_size} tokens for every layer plus two trash sectors, whatever the context; "
+                f"{own.block_size} tokens for every layer plus two trash sectors, whatever the context; "
                 "every request in flight shares it"
             ]
         return [

@@ -16,6 +16,7 @@ from typing import Mapping
 
 from kvpipe.cache import accounting, backends
 from kvpipe.cache.base import CacheSetup, CacheStrategy
+from kvpipe.config import option_schema, retyped
 from kvpipe.errors import ConfigError
 
 
@@ -182,9 +183,7 @@ class Quantized(CacheStrategy):
         wanted += [(backend, nbits, default_axis) for backend in backends.registered() for nbits in backend.plan_nbits]
         rows: dict[str, object] = {}
         for backend, nbits, axis in wanted:
-            variant = choice.with_strategy(
-                cls.name, backend=replace(choice.backend, name=backend.name, nbits=nbits), axis=axis
-            )
+            variant = choice.with_strategy(cls.name, backend=_as_backend(choice.backend, backend, nbits), axis=axis)
             raw = (axis.key, axis.value) != (None, None)
             label = f"{backend.name} int{nbits} {axis.layout}" + (" (raw axes)" if raw else "")
             if variant.strategy.backend.fits_head_dim(head_dim):
@@ -192,9 +191,7 @@ class Quantized(CacheStrategy):
         for backend in backends.registered():
             if not backend.axes:
                 nbits = backend.default_nbits()
-                rows[backend.name] = choice.with_strategy(
-                    cls.name, backend=replace(choice.backend, name=backend.name, nbits=nbits)
-                )
+                rows[backend.name] = choice.with_strategy(cls.name, backend=_as_backend(choice.backend, backend, nbits))
         return list(rows.items())
 
     @classmethod
@@ -203,7 +200,7 @@ class Quantized(CacheStrategy):
         if shape.has_sliding_layers:
             which = (
                 "quantized too"
-                if choice.cache.quantize_sliding
+                if choice.with_strategy(cls.name).cache.quantize_sliding
                 else "dense at their windows (cache.quantize_sliding=false)"
             )
             notes.append(
@@ -211,13 +208,22 @@ class Quantized(CacheStrategy):
                 f"layers and keeps the sliding ones {which}"
             )
         grouped = [b for b in backends.registered() if b.axes]
-        if shape.head_dim % choice.backend.q_group_size:
+        configured = backends.get(choice.backend.name)
+        # the grouped rows' settings: the configured backend's, or a grouped one's defaults
+        shown = choice.backend if configured.axes else _as_backend(choice.backend, grouped[0])
+        if shape.head_dim % shown.q_group_size:
             return notes + [
                 f"{' and '.join(b.name for b in grouped)} rows left out: backend.q_group_size="
-                f"{choice.backend.q_group_size} does not divide head_dim={shape.head_dim}"
+                f"{shown.q_group_size} does not divide head_dim={shape.head_dim}"
             ]
         return notes + [
             f"quantized sizes include the full-precision residual (< backend.residual_length="
-            f"{choice.backend.residual_length} tokens) and token padding; KV B/token is the long-run cost. "
+            f"{shown.residual_length} tokens) and token padding; KV B/token is the long-run cost. "
             "Decoding also dequantizes one layer's keys and values at a time (transient: counted by --hardware's fits)"
         ]
+
+
+def _as_backend(config, backend: type[backends.QuantBackend], nbits: int | None = None):
+    """A backend group's config as `backend`'s, the settings both declare kept (nbits: this width)."""
+    changes = {} if nbits is None else {"nbits": nbits}
+    return retyped(config, option_schema(backend), **changes)

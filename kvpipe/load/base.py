@@ -49,7 +49,6 @@ class Load(Registered):
     # neither keyed nor logged, so resume=true still finds the older runs
     late_defaults: ClassVar[dict[str, Any]] = {}
     # the Hydra overrides, beyond load=NAME, that make a quick, valid job of it on model=tiny_random
-    test_overrides: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, load_cfg):
         self.config = load_cfg

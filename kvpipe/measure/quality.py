@@ -40,7 +40,7 @@ _FINGERPRINTS: dict[str, str | None] = {}
 def scored_tokens(spec) -> int:
     """quality.scored_tokens, or by default more than a quantized cache's residual (so it re-quantizes
     at least once while it is scored), and at least 64."""
-    return spec.quality.scored_tokens or QualityConfig.default_scored_tokens(spec.backend.residual_length)
+    return spec.quality.scored_tokens or QualityConfig.default_scored_tokens(spec.residual_length)
 
 
 def first_divergence(generated: list, reference: list) -> int:

@@ -68,11 +68,11 @@ def press_variants(choice, shape) -> list[tuple[str, object]]:
 
 
 def config_for(press):
-    """The press config of `press` at its middle search ratio (the YAML's other settings)."""
+    """The press config of `press` at its middle search ratio (its other settings at their defaults)."""
     from kvpipe.spec import schema
 
     ratio = press.search_ratios[len(press.search_ratios) // 2]
-    return schema.PressConfig(name=press.name, ratio=ratio)
+    return schema.option_schema(press)(ratio=ratio)
 
 
 def largest_context(kv_bytes_at, available_bytes: int, cap: int) -> int:

@@ -1,9 +1,12 @@
 """The spec stage: a composed config becomes a validated, typed `Spec`, what one job will do.
 
-`schema.py` assembles the whole config's typed schema from kvpipe.config's plain schemas and the
-cache, backend and workload registries, and composes conf/ with it (`compose`); `spec.py` validates
-a composed config into a `Spec` (`make_spec`, or `spec_from(overrides)` for both steps), whose
-strategy, measurement key (`key.py`, with its rules for older runs) and params every later stage reads. Pure Python: no torch, transformers or mlflow.
+`schema.py` assembles the whole config's schema from kvpipe.config's plain schemas and, for the
+groups plugins extend, a permissive schema per group built from the registries, and composes conf/
+with it (`compose`); `options.py` checks each such group's chosen option against its own typed
+dataclass and sets another option's settings aside as warnings; `spec.py` validates a composed
+config into a `Spec` (`make_spec`, or `spec_from(overrides)` for both steps), whose strategy,
+measurement key (`key.py`, with its rules for older runs) and params every later stage reads. Pure
+Python: no torch, transformers or mlflow.
 """
 
 from kvpipe.spec.key import LATE_MODEL_FIELDS

@@ -36,7 +36,7 @@ def measurement_key(spec) -> str:
         for name in workloads.AUTO_REPEATS:
             data["workload"].pop(name, None)
     # quality.scored_tokens set to what it defaults to measures what unset does (a search sets it)
-    if data["quality"]["scored_tokens"] == config.QualityConfig.default_scored_tokens(spec.backend.residual_length):
+    if data["quality"]["scored_tokens"] == config.QualityConfig.default_scored_tokens(spec.residual_length):
         data["quality"]["scored_tokens"] = None
     read, late = spec.read_fields(), cache_strategies.get(spec.cache.strategy).late_defaults
     for group in cache_strategies.CacheChoice.GROUPS:

@@ -1,10 +1,12 @@
 """The whole config's typed schema, assembled from the registries and stored in Hydra's ConfigStore.
 
-The `cache`, `backend`, `press` and `workload` schemas are the union of what the registered strategies,
-backends and workloads read (each declares its own `Settings`; kvpipe.config.union), so adding one
-never edits a schema; the other groups' schemas are kvpipe.config's. `KvpipeConfig` is the first
-entry of `conf/config.yaml`'s defaults list (`register_schemas`), so a misspelt key or a wrong type
-in any group file or override fails at composition. Pure Python: no torch, transformers or mlflow.
+The groups that plugins extend (cache, backend, press, workload, load: `PLUGGED`) are each composed
+through a permissive schema holding every key any of their options declares (kvpipe.config's
+`group_schema`), and the chosen option is then checked against its own typed dataclass
+(`option_schema`, in kvpipe.spec.options), so adding an option never edits a schema; the other
+groups' schemas are kvpipe.config's. `KvpipeConfig` is the first entry of `conf/config.yaml`'s
+defaults list (`register_schemas`), so a misspelt key fails at composition. Pure Python: no torch,
+transformers or mlflow.
 """
 
 from __future__ import annotations
@@ -18,17 +20,34 @@ from kvpipe import cache, load, workload
 from kvpipe.cache import backends, presses
 
 # OmegaConf reads KvpipeConfig's field types by name in this module's namespace: the plain schemas by
-# import, the unions as rebuilt by register_schemas.
-from kvpipe.config import AxisConfig, ModelConfig, QualityConfig, TrackingConfig, known, union
+# import, the group schemas as rebuilt by register_schemas.
+from kvpipe.config import AxisConfig, ModelConfig, QualityConfig, TrackingConfig, group_schema, known
+from kvpipe.config import option_schema as _option_schema
+from kvpipe.registry import Registered, Registry
+
+# Each group that plugins extend: its registry (which names its key) and the settings every option reads.
+PLUGGED: dict[str, tuple[Registry, type | None]] = {
+    "cache": (cache.CacheStrategy.registry, None),
+    "backend": (backends.QuantBackend.registry, None),
+    "press": (presses.Press.registry, None),
+    "workload": (workload.Workload.registry, workload.Common),
+    "load": (load.Load.registry, load.Common),
+}
 
 
-def _build_unions() -> None:
+def option_schema(plugin: type[Registered]) -> type:
+    """The typed config of one option (a registered class), with its group's common settings."""
+    return _option_schema(plugin, PLUGGED[plugin.registry.group][1])
+
+
+def _build_group_schemas() -> None:
     global CacheConfig, BackendConfig, PressConfig, WorkloadConfig, LoadConfig
-    CacheConfig = union("CacheConfig", "strategy", cache.registered(), __name__)
-    BackendConfig = union("BackendConfig", "name", backends.registered(), __name__)
-    PressConfig = union("PressConfig", "name", presses.registered(), __name__)
-    WorkloadConfig = union("WorkloadConfig", "kind", workload.registered(), __name__, common=workload.Common)
-    LoadConfig = union("LoadConfig", "kind", load.registered(), __name__, common=load.Common)
+    built = {
+        group: group_schema(f"{group.capitalize()}Config", registry.key, registry.registered(), __name__, common)
+        for group, (registry, common) in PLUGGED.items()
+    }
+    CacheConfig, BackendConfig, PressConfig = built["cache"], built["backend"], built["press"]
+    WorkloadConfig, LoadConfig = built["workload"], built["load"]
 
 
 CacheConfig: type
@@ -36,7 +55,7 @@ BackendConfig: type
 PressConfig: type
 WorkloadConfig: type
 LoadConfig: type
-_build_unions()
+_build_group_schemas()
 
 
 @known
@@ -62,8 +81,8 @@ class KvpipeConfig:
 
 def register_schemas() -> None:
     """Store the schema under `kvpipe_schema`, the first entry of conf/config.yaml's defaults; the
-    cache, backend and workload unions are rebuilt first, so plugins registered since import count."""
-    _build_unions()
+    group schemas are rebuilt first, so plugins registered since import count."""
+    _build_group_schemas()
     ConfigStore.instance().store(name="kvpipe_schema", node=KvpipeConfig)
 
 

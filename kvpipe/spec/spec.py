@@ -9,6 +9,7 @@ layers) are the strategy's `check_for_model`, run before the weights load.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,7 +20,7 @@ from kvpipe import config
 from kvpipe import load as loads
 from kvpipe import workload as workloads
 from kvpipe.errors import ConfigError, KvpipeError, choices, require_choice
-from kvpipe.spec import schema
+from kvpipe.spec import options, schema
 from kvpipe.spec.key import measurement_key
 from kvpipe.spec.names import hf_model_name, looks_local
 from kvpipe.units import param_text
@@ -27,18 +28,21 @@ from kvpipe.units import param_text
 
 @dataclass(frozen=True)
 class Spec:
-    """What one job will do: the typed config, validated, plus notes for the user."""
+    """What one job will do: the typed config, validated, plus notes for the user. Each plugged
+    group holds its chosen option's own config (kvpipe.config.option_schema: its fields only). Its
+    strategy, bound workload and bound load are built once, on first use; `replace` makes a new
+    Spec, which builds its own."""
 
     model: config.ModelConfig
-    cache: Any  # schema.CacheConfig, the union of every strategy's settings
-    backend: Any  # schema.BackendConfig, likewise for backends
+    cache: Any  # the chosen strategy's config (schema.option_schema)
+    backend: Any  # the chosen backend's, likewise
     axis: config.AxisConfig
-    workload: Any  # schema.WorkloadConfig, likewise for workloads
+    workload: Any  # the chosen workload kind's, with the settings every kind reads
     quality: config.QualityConfig
     tracking: config.TrackingConfig
     fallback: tuple[str, ...] = ()
-    load: Any = None  # schema.LoadConfig (how requests arrive), or None: the workload's batches one after another
-    press: Any = None  # schema.PressConfig (eviction from the cache's layers), or None: press=none
+    load: Any = None  # the chosen load's (how requests arrive), or None: the workload's batches one after another
+    press: Any = None  # the chosen press's (eviction from the cache's layers), or None: press=none
     warnings: tuple[str, ...] = field(default=())
     overrides: tuple[str, ...] = field(default=())  # the user's Hydra overrides that made this job
 
@@ -51,7 +55,11 @@ class Spec:
             data.pop("press")  # likewise before presses
         return data
 
-    @property
+    def __getstate__(self) -> dict:
+        # the fields only: a process it is shipped to (a launcher's worker) builds its own strategy
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @cached_property
     def cache_choice(self) -> cache_strategies.CacheChoice:
         """What its cache strategy reads of it: the cache, backend and axis groups and the new tokens."""
         return cache_strategies.CacheChoice(
@@ -60,24 +68,33 @@ class Spec:
 
     @property
     def strategy(self) -> cache_strategies.CacheStrategy:
-        """The cache strategy this spec names, bound to its choice."""
+        """The cache strategy this spec names, bound to its choice (the same object on every access)."""
         return self.cache_choice.strategy
 
-    @property
+    @cached_property
     def bound_workload(self) -> workloads.Workload:
         """The workload this spec names, bound to its settings."""
         return workloads.get(self.workload.kind)(self.workload)
 
-    @property
+    @cached_property
     def bound_load(self) -> loads.Load | None:
         """The load this spec names, bound to its settings; None without one."""
         return None if self.load is None else loads.get(self.load.kind)(self.load)
 
     def with_strategy(self, name: str, defaults: bool = False, **groups) -> "Spec":
-        """This spec with another cache strategy (its settings kept, or reset with defaults=True) and
-        optionally other groups replaced, e.g. backend=..."""
-        cache = schema.CacheConfig(strategy=name) if defaults else replace(self.cache, strategy=name)
+        """This spec with another cache strategy (the settings both declare kept, or every one at
+        its default with defaults=True) and optionally other groups replaced, e.g. backend=..."""
+        option = schema.option_schema(cache_strategies.get(name))
+        cache = option() if defaults else config.retyped(self.cache, option)
         return replace(self, cache=cache, **groups)
+
+    @property
+    def residual_length(self) -> int:
+        """The full-precision tokens the backend keeps, which quality's scored tokens outlast
+        (config.QualityConfig.default_scored_tokens); a backend with none counts as the flat
+        schema's default did (quanto's), so such jobs score as many tokens as they always have."""
+        residual = cache_strategies.backends.get(self.backend.name)(self.backend, self.axis).residual_length()
+        return UNRESIDUAL_LENGTH if residual is None else residual
 
     def with_choice(self, choice: cache_strategies.CacheChoice) -> "Spec":
         """This spec with a choice's cache, backend, axis and press groups (`kvpipe plan`'s rows)."""
@@ -128,6 +145,8 @@ class Spec:
 
 # The groups whose fields a strategy reads; the measurement key keeps only those it reads.
 STRATEGY_GROUPS = cache_strategies.CacheChoice.GROUPS
+# What a backend without a residual counts as, for quality's scored tokens (Spec.residual_length).
+UNRESIDUAL_LENGTH = 128
 
 
 def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) -> Spec:
@@ -138,13 +157,19 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
     if isinstance(cfg, DictConfig):
         reject_unknown_keys(cfg)
     typed = OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
+    chosen = {
+        group: options.typed(group, getattr(typed, group))
+        for group in schema.PLUGGED
+        if getattr(typed, group) is not None
+    }
+    for group, option in chosen.items():
+        setattr(typed, group, option.option)
     _check_model(typed.model)
     if typed.model.source == "hf" and typed.model.name == "hf":  # conf/model/hf.yaml: named after what it loads
         typed.model = replace(typed.model, name=hf_model_name(typed.model.name_or_path))
     typed.workload = _check_workload(typed.workload)
     _check_quality(typed.quality)
     _check_load(typed.load, typed.workload)
-    require_choice("press.name", typed.press.name, cache_strategies.presses.names())
     batch_caches = [s.name for s in cache_strategies.registered() if not s.continuous]
     for index, strategy in enumerate(typed.fallback):
         require_choice(f"fallback[{index}]", strategy, cache_strategies.names())
@@ -163,7 +188,10 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
     )
     _check_serving(spec)
     overridden = frozenset(override_group(o) for o in overrides)
-    return replace(spec, warnings=tuple(spec.strategy.check(overridden)), overrides=tuple(overrides))
+    warnings = options.ignored_warnings("cache", chosen["cache"]) + spec.strategy.check(overridden)
+    for group in [g for g in chosen if g != "cache"]:
+        warnings += options.ignored_warnings(group, chosen[group])
+    return replace(spec, warnings=tuple(warnings), overrides=tuple(overrides))
 
 
 def spec_from(overrides: Sequence[str]) -> Spec:
@@ -278,7 +306,6 @@ def _check_model_location(name_or_path: str | None) -> None:
 
 def _check_workload(workload):
     """The workload's own checks (kvpipe.workload); the config with what they normalised."""
-    require_choice("workload.kind", workload.kind, workloads.names())
     normalised = workloads.get(workload.kind)(workload).check()
     return replace(workload, **normalised)
 
@@ -295,7 +322,6 @@ def _check_load(load, workload) -> None:
     how many requests are served together, so workload.batch_size stays at 1."""
     if load is None:
         return
-    require_choice("load.kind", load.kind, loads.names())
     loads.get(load.kind)(load).check()
     if workload.batch_size != 1:
         raise ConfigError(
@@ -310,7 +336,7 @@ def _check_serving(spec: Spec) -> None:
     """A strategy that serves requests by continuous batching runs only under a load, and only with
     an attention implementation it can page."""
     strategy = type(spec.strategy)
-    if getattr(strategy, "continuous", False) and spec.load is None:
+    if strategy.continuous and spec.load is None:
         raise ConfigError(
             "cache.strategy",
             strategy.name,
@@ -323,7 +349,6 @@ def _check_serving(spec: Spec) -> None:
             f"a press is measured batch by batch, and load={spec.load.kind} batches requests of different lengths; "
             "expected load=null, or press=none under a load",
         )  # fmt: skip
-    refusal = getattr(strategy, "attention_refusal", None)
-    reason = refusal(spec.model.attn_implementation) if refusal else None
+    reason = strategy.attention_refusal(spec.model.attn_implementation)
     if reason:
         raise ConfigError("model.attn_implementation", spec.model.attn_implementation, reason)

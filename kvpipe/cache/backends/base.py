@@ -33,6 +33,7 @@ class QuantBackend(Registered):
     axes: ClassVar[dict[str, tuple[int, int]]] = {}
     # kvpipe has a layer for it that keeps a sliding window quantized (cache.quantize_sliding=true)
     quantizes_windows: ClassVar[bool] = False
+    test_overrides: ClassVar[tuple[str, ...]] = ("cache=quantized",)  # the strategy that reads a backend
 
     def __init__(self, backend_cfg, axis_cfg):
         self.settings = self.Settings(
@@ -94,6 +95,10 @@ class QuantBackend(Registered):
     def fits_head_dim(self, head_dim: int) -> bool:
         return True
 
+    def residual_length(self) -> int | None:
+        """The newest tokens each layer keeps in full precision before quantizing them; None: none."""
+        return None
+
     def raw_axes(self) -> tuple[int, int]:
         """(axis_key, axis_value) for the layers."""
         return backend_axes(self.name, self.axis.layout, self.axis.key, self.axis.value)
@@ -143,6 +148,14 @@ class QuantBackend(Registered):
     def window_bytes(self, kv, window: int) -> int:
         """The most one quantized sliding layer holds once past its window."""
         raise NotImplementedError
+
+    def dequantized_tokens(self, window: Optional[int], prompt_tokens: int, new_tokens: int) -> int:
+        """Tokens one decode step dequantizes in a layer (window None: full attention), once new_tokens
+        follow the prompt. By default every token the layer holds, which is right for a backend that
+        keeps its layers quantized whole, with no full-precision residual (a sliding layer holds
+        window - 1 between steps); a backend with a residual says what it dequantizes."""
+        held = prompt_tokens + new_tokens - 1  # the last generated token is never fed back
+        return held if window is None else min(held, window - 1)
 
 
 REGISTRY = QuantBackend.registry.classes  # name -> backend class

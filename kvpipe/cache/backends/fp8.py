@@ -43,8 +43,5 @@ class FP8(QuantBackend):
         held = prompt_tokens + new_tokens - 1  # one byte an element, no residual
         return 2 * (held * kv.elements_per_token + SCALE_BYTES)
 
-    def dequantized_tokens(self, window, prompt_tokens: int, new_tokens: int) -> int:
-        return prompt_tokens + new_tokens - 1
-
     def token_bytes(self, kv) -> float:
         return 2 * kv.elements_per_token

@@ -38,6 +38,9 @@ class GroupedBackend(QuantBackend):
     def fits_head_dim(self, head_dim: int) -> bool:
         return head_dim % self.settings.q_group_size == 0
 
+    def residual_length(self) -> int:
+        return self.settings.residual_length
+
     @classmethod
     def search_points(cls, head_dim: int, group_sizes, residual_lengths) -> list[dict[str, str]]:
         """Each bit width and layout at every group size that divides head_dim and every residual length."""

@@ -42,7 +42,6 @@ class Press(Registered):
         "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text",
     )  # fmt: skip
     # the Hydra overrides, beyond press=NAME, that make a quick valid job of it on model=tiny_random
-    test_overrides: ClassVar[tuple[str, ...]] = ()
     # the cache layers it composes with: "dense" (DynamicCache's) and "quantized" (evict, then quantize)
     composes_with: ClassVar[tuple[str, ...]] = ("dense", "quantized")
     search_ratios: ClassVar[tuple[float, ...]] = (0.25, 0.5, 0.75)  # what `kvpipe advise` walks, safest first
@@ -85,7 +84,7 @@ class Press(Registered):
     def check(self) -> list[str]:
         """Checks against the config alone; returns warnings."""
         ratio = self.settings.ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
+        if not 0 <= ratio < 1:
             raise ConfigError(
                 "press.ratio", ratio, "expected the fraction of the prompt's KV removed, from 0 up to (not including) 1"
             )

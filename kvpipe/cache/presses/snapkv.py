@@ -27,31 +27,29 @@ class SnapKV(Press):
         window: int = DEFAULT_WINDOW  # the last prompt tokens whose attention scores the rest
         kernel: int = 5  # neighbours each score is pooled over
 
-    @property
-    def window(self) -> int:
-        # press.window=null can still reach here where the press schema is one union of every press's
-        # settings (streaming's window is optional): it means the paper's window
-        return DEFAULT_WINDOW if self.settings.window is None else self.settings.window
-
     def check(self) -> list[str]:
         warnings = super().check()
-        window, kernel = self.settings.window, self.settings.kernel
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        if self.settings.window < 1:
             raise ConfigError(
-                "press.window", window, "expected a positive number of observing prompt tokens (64 in SnapKV)"
+                "press.window",
+                self.settings.window,
+                "expected a positive number of observing prompt tokens (64 in SnapKV)",
             )
-        if isinstance(kernel, bool) or not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
+        kernel = self.settings.kernel
+        if kernel < 1 or kernel % 2 == 0:
             raise ConfigError("press.kernel", kernel, "expected an odd positive pooling width (5 in SnapKV)")
         return warnings
 
     def check_prompt(self, prompt_tokens: int) -> None:
-        if self.window >= prompt_tokens:
+        if self.settings.window >= prompt_tokens:
             raise ConfigError(
-                "press.window", self.window, f"expected fewer than the shortest prompt's {prompt_tokens} tokens"
+                "press.window",
+                self.settings.window,
+                f"expected fewer than the shortest prompt's {prompt_tokens} tokens",
             )
 
     def protected(self, prompt_tokens: int) -> tuple[int, int]:
-        return 0, self.window
+        return 0, self.settings.window
 
     def score(self, module, hidden_states, keys, values, attentions, position_embeddings):
         import torch.nn.functional as F
@@ -59,7 +57,7 @@ class SnapKV(Press):
         from kvpipe.cache.presses._attention import window_attention
 
         batch, kv_heads, tokens = keys.shape[:3]
-        window, kernel = self.window, self.settings.kernel
+        window, kernel = self.settings.window, self.settings.kernel
         if attentions is None:
             attentions = window_attention(module, hidden_states, keys, position_embeddings, window)
         scores = attentions[..., -window:, : tokens - window].float().mean(dim=-2)

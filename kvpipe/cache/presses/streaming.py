@@ -38,9 +38,9 @@ class Streaming(Press):
     def check(self) -> list[str]:
         warnings = super().check()
         s = self.settings
-        if isinstance(s.sinks, bool) or not isinstance(s.sinks, int) or s.sinks < 0:
+        if s.sinks < 0:
             raise ConfigError("press.sinks", s.sinks, "expected a count of first tokens to keep, 0 or more")
-        if s.window is not None and (isinstance(s.window, bool) or not isinstance(s.window, int) or s.window < 1):
+        if s.window is not None and s.window < 1:
             raise ConfigError(
                 "press.window", s.window, "expected a positive number of recent tokens, or null to follow press.ratio"
             )

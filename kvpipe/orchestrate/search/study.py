@@ -217,7 +217,7 @@ def _scored_alike(fixed: list[str], spec, space: Space) -> list[str]:
     if not spec.quality.enabled or spec.quality.scored_tokens is not None:
         return fixed
     residuals = [int(p.get("backend.residual_length")) for p in space.points if p.get("backend.residual_length")]
-    tokens = QualityConfig.default_scored_tokens(max([spec.backend.residual_length, *residuals]))
+    tokens = QualityConfig.default_scored_tokens(max([spec.residual_length, *residuals]))
     log.info(
         "quality: every trial scores %d tokens (quality.scored_tokens), the most any of the space scores by default",
         tokens,

@@ -37,6 +37,7 @@ class Dataset(Workload):
     order = 40
     chat_style = True
     context_fields = ("path", "field", "limit", "split")
+    test_overrides = ("workload.path=examples/prompts.jsonl",)  # from the repository root
 
     @dataclass
     class Settings:
