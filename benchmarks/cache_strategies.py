@@ -20,7 +20,7 @@ import pandas as pd
 
 from kvpipe.decide.paired import ratio
 from kvpipe.job.runner import measured_together
-from kvpipe.spec import compose, make_spec
+from kvpipe.jobspec import compose, make_spec
 from kvpipe.units import human_bytes
 
 STRATEGIES = [

@@ -26,7 +26,7 @@ import pandas as pd
 from kvpipe.decide.plots import quality_vs_kv_bytes
 from kvpipe.decide.runs import evicts, front_family
 from kvpipe.job.runner import measured_together
-from kvpipe.spec import compose, make_spec
+from kvpipe.jobspec import compose, make_spec
 from kvpipe.units import human_bytes
 
 RATIOS = (0.25, 0.5, 0.75)

@@ -33,7 +33,7 @@ from omegaconf.errors import OmegaConfBaseException
 from kvpipe.config import from_hydra
 from kvpipe.errors import KvpipeError, first_line
 from kvpipe.job import runner
-from kvpipe.spec import compose, make_spec
+from kvpipe.jobspec import compose, make_spec
 from kvpipe.units import human_bytes
 
 # (prompt tokens, batch, new tokens, warm-up calls, measured calls) per workload. The memory jobs use a

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from kvpipe.job.runner import run_job
+from kvpipe.jobspec import compose, make_spec
 from kvpipe.measure import contention
-from kvpipe.spec import compose, make_spec
 
 
 def spin(seconds: float) -> None:

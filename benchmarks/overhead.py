@@ -21,7 +21,7 @@ import pandas as pd
 
 from kvpipe import model
 from kvpipe.job.generate import measured_generate
-from kvpipe.spec import compose, make_spec
+from kvpipe.jobspec import compose, make_spec
 
 STRATEGIES = {
     "dynamic": ["cache=dynamic"],

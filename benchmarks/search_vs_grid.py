@@ -199,8 +199,8 @@ def replay(folder: Path, sampler: str, trials: int, overrides: list[str]) -> lis
     what the sampler would measure, in seconds, not minutes."""
     from types import SimpleNamespace
 
-    from kvpipe.orchestrate.search.rounds import Search
     from kvpipe.orchestrate.search.sweeper import SearchSettings
+    from kvpipe.orchestrate.search.trials import Search
 
     runs = _run_dirs(folder.parent / "grid")
     shutil.rmtree(folder, ignore_errors=True)
@@ -235,8 +235,8 @@ def _kept_grid(out: Path, overrides: list[str]) -> tuple[float, dict[str, pd.Ser
 
 def _space_size(overrides: list[str]) -> int:
     from kvpipe import model
+    from kvpipe.jobspec import spec_from
     from kvpipe.orchestrate.search.study import split_arguments
-    from kvpipe.spec import spec_from
 
     fixed, restrict = split_arguments(overrides)
     spec = spec_from(fixed)

@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvpipe.job.runner import run_job
-from kvpipe.spec import spec_from
+from kvpipe.jobspec import spec_from
 
 PROMPTS = [
     "What is a KV cache?", "Explain in two sentences why the sky is blue.", "Write a haiku about memory.",

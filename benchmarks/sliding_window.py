@@ -22,7 +22,7 @@ import pandas as pd
 from kvpipe import model as models
 from kvpipe.cache.accounting import dense_bytes, kv_shape
 from kvpipe.job.runner import measured_together
-from kvpipe.spec import compose, make_spec
+from kvpipe.jobspec import compose, make_spec
 from kvpipe.units import human_bytes
 
 LAYERS, FULL_EVERY, WINDOW = 12, 6, 512  # Gemma 3's pattern: five sliding layers, then one full

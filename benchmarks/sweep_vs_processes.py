@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from kvpipe import disk_cache
-from kvpipe.spec import compose
+from kvpipe.jobspec import compose
 
 PRESET = "cache_shootout"
 

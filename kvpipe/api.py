@@ -21,9 +21,9 @@ from typing import Any, Sequence
 
 from kvpipe._startup import prepare
 from kvpipe.errors import KvpipeError
+from kvpipe.jobspec import Spec, compose, make_spec, override_group
 from kvpipe.model.loading import LoadedModel, model_bytes
 from kvpipe.model.shape import shape_from_model_config
-from kvpipe.spec import Spec, compose, make_spec, override_group
 
 # Settings that choose the cache; the model is yours, and kvpipe's model, workload and tracking
 # settings mean nothing here.

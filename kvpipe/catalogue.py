@@ -31,7 +31,7 @@ class Metric:
 
     @property
     def column(self) -> str:
-        """Its column among recorded runs (MLflow's runs frame, kvpipe.record.runs): metrics.NAME."""
+        """Its column among recorded runs (MLflow's runs frame, kvpipe.record.read_back): metrics.NAME."""
         return f"metrics.{self.name}"
 
     def companion(self, suffix: str) -> str:

@@ -26,10 +26,10 @@ from omegaconf import DictConfig, OmegaConf
 from kvpipe import commands
 from kvpipe._startup import prepare
 from kvpipe.errors import KvpipeError, did_you_mean, fail
+from kvpipe.jobspec import register_schemas
 from kvpipe.orchestrate.task import run_task, user_error
 from kvpipe.record import worker
 from kvpipe.record.result import COMMAND_ENV
-from kvpipe.spec import register_schemas
 
 log = logging.getLogger("kvpipe")
 

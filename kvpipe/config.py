@@ -3,8 +3,8 @@
 The groups that plugins extend (cache, backend, press, workload, load) get two schemas from what
 each registered class declares (its `Settings`): `group_schema`, what Hydra composes (every key any
 option declares, so a misspelt key fails at composition), and `option_schema`, one dataclass per
-option with its own types and defaults, which kvpipe.spec checks the chosen option against.
-kvpipe.spec.schema, above the registries, assembles them with these into the whole config and
+option with its own types and defaults, which kvpipe.jobspec checks the chosen option against.
+kvpipe.jobspec.schema, above the registries, assembles them with these into the whole config and
 stores it in Hydra's ConfigStore (the first entry of `conf/config.yaml`'s defaults list).
 Composition errors from Hydra and OmegaConf become one line here (`from_hydra`). Imports no
 registry; pure Python: importing this module must not import torch, transformers or mlflow.
@@ -104,7 +104,7 @@ class TrackingConfig:
 
 
 # Every schema by class name, for from_hydra to name a misspelt key's valid ones: these, and those
-# assembled above this module (the unions, kvpipe.spec.schema.KvpipeConfig), which `known` adds.
+# assembled above this module (the unions, kvpipe.jobspec.schema.KvpipeConfig), which `known` adds.
 SCHEMAS: dict[str, type] = {
     schema.__name__: schema for schema in (ModelConfig, AxisConfig, QualityConfig, TrackingConfig)
 }
@@ -120,7 +120,7 @@ def group_schema(name: str, key: str, options: list, module: str, common: type |
     """What Hydra composes for a group that plugins extend: `key` (the option's name, defaulting to
     the first option), the `common` settings every option reads (typed), and every setting any
     option declares, typed Any and null (unset) by default. Permissive on purpose: a setting of
-    another option of the group composes (kvpipe.spec warns that it is ignored, as a sweep over the
+    another option of the group composes (kvpipe.jobspec warns that it is ignored, as a sweep over the
     options needs), a key no option declares fails, and the chosen option's own types are checked
     by `option_schema`'s dataclass. Kept in `module`, by `name`: launchers pickle configs by reference."""
     fields_ = [(key, str, field(default=options[0].name)), *_typed_fields(common)]

@@ -41,8 +41,8 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ["KVPIPE_REFERENCE_DIR"] = tempfile.mkdtemp(prefix="kvpipe-references-")
 atexit.register(shutil.rmtree, os.environ["KVPIPE_REFERENCE_DIR"], ignore_errors=True)
 
+from kvpipe.jobspec import Spec, compose, make_spec, register_schemas  # noqa: E402
 from kvpipe.measure.memory import freeze_long_lived_objects  # noqa: E402
-from kvpipe.spec import Spec, compose, make_spec, register_schemas  # noqa: E402
 
 register_schemas()
 

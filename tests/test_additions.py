@@ -157,8 +157,8 @@ def countup(tmp_path, monkeypatch):
     """The module above, dropped into kvpipe.workload's folder (here: one more folder on its path) and
     found as kvpipe finds every workload; gone again after the test."""
     from kvpipe import workload
+    from kvpipe.jobspec import register_schemas
     from kvpipe.registry import import_plugins
-    from kvpipe.spec import register_schemas
 
     folder = tmp_path / "plugins"
     folder.mkdir()
@@ -182,9 +182,9 @@ def test_a_new_workload_with_its_own_metric_is_one_module(countup, tmp_path, exi
     from kvpipe.decide.recommend import choose
     from kvpipe.decide.runs import judged_by, load_runs
     from kvpipe.job.runner import run_job
+    from kvpipe.jobspec import make_spec
     from kvpipe.record import recorder, sync
     from kvpipe.record.result import Result
-    from kvpipe.spec import make_spec
 
     from conftest import TINY, compose_config
 
@@ -259,8 +259,8 @@ TOVA_YAML = "# TOVA: keep the prompt tokens the last one attends to most.\nname:
 def tova(tmp_path, monkeypatch):
     """press=tova, made in tmp_path: its module beside kvpipe's presses, its YAML on Hydra's search path."""
     from kvpipe.cache import presses
+    from kvpipe.jobspec import register_schemas
     from kvpipe.registry import import_plugins
-    from kvpipe.spec import register_schemas
 
     (tmp_path / "tova.py").write_text(TOVA)
     (tmp_path / "press").mkdir()
@@ -283,7 +283,7 @@ def test_a_new_press_is_one_module_and_its_yaml(tova, tmp_path):
     from kvpipe import model as models
     from kvpipe.cache import accounting
     from kvpipe.job.runner import run_job
-    from kvpipe.predict import plan
+    from kvpipe.predict import bytes_plan as plan
 
     from conftest import spec_for
 
@@ -343,7 +343,7 @@ def test_a_new_load_is_one_module_and_its_yaml_and_a_served_job_uses_its_arrival
     from kvpipe.errors import ConfigError
     from kvpipe.job.runner import job_for
     from kvpipe.job.shared_rounds import run_rounds
-    from kvpipe.spec import register_schemas
+    from kvpipe.jobspec import register_schemas
 
     from conftest import TINY, spec_for
 
@@ -459,8 +459,8 @@ def added(tmp_path, monkeypatch):
     config folder Hydra searches (hydra.searchpath): no file of kvpipe's is edited."""
     from kvpipe import cache
     from kvpipe.cache import backends
+    from kvpipe.jobspec import register_schemas
     from kvpipe.registry import import_plugins
-    from kvpipe.spec import register_schemas
 
     for group, package in (("cache", cache), ("backend", backends)):
         name, module, yaml = ADDED[group]
@@ -481,7 +481,7 @@ def added(tmp_path, monkeypatch):
 
 def test_a_new_strategy_and_backend_compose_with_their_own_typed_settings(added):
     from kvpipe.errors import ConfigError
-    from kvpipe.spec import spec_from
+    from kvpipe.jobspec import spec_from
 
     spare = spec_from([*added, "cache=spare", "cache.spare=4"])
     assert spare.strategy.settings.spare == 4 and spare.as_dict()["cache"] == {"strategy": "spare", "spare": 4}

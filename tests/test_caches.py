@@ -160,7 +160,7 @@ def test_static_max_cache_len_must_hold_prompt_and_new_tokens():
 
 
 def test_backend_settings_with_a_dense_cache_warn():
-    from kvpipe.spec import make_spec
+    from kvpipe.jobspec import make_spec
 
     from conftest import compose_config
 

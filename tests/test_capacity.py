@@ -18,7 +18,7 @@ from kvpipe.cache.backends import grouped, hqq
 from kvpipe.job.runner import run_job
 from kvpipe.model import weights
 from kvpipe.model.shape import shape_from_model_config
-from kvpipe.predict import plan
+from kvpipe.predict import bytes_plan as plan
 from kvpipe.units import parse_bytes
 
 from conftest import REPO, spec_for
@@ -321,7 +321,7 @@ def test_context_scaling_preset_composes_and_every_point_fits_the_embedded_model
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    from kvpipe.spec import register_schemas
+    from kvpipe.jobspec import register_schemas
 
     register_schemas()
     GlobalHydra.instance().clear()

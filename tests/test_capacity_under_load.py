@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 
+from kvpipe.jobspec import spec_from
 from kvpipe.predict import hardware
+from kvpipe.predict.bytes_plan import make_plan
 from kvpipe.predict.costs import costs_for
 from kvpipe.predict.floors import split
-from kvpipe.predict.plan import make_plan
-from kvpipe.spec import spec_from
 
 from conftest import run_cli
 

@@ -80,8 +80,8 @@ def test_conf_ships_inside_the_package():
 def test_a_presets_sweep_is_named_and_counted_from_its_own_params_and_the_command_line():
     from omegaconf import OmegaConf, open_dict
 
+    from kvpipe.jobspec import compose
     from kvpipe.orchestrate.sweep import count_jobs, sweep_name, swept_values
-    from kvpipe.spec import compose
 
     config = compose(["+experiment=cache_shootout", "model=tiny_random"], with_hydra=True)
     with open_dict(
@@ -149,8 +149,8 @@ def test_an_older_result_config_with_every_options_settings_reads_back_as_the_sa
     at their defaults: `kvpipe sync` reads it back to the same measurement and no warnings."""
     from omegaconf import OmegaConf
 
-    from kvpipe.spec import KvpipeConfig, make_spec
-    from kvpipe.spec.schema import PLUGGED
+    from kvpipe.jobspec import KvpipeConfig, make_spec
+    from kvpipe.jobspec.schema import PLUGGED
 
     spec = spec_for("model=tiny_random", "cache=quantized", "backend=hqq", "press=snapkv")
     flat = spec.as_dict()

@@ -14,7 +14,7 @@ import pytest
 
 from kvpipe import cli
 from kvpipe.errors import ConfigError, KvpipeError
-from kvpipe.spec import compose, make_spec
+from kvpipe.jobspec import compose, make_spec
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]

@@ -93,7 +93,7 @@ def test_a_searchs_trials_left_count_at_the_median():
 def test_the_planned_jobs_are_hydras_own_in_its_order_for_a_preset_and_command_line_sweeps():
     from omegaconf import open_dict
 
-    from kvpipe.spec import compose
+    from kvpipe.jobspec import compose
 
     typed = ["+experiment=quant_grid", "model=tiny_random", "backend.nbits=4,2", "workload.warmup=0", "resume=true"]
     config = compose(["+experiment=quant_grid", "model=tiny_random"], with_hydra=True)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvpipe.spec import spec_from
-from kvpipe.spec.schema import PLUGGED
+from kvpipe.jobspec import spec_from
+from kvpipe.jobspec.schema import PLUGGED
 
 from conftest import REPO
 
@@ -60,7 +60,7 @@ def test_every_plugin_runs_a_short_job_with_its_core_metrics(case):
 def test_every_plugins_config_is_its_name_the_groups_common_settings_and_its_own_with_their_defaults(case):
     import dataclasses
 
-    from kvpipe.spec.schema import option_schema
+    from kvpipe.jobspec.schema import option_schema
 
     group, plugin = case
     registry, common = PLUGGED[group]

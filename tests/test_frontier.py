@@ -145,8 +145,8 @@ def _trial(point, values, the_space, constraints=None, state=None, user_attrs=No
 def test_the_sweeper_takes_either_sampler_and_refuses_others_in_one_line(sampler, tmp_path):
     from kvpipe.decide.limits import Limits
     from kvpipe.errors import ConfigError
-    from kvpipe.orchestrate.search.rounds import Search
     from kvpipe.orchestrate.search.sweeper import SearchSettings
+    from kvpipe.orchestrate.search.trials import Search
 
     chat = SimpleNamespace(bound_workload=SimpleNamespace(metrics=[], quality=None))
 
@@ -164,10 +164,10 @@ def test_the_sweeper_takes_either_sampler_and_refuses_others_in_one_line(sampler
 def test_the_search_skips_what_it_infers_unless_every_point_is_measured(tmp_path, capsys):
     from test_search import JOB, SPACE  # dynamic, and hqq per-token at 2 and 4 bits
 
-    from kvpipe.orchestrate.search.progress import print_closing_line
-    from kvpipe.orchestrate.search.rounds import Search
     from kvpipe.orchestrate.search.study import MEASURED, Seen
     from kvpipe.orchestrate.search.sweeper import SearchSettings
+    from kvpipe.orchestrate.search.trial_log import print_closing_line
+    from kvpipe.orchestrate.search.trials import Search
 
     def search(trials):
         return Search.start(SearchSettings(trials=trials), [*JOB, *SPACE], tmp_path, tmp_path / "sweep")
@@ -198,10 +198,10 @@ def test_a_trial_killed_mid_job_is_asked_again_and_one_that_failed_is_not():
 
 def test_progress_counts_jobs_against_the_budget_and_every_point_in_an_exhaustive_pass(tmp_path, capsys):
     from kvpipe.decide.limits import Limits
-    from kvpipe.orchestrate.search.progress import print_trial
-    from kvpipe.orchestrate.search.rounds import Search
     from kvpipe.orchestrate.search.study import MEASURED, REUSED, Seen
     from kvpipe.orchestrate.search.sweeper import SearchSettings
+    from kvpipe.orchestrate.search.trial_log import print_trial
+    from kvpipe.orchestrate.search.trials import Search
 
     chat = SimpleNamespace(bound_workload=SimpleNamespace(metrics=[], quality=None))
     the_space = space()

@@ -21,7 +21,7 @@ FLOORS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("kvpipe.catalogue",),),
     (("kvpipe.model",),),
     (("kvpipe.cache",), ("kvpipe.workload",), ("kvpipe.load",)),  # siblings: none imports another
-    (("kvpipe.spec",),),
+    (("kvpipe.jobspec",),),
     (("kvpipe.measure",),),
     (("kvpipe.job",),),
     (("kvpipe.record",),),
@@ -39,10 +39,10 @@ ONLY_UNDER = {
     "datasets": ("kvpipe.workload.dataset",),  # a user's own prompt file
     "matplotlib": ("kvpipe.decide", "kvpipe.workload"),  # compare's plots, and a workload's own (passkey's heatmap)
 }
-# The floors a config is validated on, before a job loads anything (kvpipe.spec and what it reads):
+# The floors a config is validated on, before a job loads anything (kvpipe.jobspec and what it reads):
 # none of their modules imports these at its top level.
 LIGHT_FLOORS = ("kvpipe", "kvpipe.config", "kvpipe.catalogue", "kvpipe.model", "kvpipe.workload", "kvpipe.load",
-                "kvpipe.spec")  # fmt: skip
+                "kvpipe.jobspec")  # fmt: skip
 HEAVY = ("torch", "transformers", "mlflow", "pandas", "numpy", "matplotlib", "optuna", "datasets")
 
 

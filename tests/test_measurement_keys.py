@@ -57,7 +57,7 @@ CONFIGS = [
 def measured(overrides: tuple[str, ...]) -> dict:
     """What the pinned file holds for one config: its key, a digest of its params (in order), its
     warnings and description; or the one-line error it is refused with."""
-    from kvpipe.spec import compose, make_spec
+    from kvpipe.jobspec import compose, make_spec
 
     try:
         spec = make_spec(compose(list(overrides)), list(overrides))

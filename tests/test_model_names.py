@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from kvpipe.spec.names import hf_model_name
+from kvpipe.jobspec.names import hf_model_name
 
 from conftest import spec_for
 

@@ -252,8 +252,8 @@ def test_recommend_with_min_accuracy_names_the_accuracy_a_run_lacks(passkey_swee
 
 
 def test_the_needle_preset_sweeps_dynamic_and_int4_int2_quanto_and_hqq_within_the_model():
+    from kvpipe.jobspec import compose
     from kvpipe.orchestrate.sweep import count_jobs, swept_values
-    from kvpipe.spec import compose
 
     cfg = compose(["+experiment=needle"], with_hydra=True)
     assert count_jobs(cfg) == 8

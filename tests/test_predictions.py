@@ -16,11 +16,12 @@ from kvpipe import cli
 from kvpipe import model as models
 from kvpipe.decide import compare
 from kvpipe.decide import runs as recorded
+from kvpipe.jobspec import compose, make_spec
 from kvpipe.model import compute
 from kvpipe.model.shape import Layer, ModelShape
-from kvpipe.predict import calibration, hardware, local_runs, plan, predicted_runs
+from kvpipe.predict import bytes_plan as plan
+from kvpipe.predict import calibration, hardware, local_runs, predicted_runs
 from kvpipe.predict.floors import ModelCosts
-from kvpipe.spec import compose, make_spec
 
 from conftest import REPO, spec_for
 
@@ -247,7 +248,7 @@ def test_a_calibration_reads_only_the_runs_of_the_rows_own_cache_settings(specs)
 
 
 def test_calibrate_on_holds_the_other_prompt_lengths_out_of_the_fit(specs, monkeypatch):
-    from kvpipe.record import runs as record_runs
+    from kvpipe.record import read_back as record_runs
 
     runs = recorded_runs(*({"params": specs["dynamic"].params(), "prompt": n, "tpot_ms": 5.0, "ttft_ms": 9.0}
                            for n in (100, 400, 1600)))  # fmt: skip
@@ -361,7 +362,7 @@ def test_a_calibration_reads_every_repeat_of_a_measurement_where_compare_shows_t
     from mlflow.tracking import MlflowClient
 
     from kvpipe.decide.runs import load_runs
-    from kvpipe.record.runs import read_runs
+    from kvpipe.record.read_back import read_runs
 
     uri = f"sqlite:///{existing_store(tmp_path)}"
     client = MlflowClient(uri)

@@ -19,7 +19,7 @@ from kvpipe.cache.presses._layers import attach, attention_modules
 from kvpipe.errors import ConfigError
 from kvpipe.job.runner import run_job
 from kvpipe.model.shape import ModelShape
-from kvpipe.predict import plan
+from kvpipe.predict import bytes_plan as plan
 
 from conftest import run_cli, spec_for
 
@@ -374,7 +374,7 @@ def test_padded_batches_are_refused_for_a_press():
 
 
 def test_the_press_schema_has_every_presss_settings():
-    from kvpipe.spec import schema
+    from kvpipe.jobspec import schema
 
     settings = {field.name for press in presses.registered() for field in dataclasses.fields(press.Settings)}
     assert {f.name for f in dataclasses.fields(schema.PressConfig)} == {"name", *settings}
@@ -568,8 +568,8 @@ def test_the_walk_measures_every_kind_once_before_walking_any_further():
 
 
 def test_a_search_names_the_kinds_its_budget_did_not_reach():
-    from kvpipe.orchestrate.search.progress import unexplored
     from kvpipe.orchestrate.search.space import build
+    from kvpipe.orchestrate.search.trial_log import unexplored
 
     points = build(64, "cpu", {"backend": ["quanto", "hqq"], "press": ["knorm", "snapkv"]}).points
     quanto = next(p for p in points if p.get("backend") == "quanto")

@@ -19,8 +19,8 @@ from kvpipe.decide.limits import Limits
 from kvpipe.decide.recommend import choose
 from kvpipe.errors import ConfigError
 from kvpipe.job.runner import run_job
+from kvpipe.jobspec import make_spec, register_schemas
 from kvpipe.model import read_shape
-from kvpipe.spec import make_spec, register_schemas
 
 from conftest import REPO, TINY, compose_config, quoted_outside
 from test_compare import fake_runs

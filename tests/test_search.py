@@ -14,10 +14,10 @@ import pytest
 
 from kvpipe.errors import ConfigError
 from kvpipe.orchestrate.search import objectives
-from kvpipe.orchestrate.search.rounds import Search
 from kvpipe.orchestrate.search.space import Point, build
 from kvpipe.orchestrate.search.study import split_arguments
 from kvpipe.orchestrate.search.sweeper import SearchSettings
+from kvpipe.orchestrate.search.trials import Search
 
 from conftest import run_cli
 

@@ -99,7 +99,7 @@ def test_bad_load_settings_are_one_line_naming_the_field(overrides, says):
 
 
 def test_an_unknown_load_names_the_known_ones():
-    from kvpipe.spec import spec_from
+    from kvpipe.jobspec import spec_from
 
     known = ", ".join(sorted(loads.names()))  # as Hydra lists a group's options
     with pytest.raises(KvpipeError, match=f"load=nope is not a known option; expected one of: {known}"):

@@ -15,7 +15,7 @@ from kvpipe.cache import accounting
 from kvpipe.errors import ConfigError
 from kvpipe.job.runner import run_job
 from kvpipe.model.shape import Layer, shape_from_config
-from kvpipe.predict import plan
+from kvpipe.predict import bytes_plan as plan
 
 from conftest import spec_for
 

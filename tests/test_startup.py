@@ -40,7 +40,7 @@ def test_importing_transformers_caches_under_kvpipe_leaves_the_compiler_unimport
 
 
 def test_importing_kvpipe_sets_nothing_up():
-    probe = "import sys, os, kvpipe.spec; print(len(sys.meta_path), 'MLFLOW_DISABLE_TELEMETRY' in os.environ)"
+    probe = "import sys, os, kvpipe.jobspec; print(len(sys.meta_path), 'MLFLOW_DISABLE_TELEMETRY' in os.environ)"
     bare = "import sys, os; print(len(sys.meta_path), 'MLFLOW_DISABLE_TELEMETRY' in os.environ)"
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_DISABLE_TELEMETRY"}
     said = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout

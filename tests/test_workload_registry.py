@@ -20,9 +20,9 @@ from kvpipe.decide.recommend import choose
 from kvpipe.decide.runs import load_runs
 from kvpipe.errors import ConfigError
 from kvpipe.job.runner import run_job
+from kvpipe.jobspec import make_spec, register_schemas
 from kvpipe.record import recorder
 from kvpipe.record.result import Result
-from kvpipe.spec import make_spec, register_schemas
 from kvpipe.workload._encoding import encode
 from kvpipe.workload.base import REGISTRY, Quality, Scored, Window, Workload, padded_batch
 

@@ -5,7 +5,7 @@ and against the model's shape), how it builds the transformers cache and the `ge
 its KV-byte prediction for `kvpipe plan`, the parameters that define what it measures, and what
 `recommend` should think of it (family, lossless). Subclassing registers it under `name`; every
 other module asks the registry (`kvpipe.cache.get`, `kvpipe.cache.registered`) and never spells a
-strategy's name. A strategy is bound to a `CacheChoice`, what it reads of a job (kvpipe.spec's
+strategy's name. A strategy is bound to a `CacheChoice`, what it reads of a job (kvpipe.jobspec's
 `Spec.cache_choice` makes one), never to the whole job. Pure Python at import: torch and
 transformers load inside `build`.
 """
@@ -209,7 +209,7 @@ class CacheStrategy(Registered):
 
     def check(self, overridden: frozenset[str] = frozenset()) -> list[str]:
         """Checks against the config alone; raises ConfigError, returns warnings for ignored settings
-        (another strategy's settings are kvpipe.spec's to warn about: this one's config has none)."""
+        (another strategy's settings are kvpipe.jobspec's to warn about: this one's config has none)."""
         warnings = []
         read = set(self.read_fields(self.choice.backend.name))
         uses_backend = "backend.name" in read

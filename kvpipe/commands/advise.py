@@ -63,11 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvpipe.commands.plan import show
+    from kvpipe.jobspec import spec_from
     from kvpipe.orchestrate.search.launch import launch_search
     from kvpipe.orchestrate.search.study import split_arguments
-    from kvpipe.predict.plan import make_plan
+    from kvpipe.predict.bytes_plan import make_plan
     from kvpipe.record import auth
-    from kvpipe.spec import spec_from
 
     started = time.monotonic()
     limits = _limits(args)
@@ -154,9 +154,9 @@ def _advise_service(args, limits, started: float) -> int:
     """For a service: every cache of cache= (default dynamic, paged and quantized) at every
     --concurrency, as one sweep, then the one with the most throughput (or goodput) within limits."""
     from kvpipe.commands.recommend import answer_for_service
+    from kvpipe.jobspec import spec_from
     from kvpipe.orchestrate.search.launch import launch_sweep
     from kvpipe.record import auth
-    from kvpipe.spec import spec_from
 
     levels = _concurrencies(args.concurrency)
     given = {o.split("=", 1)[0]: o for o in args.overrides if "=" in o}

@@ -2,7 +2,7 @@
 
 `kvpipe plan [overrides] --memory-budget 24GiB` prints, per cache strategy, what a cached token costs,
 the cache at chosen context lengths, and the longest context that fits beside the weights
-(kvpipe.predict.plan computes it); `--hardware NAME` adds the floors of TPOT and TTFT on an
+(kvpipe.predict.bytes_plan computes it); `--hardware NAME` adds the floors of TPOT and TTFT on an
 accelerator of conf/hardware.yaml, `--hardware local` this machine's calibrated predictions, and
 `--json` prints it all as one document.
 """
@@ -63,8 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """KV cache and weights from the model's config; loads no weights."""
-    from kvpipe.predict.plan import make_plan
-    from kvpipe.spec import spec_from
+    from kvpipe.jobspec import spec_from
+    from kvpipe.predict.bytes_plan import make_plan
 
     for override in args.overrides:
         if "=" not in override:

@@ -1,6 +1,6 @@
 """Recorded runs as a decision reads them: each run's label, strategy, peak memory, quality loss and
 workload, the Pareto front within each workload, and the params that vary (llama-bench's columns).
-Reading them from MLflow is kvpipe.record.runs'."""
+Reading them from MLflow is kvpipe.record.read_back'."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pandas as pd
 from kvpipe import cache, catalogue, workload
 from kvpipe.decide.limits import ANSWER_QUALITY
 from kvpipe.record import tags as mlflow_tags
-from kvpipe.record.runs import column, read_runs, stepped_history
+from kvpipe.record.read_back import column, read_runs, stepped_history
 
 NOT_MEASURED = ("tracking.", "print_table", "resume", "sweep_name", "fallback")
 CACHE_PARAMS = ("cache.", "backend.", "axis.", "press.")  # the rest says what was measured: the workload
@@ -51,7 +51,7 @@ def load_runs(
     spelled: str = "--tracking-uri",
 ):
     """(FINISHED runs with the columns a decision reads, parent Run or None): one sweep's, or the
-    whole experiment's; a measurement run again counts once, its latest run (kvpipe.record.runs)."""
+    whole experiment's; a measurement run again counts once, its latest run (kvpipe.record.read_back)."""
     runs, parent_run = read_runs(experiment, parent, tracking_uri, whole_experiment, spelled)
     return with_derived(runs), parent_run
 

@@ -10,7 +10,7 @@ from kvpipe import catalogue
 from kvpipe.decide.limits import Limits
 from kvpipe.decide.recommend import closest
 from kvpipe.record import tags as mlflow_tags
-from kvpipe.record.runs import column
+from kvpipe.record.read_back import column
 
 OBJECTIVES = {  # --objective -> the figure it maximises
     "throughput": catalogue.column("output_tokens_per_s"),

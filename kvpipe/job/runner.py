@@ -14,9 +14,9 @@ from kvpipe.job.generate import Call, measured_generate
 from kvpipe.job.phases import Job
 from kvpipe.job.served import ServedJob
 from kvpipe.job.shared_rounds import run_rounds
+from kvpipe.jobspec import Spec
 from kvpipe.measure.metrics import summarise
 from kvpipe.measure.round_figures import BATCH_FIGURES, batch_round
-from kvpipe.spec import Spec
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ import logging
 from pathlib import Path
 
 from kvpipe.job import runner
+from kvpipe.jobspec import Spec
 from kvpipe.record import auth, recorder, report
 from kvpipe.record.result import Result
-from kvpipe.spec import Spec
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvpipe.errors import ConfigError, KvpipeError, fail
 from kvpipe.job import runner
+from kvpipe.jobspec import make_spec, reject_unknown_keys
 from kvpipe.model import loading
 from kvpipe.orchestrate import closing, eta, skips
 from kvpipe.orchestrate.pipeline import record_killed, record_measured, run_pipeline
@@ -33,7 +34,6 @@ from kvpipe.record import auth, recorder, store, tracking, worker
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.report import print_sweep_end
 from kvpipe.record.result import Result, iter_results
-from kvpipe.spec import make_spec, reject_unknown_keys
 
 log = logging.getLogger(__name__)
 

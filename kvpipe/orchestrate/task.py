@@ -10,9 +10,9 @@ from omegaconf import DictConfig
 
 from kvpipe.config import from_hydra
 from kvpipe.errors import KvpipeError, fail
+from kvpipe.jobspec import make_spec
 from kvpipe.orchestrate.pipeline import run_pipeline
 from kvpipe.orchestrate.sweep import run_sweep_job
-from kvpipe.spec import make_spec
 
 # Hydra's own checks of its flags (hydra/_internal/utils.py), raised as plain ValueErrors
 HYDRA_FLAG_ERRORS = ("Only one of --run, --multirun, --cfg", "The --resolve flag can only be used")

@@ -9,17 +9,17 @@ import socket
 from dataclasses import dataclass
 
 from kvpipe.errors import KvpipeError
+from kvpipe.jobspec import override_group
 from kvpipe.predict.calibration import Sample
 from kvpipe.predict.run_costs import BATCH, NEW, PROMPT, TPOT, TTFT
 from kvpipe.record import tags as mlflow_tags
-from kvpipe.spec import override_group
 
 
 @dataclass(frozen=True)
 class LocalRuns:
     """The runs a calibration may use, and a line saying which they are (or why there are none)."""
 
-    runs: object  # a DataFrame (kvpipe.record.runs), or None
+    runs: object  # a DataFrame (kvpipe.record.read_back), or None
     said: str
     store: str | None = None
 
@@ -33,7 +33,7 @@ def read_local_runs(spec, dtype: str, device: str, threads: int, prompt_lengths:
     (plan --calibrate-on), the others held out to check the predictions against."""
     from pathlib import Path
 
-    from kvpipe.record.runs import column, read_runs
+    from kvpipe.record.read_back import column, read_runs
     from kvpipe.record.store import resolve_uri
 
     experiment, host, batch = spec.tracking.experiment, socket.gethostname(), spec.workload.batch_size
@@ -68,7 +68,7 @@ def matching(runs, variant):
     its strategy reads, as runs log them)."""
     import pandas as pd
 
-    from kvpipe.record.runs import column
+    from kvpipe.record.read_back import column
 
     wanted = variant.params()
     keep = pd.Series(True, index=runs.index)

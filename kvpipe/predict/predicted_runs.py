@@ -21,7 +21,7 @@ def with_predictions(runs):
     (same model, dtype, host, device, threads, batch and cache settings, at two or more prompt
     lengths) predicts for it. Each run's job is composed again from its logged overrides to count
     its costs; a run that no longer composes, or whose group has one prompt length, gets none."""
-    from kvpipe.record.runs import column
+    from kvpipe.record.read_back import column
 
     runs = runs.copy()
     for name in PREDICTED:

@@ -8,7 +8,7 @@ import shlex
 from kvpipe import catalogue
 from kvpipe.errors import KvpipeError
 
-# A recorded run's columns (kvpipe.record.runs) that predictions read: its job's shape and its timings
+# A recorded run's columns (kvpipe.record.read_back) that predictions read: its job's shape and its timings
 BATCH, PROMPT, NEW, TPOT, TTFT = (
     catalogue.column(name) for name in ("batch_size", "prompt_tokens", "new_tokens", "tpot_ms", "ttft_ms")
 )
@@ -20,7 +20,7 @@ _COSTS: dict[tuple, object] = {}
 def job_spec(overrides: str):
     """The Spec of a run's logged overrides (None: it no longer composes), made once per overrides."""
     if overrides not in _SPECS:
-        from kvpipe.spec import spec_from
+        from kvpipe.jobspec import spec_from
 
         words = [] if overrides in ("(defaults)", "None", "nan") else shlex.split(overrides)
         try:

@@ -12,11 +12,11 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from kvpipe.errors import KvpipeError
+from kvpipe.jobspec import KvpipeConfig, make_spec
 from kvpipe.record import auth
 from kvpipe.record.recorder import upload
 from kvpipe.record.result import RESULT_FILE, Result, iter_results
 from kvpipe.record.store import ARTIFACT_DIR
-from kvpipe.spec import KvpipeConfig, make_spec
 
 SYNCABLE = ("FINISHED", "FAILED", "KILLED")
 

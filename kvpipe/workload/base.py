@@ -122,7 +122,7 @@ class Workload(Registered):
         super().__init_subclass__(**kwargs)  # registers it
 
     def __init__(self, config):
-        """`config` is the workload group (kvpipe.spec.schema.WorkloadConfig, or a dict from result.json)."""
+        """`config` is the workload group (kvpipe.jobspec.schema.WorkloadConfig, or a dict from result.json)."""
         get_value = config.get if isinstance(config, Mapping) else lambda name, default: getattr(config, name, default)
         self.config = config
         self.common = Common(**{f.name: get_value(f.name, f.default) for f in dataclasses.fields(Common)})

@@ -29,9 +29,9 @@ def launch_sweep(overrides: list[str], sweep_dir: Path) -> str:
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
+    from kvpipe.jobspec import register_schemas
     from kvpipe.orchestrate.sweepers import register_grid_sweeper
     from kvpipe.orchestrate.task import run_task, user_error
-    from kvpipe.spec import register_schemas
 
     register_schemas()
     register_grid_sweeper()

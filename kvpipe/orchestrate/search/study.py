@@ -98,8 +98,8 @@ class SearchStudy:
         import optuna
 
         from kvpipe import model
+        from kvpipe.jobspec import spec_from
         from kvpipe.record.store import resolve_uri
-        from kvpipe.spec import spec_from
 
         fixed, restrict = split_arguments(arguments)
         spec = spec_from(fixed)
@@ -193,8 +193,8 @@ class SearchStudy:
         """Weights plus the KV cache that `kvpipe plan` predicts for this point and the workload
         (kvpipe.predict.costs, as plan counts them), at the workload's longest prompt."""
         from kvpipe import model
+        from kvpipe.jobspec import spec_from
         from kvpipe.predict.costs import costs_for
-        from kvpipe.spec import spec_from
 
         if self._bytes is None:
             tokenizer = model.load_tokenizer(self.spec.model)

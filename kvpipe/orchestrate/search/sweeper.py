@@ -71,7 +71,7 @@ class SearchSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
-        from kvpipe.orchestrate.search.rounds import Search
+        from kvpipe.orchestrate.search.trials import Search
 
         assert self.config is not None and self.launcher is not None
         sweep_dir = Path(self.config.hydra.sweep.dir)

@@ -11,7 +11,7 @@ import json
 from kvpipe import cache as cache_strategies
 from kvpipe import config
 from kvpipe import workload as workloads
-from kvpipe.spec.names import hf_model_name
+from kvpipe.jobspec.names import hf_model_name
 
 # model.* fields added since runs were first keyed: left unset, they stay out of the key
 LATE_MODEL_FIELDS = ("layer_types", "threads")

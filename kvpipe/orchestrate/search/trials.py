@@ -1,7 +1,7 @@
 """A search's rounds: ask the study for trials, launch the new points as one batch of sweep jobs, tell
 the study each job's outcome. A point seen before is told its earlier outcome, one the plan predicts
 cannot fit the memory budget is pruned, and one inferred to miss the quality limit is told so; none of
-them costs a job. The study itself is study.py's; the lines it prints, progress.py's."""
+them costs a job. The study itself is study.py's; the lines it prints, trial_log.py's."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from kvpipe.orchestrate.search import objectives, progress
+from kvpipe.orchestrate.search import objectives, trial_log
 from kvpipe.orchestrate.search.space import Point
 from kvpipe.orchestrate.search.study import (
     CONSTRAINTS,
@@ -59,7 +59,7 @@ class Search(SearchStudy):
             returns.append(results)
             for (trial, point), job in zip(batch, results, strict=True):
                 self._tell(trial, point, self._outcome(point, job))
-        progress.print_closing_line(self, {} if self.exhaustive else self._inferred())
+        trial_log.print_closing_line(self, {} if self.exhaustive else self._inferred())
         return returns
 
     def _left(self) -> list[Point]:
@@ -121,7 +121,7 @@ class Search(SearchStudy):
             self.study.tell(trial, state=_state("PRUNED" if seen.outcome in (PRUNED, INFERRED) else "FAIL"))
         if not again:
             self.seen[point] = seen
-            progress.print_trial(self, point, seen)
+            trial_log.print_trial(self, point, seen)
 
     # ---- outcomes --------------------------------------------------------------------------------
 

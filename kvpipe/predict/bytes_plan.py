@@ -69,7 +69,7 @@ def press_variants(choice, shape) -> list[tuple[str, object]]:
 
 def config_for(press):
     """The press config of `press` at its middle search ratio (its other settings at their defaults)."""
-    from kvpipe.spec import schema
+    from kvpipe.jobspec import schema
 
     ratio = press.search_ratios[len(press.search_ratios) // 2]
     return schema.option_schema(press)(ratio=ratio)

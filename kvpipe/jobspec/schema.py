@@ -3,7 +3,7 @@
 The groups that plugins extend (cache, backend, press, workload, load: `PLUGGED`) are each composed
 through a permissive schema holding every key any of their options declares (kvpipe.config's
 `group_schema`), and the chosen option is then checked against its own typed dataclass
-(`option_schema`, in kvpipe.spec.options), so adding an option never edits a schema; the other
+(`option_schema`, in kvpipe.jobspec.options), so adding an option never edits a schema; the other
 groups' schemas are kvpipe.config's. `KvpipeConfig` is the first entry of `conf/config.yaml`'s
 defaults list (`register_schemas`), so a misspelt key fails at composition. Pure Python: no torch,
 transformers or mlflow.

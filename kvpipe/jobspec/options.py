@@ -1,5 +1,5 @@
 """The chosen option of each plugged group, typed: what Hydra composed for the group (every key any
-option declares, kvpipe.spec.schema) becomes the option's own dataclass, checked against its own
+option declares, kvpipe.jobspec.schema) becomes the option's own dataclass, checked against its own
 types and defaults; a setting of another option is set aside, to be refused or warned about.
 
 Why composition is permissive and the option's types are checked here, not by one ConfigStore
@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
 from kvpipe.errors import ConfigError, require_choice
-from kvpipe.spec import schema
+from kvpipe.jobspec import schema
 
 
 @dataclasses.dataclass(frozen=True)

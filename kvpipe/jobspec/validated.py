@@ -20,9 +20,9 @@ from kvpipe import config
 from kvpipe import load as loads
 from kvpipe import workload as workloads
 from kvpipe.errors import ConfigError, KvpipeError, choices, require_choice
-from kvpipe.spec import options, schema
-from kvpipe.spec.key import measurement_key
-from kvpipe.spec.names import hf_model_name, looks_local
+from kvpipe.jobspec import options, schema
+from kvpipe.jobspec.key import measurement_key
+from kvpipe.jobspec.names import hf_model_name, looks_local
 from kvpipe.units import param_text
 
 
@@ -106,7 +106,7 @@ class Spec:
         return self.cache_choice.read_fields()
 
     def measurement_key(self) -> str:
-        """Hash of what is measured: equal for configs that measure the same thing (kvpipe.spec.key).
+        """Hash of what is measured: equal for configs that measure the same thing (kvpipe.jobspec.key).
         Used to skip duplicates and to resume."""
         return measurement_key(self)
 

@@ -1,18 +1,18 @@
-"""The spec stage: a composed config becomes a validated, typed `Spec`, what one job will do.
+"""The job-spec stage: a composed config becomes a validated, typed `Spec`, what one job will do.
 
 `schema.py` assembles the whole config's schema from kvpipe.config's plain schemas and, for the
 groups plugins extend, a permissive schema per group built from the registries, and composes conf/
 with it (`compose`); `options.py` checks each such group's chosen option against its own typed
-dataclass and sets another option's settings aside as warnings; `spec.py` validates a composed
+dataclass and sets another option's settings aside as warnings; `validated.py` validates a composed
 config into a `Spec` (`make_spec`, or `spec_from(overrides)` for both steps), whose strategy,
 measurement key (`key.py`, with its rules for older runs) and params every later stage reads. Pure
 Python: no torch, transformers or mlflow.
 """
 
-from kvpipe.spec.key import LATE_MODEL_FIELDS
-from kvpipe.spec.names import hf_model_name, looks_local
-from kvpipe.spec.schema import KvpipeConfig, compose, register_schemas
-from kvpipe.spec.spec import (
+from kvpipe.jobspec.key import LATE_MODEL_FIELDS
+from kvpipe.jobspec.names import hf_model_name, looks_local
+from kvpipe.jobspec.schema import KvpipeConfig, compose, register_schemas
+from kvpipe.jobspec.validated import (
     RANDOM_LAYER_TYPES,
     STRATEGY_GROUPS,
     Spec,
