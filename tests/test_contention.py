@@ -51,14 +51,27 @@ def _spinning(count: int) -> list[psutil.Process]:
     return hogs
 
 
-# The job's other processes must be only the ones the test starts: run with the machine to itself
-# (`make test` runs the tests marked `alone` after the parallel part).
+def _background_cores(seconds: float = 1.0) -> float:
+    """The cores other processes keep busy now: the premise the idle half of the test stands on."""
+    before = contention.sample()
+    time.sleep(seconds)
+    return contention.other_cores(before, contention.sample())
+
+
+QUIET_CORES = 0.5  # a background below this leaves the job its one thread's core
+
+
+# The job's other processes should be only the ones the test starts (`make test` runs the tests
+# marked `alone` after the parallel part); where something else on the machine is busy anyway (a
+# shared workstation, a busy CI runner), the test checks what must hold whatever the background is.
 @pytest.mark.slow  # two real jobs, one beside spinning processes
 @pytest.mark.alone
 def test_a_job_beside_busy_processes_is_tagged_contended_marked_noisy_and_says_so():
+    background = _background_cores()
     idle = run_job(spec_for(*TINY))
-    assert idle.tags["contended"] == "false" and idle.params["model.threads"] == "1"
-    assert idle.metrics["other_cpu_cores"] < 1
+    assert idle.params["model.threads"] == "1"
+    if background < QUIET_CORES:  # the machine to itself: the job must say it was not contended
+        assert idle.tags["contended"] == "false" and idle.metrics["other_cpu_cores"] < 1
     # two spinning processes per core: the scheduler cannot then leave the job most of a core (with one
     # per core it sometimes did, and the job was rightly not contended)
     hogs = _spinning(2 * contention.cores())
@@ -69,7 +82,8 @@ def test_a_job_beside_busy_processes_is_tagged_contended_marked_noisy_and_says_s
             hog.kill()
         psutil.wait_procs(hogs, timeout=10)
     assert busy.tags["contended"] == "true" and busy.tags["noisy"] == "true"
-    assert busy.metrics["other_cpu_cores"] > 1
+    # the test's own spinners are counted as others' work, on top of whatever ran beside the idle job
+    assert busy.metrics["other_cpu_cores"] > max(1.0, idle.metrics["other_cpu_cores"] + 0.25)
     (note,) = [n for n in busy.notes if n.startswith("contended:")]
     assert "\n" not in note and "torch thread" in note
 
