@@ -282,6 +282,15 @@ class Workload(Registered):
         return f"{self.name} prompts", None
 
 
+def until_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
+    """The answer the model gave: the tokens before its first end-of-sequence (a call that ignores
+    EOS runs past it)."""
+    for position, token in enumerate(tokens):
+        if token in eos_ids:
+            return tokens[:position]
+    return tokens
+
+
 def longest_prompt_of(batches: list[Batch], new_tokens: int) -> int:
     """The prompt length caches are sized for: they hold prompt + workload.max_new_tokens, so the
     longest context less that (a batch with its own, longer, output counts in full)."""
