@@ -110,13 +110,16 @@ def test_bad_labels_are_one_line_naming_the_field(tmp_path, rows, overrides, mes
     assert "\n" not in str(error.value)
 
 
-@pytest.mark.slow  # a real job on the tiny model, recorded: ~7 s
+@pytest.mark.slow  # a real job on the tiny model with its quality pass, recorded: ~8 s
 def test_a_labelled_job_records_its_scored_answers_and_accuracy_with_its_interval(tmp_path):
     from kvpipe.job.runner import run_job
     from kvpipe.record import recorder
     from kvpipe.record.result import Result
 
-    spec = dataset_spec(write_jsonl(tmp_path / "q.jsonl", LABELLED), "workload.repeats=2", "workload.batch_size=2")
+    quality = ("quality=on", "quality.windows=1", "quality.scored_tokens=4")
+    spec = dataset_spec(
+        write_jsonl(tmp_path / "q.jsonl", LABELLED), "workload.repeats=2", "workload.batch_size=2", *quality
+    )
     job = run_job(spec)
     result = Result.load(recorder.record(spec, Result.finished(spec, job), tmp_path / "run", tmp_path))
     rows = sorted(result.answers, key=lambda row: row["row"])
@@ -134,6 +137,30 @@ def test_a_labelled_job_records_its_scored_answers_and_accuracy_with_its_interva
     assert metrics["task_accuracy_ci_low"] <= metrics["task_accuracy"] <= metrics["task_accuracy_ci_high"]
     assert list(spec.bound_workload.scored(result.answers).tables) == ["answers/answers.json"]
     assert "end-of-sequence" in result.tags["generation"]
+    # the dense cache is the reference itself: every answer is the reference's own
+    assert all(row["reference_answer"] == row["answer"] for row in rows)
+    assert (metrics["answers_changed"], metrics["flipped_to_wrong"], metrics["flipped_to_right"]) == (0, 0, 0)
+
+
+def test_answers_beside_the_references_count_changes_and_flips():
+    from kvpipe.workload.dataset import labelled
+
+    rows = [
+        {
+            "row": n,
+            "expected": ["paris"],
+            "answer": answer,
+            "score": scoring.SCORERS["contains"].best(answer, ["paris"]),
+        }
+        for n, answer in enumerate(["Paris.", "Paris", "Rome", "London", "paris"])
+    ]
+    reference = {0: "Paris.", 1: "It is Paris", 2: "Paris", 3: "Lyon", 4: "Berlin"}
+    found = labelled.figures(
+        labelled.with_reference(rows, reference, scoring.SCORERS["contains"]), scoring.SCORERS["contains"]
+    )
+    assert found["answers_changed"] == pytest.approx(4 / 5)  # only row 0 wrote the reference's very text
+    assert (found["flipped_to_wrong"], found["flipped_to_right"]) == (1, 1)  # row 2 lost it, row 4 found it
+    assert "answers_changed" not in labelled.figures(rows, scoring.SCORERS["contains"])  # no quality pass: none
 
 
 def task_runs(*rows: tuple[str, float, float]):

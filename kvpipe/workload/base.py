@@ -261,6 +261,11 @@ class Workload(Registered):
         """A row per answer of the measured calls (what result.json keeps); none by default."""
         return []
 
+    def against_reference(self, tokenizer, eos_ids: set[int], batches: list[Batch], reference: list, rows: list[dict]):
+        """Its answer rows with what the quality reference (a full-precision DynamicCache's greedy
+        tokens, [batch, steps] per batch) answered to the same prompts; as they are by default."""
+        return rows
+
     def scored(self, rows: list[dict]) -> Scored:
         """Its answers scored: kvpipe.record calls it again on the rows result.json keeps, so a job just
         run and one `kvpipe sync` uploads long after log the same figures, tables and files."""

@@ -52,6 +52,9 @@ class Dataset(Workload):
         Metric("task_accuracy_ci_low", "task accuracy, 95% interval's low end", "", ".0%"),
         Metric("task_accuracy_ci_high", "task accuracy, 95% interval's high end", "", ".0%"),
         Metric("task_answers", "scored answers", "", ".0f"),
+        Metric("answers_changed", "answers changed vs reference", "", ".0%", True, in_run_table=True, compare=True),
+        Metric("flipped_to_wrong", "right → wrong vs reference", "", ".0f", True, compare=True),
+        Metric("flipped_to_right", "wrong → right vs reference", "", ".0f"),
     )
     quality = Quality(metrics[0], term="task", axis="task accuracy")
     # Scoring settings that a file without answers leaves unset: kept out of its measurement key.
@@ -202,6 +205,15 @@ class Dataset(Workload):
             return []
         every_repeat = self.common.do_sample  # greedy repeats write the same answers again
         return labelled.answer_rows(tokenizer, eos_ids, batches, calls, self.scorer, every_repeat)
+
+    def against_reference(self, tokenizer, eos_ids, batches, reference, rows):
+        """Each answer row with the reference's own answer to its prompt."""
+        answers = {
+            row.number: labelled.answer_text(tokenizer, tokens, eos_ids)
+            for batch, generated in zip(batches, reference)
+            for row, tokens in zip(batch.rows, generated.tolist())
+        }
+        return labelled.with_reference(rows, answers, self.scorer)
 
     def scored(self, rows):
         """The mean score with its interval, and the rows as an MLflow table (the run's Evaluation view)."""

@@ -1,6 +1,8 @@
 """A labelled file: each row's expected answer (or a list of accepted ones), checked when the file
 is read, and the job's answers scored against them (`scoring.py`): a row per answer, the mean score
-as task_accuracy and its 95% interval. Pure Python."""
+as task_accuracy and its 95% interval; where the quality pass ran, each answer beside the
+reference's (a full-precision DynamicCache) to the same prompt: how many changed, and flipped. Pure
+Python."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from kvpipe.workload.base import until_eos
 from kvpipe.workload.dataset import scoring
 
 DEFAULT_ANSWER_FIELD = "answer"
+RIGHT = 0.5  # a score that counts as right when answers flip (f1's scores lie between 0 and 1)
 
 
 def answer_column(columns: list[str], answer_field: str | None) -> str | None:
@@ -51,7 +54,7 @@ def answer_rows(tokenizer, eos_ids: set[int], batches: list, calls: list, scorer
         if repeat and not every_repeat:
             break
         for row, tokens in zip(batches[index % len(batches)].rows, call.new_tokens.tolist()):
-            answer = tokenizer.decode(until_eos(tokens, eos_ids), skip_special_tokens=True).strip()
+            answer = answer_text(tokenizer, tokens, eos_ids)
             rows.append(
                 {
                     "row": row.number,
@@ -65,13 +68,32 @@ def answer_rows(tokenizer, eos_ids: set[int], batches: list, calls: list, scorer
     return rows
 
 
+def answer_text(tokenizer, tokens: list[int], eos_ids: set[int]) -> str:
+    return tokenizer.decode(until_eos(tokens, eos_ids), skip_special_tokens=True).strip()
+
+
+def with_reference(rows: list[dict], reference: dict[int, str], scorer: scoring.Scorer) -> list[dict]:
+    """Each row with the reference's answer to its prompt (by row number) and that answer's score."""
+    return [
+        {**row, "reference_answer": reference[row["row"]], "reference_score": scorer.best(reference[row["row"]], row["expected"])}
+        for row in rows
+    ]  # fmt: skip
+
+
 def figures(rows: list[dict], scorer: scoring.Scorer) -> dict[str, float]:
-    """task_accuracy (the mean score), its 95% interval, and how many answers it counts."""
+    """task_accuracy (the mean score), its 95% interval, and how many answers it counts; beside the
+    reference's answers, the share that changed and how many flipped either way."""
     scores = [row["score"] for row in rows]
     low, high = scoring.interval(scorer, scores)
-    return {
+    found = {
         "task_accuracy": sum(scores) / len(scores),
         "task_accuracy_ci_low": low,
         "task_accuracy_ci_high": high,
         "task_answers": len(scores),
     }
+    if all("reference_answer" in row for row in rows):
+        flips = [(row["reference_score"] >= RIGHT, row["score"] >= RIGHT) for row in rows]
+        found["answers_changed"] = sum(row["answer"] != row["reference_answer"] for row in rows) / len(rows)
+        found["flipped_to_wrong"] = sum(was and not now for was, now in flips)
+        found["flipped_to_right"] = sum(now and not was for was, now in flips)
+    return found
