@@ -52,7 +52,8 @@ def test_every_plugin_runs_a_short_job_with_its_core_metrics(case):
     metrics = run_job(spec).metrics
     for name in CORE_METRICS:
         assert metrics[name] > 0, name
-    for metric in spec.bound_workload.metrics:  # a workload that scores its own way
+    # a workload that scores its own way, on its own quick job (another group's may run one it scores nothing of)
+    for metric in spec.bound_workload.metrics if group == "workload" else ():
         assert metric.name in metrics, metric.name
 
 

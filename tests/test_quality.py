@@ -230,6 +230,6 @@ def test_a_plain_dynamic_cache_scores_exactly_as_the_reference_so_it_is_not_scor
     calls = []
     monkeypatch.setattr(quality, "scored_rows", lambda *a, **k: calls.append(1))
     batches = spec.bound_workload.batches(loaded.tokenizer, "cpu")
-    generated = quality._reference_tokens(loaded, spec, spec.bound_workload, batches)
+    generated = quality.reference_tokens(loaded, spec, spec.bound_workload, batches)
     metrics = quality.measure(loaded, spec, spec.bound_workload, batches, generated, setup)
     assert calls == [] and metrics["kl_vs_reference"] == 0 and metrics["token_agreement"] == 1

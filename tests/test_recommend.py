@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kvpipe import cli
+from kvpipe import cli, workload
 from kvpipe.decide import recommend
 from kvpipe.decide import runs as decided_runs
 from kvpipe.decide.limits import Limits
@@ -16,6 +16,10 @@ from kvpipe.units import parse_bytes as parse_size
 
 from conftest import run_cli
 from test_compare import MIB, fake_runs
+
+# what --min-accuracy is called in a limits line: every workload's term that judges answers (retrieval, ...)
+ACCURACY_TERMS = "/".join(quality.term for quality in workload.quality_metrics().values())
+JUDGING_KINDS = " or ".join(f"workload={kind}" for kind in workload.quality_metrics())
 
 GIB = 2**30
 DYNAMIC = {"cache": "dynamic", "tpot_ms": 40.0, "peak_mib": 900}
@@ -187,17 +191,19 @@ def test_min_accuracy_stands_in_for_the_default_kl_limit(monkeypatch, capsys):
     args = ["--memory-budget", "600MiB", "--min-accuracy", "0.75"]
     assert cli.subcommand(["recommend", *args]) == 0
     out = capsys.readouterr().out
-    assert "limits: memory ≤ 600.0 MiB · retrieval ≥ 75%" in out and "recommend: quantized:quanto:int4:kivi" in out
+    assert (
+        f"limits: memory ≤ 600.0 MiB · {ACCURACY_TERMS} ≥ 75%" in out and "recommend: quantized:quanto:int4:kivi" in out
+    )
     assert cli.subcommand(["recommend", *args, "--max-kl", "0.05"]) == 1  # both limits when both are asked for
     out = capsys.readouterr().out
-    assert "KL ≤ 0.05 nats · retrieval ≥ 75%" in out and "no measured run meets the limits" in out
+    assert f"KL ≤ 0.05 nats · {ACCURACY_TERMS} ≥ 75%" in out and "no measured run meets the limits" in out
 
 
 def test_min_accuracy_misses_runs_that_never_measured_retrieval():
     run = fake_runs(DYNAMIC).iloc[0]
     assert Limits(accuracy=0.9).misses(run) == {"accuracy": math.inf}
     assert (
-        "accuracy not measured (run it with workload=passkey)" in choose(fake_runs(DYNAMIC), Limits(accuracy=0.9))[1][1]
+        f"accuracy not measured (run it with {JUDGING_KINDS})" in choose(fake_runs(DYNAMIC), Limits(accuracy=0.9))[1][1]
     )
 
 

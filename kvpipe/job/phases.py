@@ -171,9 +171,23 @@ class Job(RoundTaker):
         started = time.perf_counter()
         batches, generated = self.quality_inputs()
         metrics.update(quality.measure(self.loaded, self.ran, self.workload, batches, generated, self.setup))
+        if self.scored_answers.rows and self.workload.compares_greedy_path and not self.ran.workload.do_sample:
+            # its answers beside the reference's own, which the pass above made (and keeps)
+            reference = quality.reference_tokens(self.loaded, self.ran, self.workload, batches)
+            rows = self.workload.against_reference(
+                self.loaded.tokenizer, eos_ids(self.loaded.model), batches, reference, self.scored_answers.rows
+            )
+            self.scored_answers = self.workload.scored(rows)
+            metrics.update(self.scored_answers.values())
         tags["quality_reference"] = f"DynamicCache, {self.loaded.dtype}"  # the same weights and dtype as the run
         metrics["quality_ms"] = (time.perf_counter() - started) * 1e3
         params["quality.scored_tokens"] = str(int(metrics["quality_scored_tokens"]))
+
+
+def eos_ids(model) -> set[int]:
+    """The tokens that end the model's answer (its generation config may name several)."""
+    eos = model.generation_config.eos_token_id
+    return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
 
 def noisy(timing_noise_cv: float, threshold: float) -> str:

@@ -11,7 +11,7 @@ import logging
 
 from kvpipe.job.fallback import with_fallback
 from kvpipe.job.generate import Call, measured_generate
-from kvpipe.job.phases import Job
+from kvpipe.job.phases import Job, eos_ids
 from kvpipe.job.served import ServedJob
 from kvpipe.job.shared_rounds import run_rounds
 from kvpipe.jobspec import Spec
@@ -121,12 +121,6 @@ class BatchJob(Job):
 
     def quality_inputs(self) -> tuple[list, list]:
         return self.batches, [c.new_tokens for c in self.calls[: len(self.batches)]]
-
-
-def eos_ids(model) -> set[int]:
-    """The tokens that end the model's answer (its generation config may name several)."""
-    eos = model.generation_config.eos_token_id
-    return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
 
 def _warm_up(spec: Spec, loaded, setup, batches, warmup_key) -> list[float]:

@@ -139,7 +139,7 @@ def measure(loaded: LoadedModel, spec, workload, batches, generated: list, setup
     # A sampled text has no greedy path to leave; some workloads score their answers their own way
     # (passkey, against its keys), which says more than where they left the reference's path.
     if not spec.workload.do_sample and workload.compares_greedy_path:
-        reference = _reference_tokens(loaded, spec, workload, batches)
+        reference = reference_tokens(loaded, spec, workload, batches)
         metrics["first_divergence"] = first_divergence(generated, reference)
     compile_config = setup.generate_kwargs.get("compile_config")
     step = loaded.model.get_compiled_call(compile_config) if compile_config is not None else None
@@ -205,8 +205,8 @@ def disk_key(loaded: LoadedModel, spec, key: tuple) -> str | None:
                  spec.model.attn_implementation, versions))  # fmt: skip
 
 
-def _reference_tokens(loaded: LoadedModel, spec, workload, batches) -> list:
-    """Greedy tokens of the full-precision DynamicCache on the job's batches."""
+def reference_tokens(loaded: LoadedModel, spec, workload, batches) -> list:
+    """Greedy tokens of the full-precision DynamicCache on the job's batches ([batch, steps] each)."""
     return stored(loaded, spec, workload, "tokens", lambda: _greedy_tokens(loaded, spec, batches))
 
 

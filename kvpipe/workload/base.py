@@ -261,6 +261,11 @@ class Workload(Registered):
         """A row per answer of the measured calls (what result.json keeps); none by default."""
         return []
 
+    def against_reference(self, tokenizer, eos_ids: set[int], batches: list[Batch], reference: list, rows: list[dict]):
+        """Its answer rows with what the quality reference (a full-precision DynamicCache's greedy
+        tokens, [batch, steps] per batch) answered to the same prompts; as they are by default."""
+        return rows
+
     def scored(self, rows: list[dict]) -> Scored:
         """Its answers scored: kvpipe.record calls it again on the rows result.json keeps, so a job just
         run and one `kvpipe sync` uploads long after log the same figures, tables and files."""
@@ -280,6 +285,15 @@ class Workload(Registered):
         """(name, digest or None for MLflow's own) of the run's MLflow dataset input, from what the
         run recorded (its tags): `kvpipe sync` may upload it long after, when files have changed."""
         return f"{self.name} prompts", None
+
+
+def until_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
+    """The answer the model gave: the tokens before its first end-of-sequence (a call that ignores
+    EOS runs past it)."""
+    for position, token in enumerate(tokens):
+        if token in eos_ids:
+            return tokens[:position]
+    return tokens
 
 
 def longest_prompt_of(batches: list[Batch], new_tokens: int) -> int:

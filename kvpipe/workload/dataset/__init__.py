@@ -4,6 +4,11 @@ A `messages` column (a list of {role, content}) is rendered through the model's 
 `text` or `prompt` column is a user turn, templated as chat does. A `max_new_tokens` column, where
 present, sets each row's length. Batches group prompts of similar length, so padding stays small;
 each row runs once per repeat. The file's content digest is part of the measurement key.
+
+A labelled file (an `answer` column, or `workload.answer_field`; a text, a number or a list of
+accepted answers) has its answers scored with `workload.scorer` (`scoring.py`, `labelled.py`): its
+calls stop at end-of-sequence, since an answer is the text before it, and the run records
+task_accuracy with its 95% interval and a row per answer.
 """
 
 from __future__ import annotations
@@ -13,11 +18,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import Optional
 
-from kvpipe.errors import ConfigError
-from kvpipe.workload.base import Batch, Window, Workload, padded_batch
-from kvpipe.workload.dataset import reading
+from kvpipe.catalogue import Metric
+from kvpipe.errors import ConfigError, require_choice
+from kvpipe.workload._scored import Scored
+from kvpipe.workload.base import Batch, Quality, Window, Workload, padded_batch
+from kvpipe.workload.dataset import labelled, reading, scoring
 
 LENGTH_COLUMN = "max_new_tokens"
+ANSWERS_DIR = "answers"  # a labelled file's scored answers, in the run's MLflow artifacts
 # When each row arrived, in seconds (a timestamp, or an offset from the first): load=rate replays them
 ARRIVAL_COLUMNS = ("timestamp", "arrival_s")
 
@@ -30,6 +38,7 @@ class Row:
     messages: tuple
     max_new_tokens: int | None
     arrival_s: float | None = None  # seconds after the file's first arrival, where it says
+    answers: tuple[str, ...] = ()  # what it accepts as the right answer, in a labelled file
 
 
 class Dataset(Workload):
@@ -37,7 +46,21 @@ class Dataset(Workload):
     order = 40
     chat_style = True
     context_fields = ("path", "field", "limit", "split")
-    test_overrides = ("workload.path=examples/prompts.jsonl",)  # from the repository root
+    # from the repository root: a labelled file with its quality pass, so every metric it declares is made
+    test_overrides = ("workload.path=examples/questions.jsonl", "workload.limit=3", "quality=on",
+                      "quality.windows=1", "quality.scored_tokens=4")  # fmt: skip
+    metrics = (
+        Metric("task_accuracy", "task accuracy", "", ".0%", False, in_run_table=True, compare=True),
+        Metric("task_accuracy_ci_low", "task accuracy, 95% interval's low end", "", ".0%"),
+        Metric("task_accuracy_ci_high", "task accuracy, 95% interval's high end", "", ".0%"),
+        Metric("task_answers", "scored answers", "", ".0f"),
+        Metric("answers_changed", "answers changed vs reference", "", ".0%", True, in_run_table=True, compare=True),
+        Metric("flipped_to_wrong", "right → wrong vs reference", "", ".0f", True, compare=True),
+        Metric("flipped_to_right", "wrong → right vs reference", "", ".0f"),
+    )
+    quality = Quality(metrics[0], term="task", axis="task accuracy")
+    # Scoring settings that a file without answers leaves unset: kept out of its measurement key.
+    scoring_fields = ("answer_field", "scorer")
 
     @dataclass
     class Settings:
@@ -45,6 +68,8 @@ class Dataset(Workload):
         field: Optional[str] = None  # the prompt column; default: messages, else text, else prompt
         limit: Optional[int] = None  # a seeded sample of this many rows (workload.seed)
         split: Optional[str] = None  # a save_to_disk folder of splits: which one
+        answer_field: Optional[str] = None  # the expected answers' column; default: answer, where present
+        scorer: Optional[str] = None  # how answers are scored (scoring.SCORERS); default: contains
 
     def check(self) -> dict:
         checked = super().check()
@@ -52,8 +77,30 @@ class Dataset(Workload):
             raise ConfigError(
                 "workload.limit", self.settings.limit, "expected a positive number of rows, or null for all"
             )
+        if self.settings.scorer is not None:
+            require_choice("workload.scorer", self.settings.scorer, scoring.SCORERS)
         self.rows()  # every problem with the file, now: before the model loads
-        return {**checked, "field": self._table[1]}
+        answers = self._answer_column
+        if answers is None:
+            if self.settings.scorer is not None:
+                raise ConfigError(
+                    "workload.scorer",
+                    self.settings.scorer,
+                    f"the file has no {labelled.DEFAULT_ANSWER_FIELD!r} column to score against; "
+                    "expected workload.answer_field naming one, or no scorer",
+                )
+            return {**checked, "field": self._table[1]}
+        # An answer is the text before end-of-sequence, so a labelled file's calls stop there
+        return {**checked, "field": self._table[1], "answer_field": answers, "scorer": self.scorer.name,
+                "ignore_eos": False}  # fmt: skip
+
+    @property
+    def scorer(self) -> scoring.Scorer:
+        return scoring.SCORERS[self.settings.scorer or scoring.DEFAULT]
+
+    @cached_property
+    def _answer_column(self) -> str | None:
+        return labelled.answer_column(list(self._table[0].column_names), self.settings.answer_field)
 
     def source(self) -> Path:
         return reading.check_path(self.settings.path)
@@ -63,6 +110,11 @@ class Dataset(Workload):
         """(the datasets.Dataset, its prompt column), read once per workload object."""
         data = reading.load(self.source(), self.settings.split, self.settings.path)
         return data, reading.column(data, self.settings.field)
+
+    def identity(self) -> dict:
+        """A file without answers is keyed as before it could have them: its unset scoring settings left out."""
+        values = super().identity()
+        return {k: v for k, v in values.items() if not (k in self.scoring_fields and v is None)}
 
     def identity_extras(self) -> dict:
         return {"digest": reading.digest(self.source())}
@@ -82,14 +134,17 @@ class Dataset(Workload):
             numbers = data["__kvpipe_row"]
         lengths = data[LENGTH_COLUMN] if LENGTH_COLUMN in data.column_names else [None] * len(numbers)
         arrivals = _arrivals(self.settings.path, data, numbers)
+        answer_field, path = self._answer_column, self.settings.path
+        answers = data[answer_field] if answer_field else [None] * len(numbers)
         return [
             Row(
                 number,
-                _messages(self.settings.path, field, number, value),
-                _length(self.settings.path, number, new),
+                _messages(path, field, number, value),
+                _length(path, number, new),
                 arrival,
+                labelled.accepted(path, answer_field, number, answer, self.scorer) if answer_field else (),
             )  # fmt: skip
-            for number, value, new, arrival in zip(numbers, data[field], lengths, arrivals)
+            for number, value, new, arrival, answer in zip(numbers, data[field], lengths, arrivals, answers)
         ]
 
     def size_label(self) -> str:
@@ -139,7 +194,39 @@ class Dataset(Workload):
         return [Window(self.chat_ids(tokenizer, list(row.messages)), None) for row in self.rows()[:count]]
 
     def tags(self, tokenizer) -> dict[str, str]:
-        return {**super().tags(tokenizer), "dataset_digest": reading.digest(self.source())}
+        tags = {**super().tags(tokenizer), "dataset_digest": reading.digest(self.source())}
+        if self.settings.answer_field is not None:
+            tags["generation"] = "stops at end-of-sequence (a labelled file): timings cover the tokens generated"
+        return tags
+
+    # ---- its scoring and records --------------------------------------------------------------
+
+    def answers(self, tokenizer, eos_ids, batches, calls):
+        """Nothing to score in a file without answers."""
+        if self.settings.answer_field is None:
+            return []
+        every_repeat = self.common.do_sample  # greedy repeats write the same answers again
+        return labelled.answer_rows(tokenizer, eos_ids, batches, calls, self.scorer, every_repeat)
+
+    def against_reference(self, tokenizer, eos_ids, batches, reference, rows):
+        """Each answer row with the reference's own answer to its prompt."""
+        answers = {
+            row.number: labelled.answer_text(tokenizer, tokens, eos_ids)
+            for batch, generated in zip(batches, reference)
+            for row, tokens in zip(batch.rows, generated.tolist())
+        }
+        return labelled.with_reference(rows, answers, self.scorer)
+
+    def scored(self, rows):
+        """The mean score with its interval, and the rows as an MLflow table (the run's Evaluation view)."""
+        if not rows:
+            return Scored()
+        by_name = {metric.name: metric for metric in self.metrics}
+        return Scored(
+            metrics={by_name[name]: value for name, value in labelled.figures(rows, self.scorer).items()},
+            rows=rows,
+            tables={f"{ANSWERS_DIR}/answers.json": rows},
+        )
 
     def dataset_input(self, tags):
         return Path(str(self.settings.path)).name, tags.get("dataset_digest")

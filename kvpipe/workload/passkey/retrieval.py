@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from kvpipe.workload.base import until_eos
 from kvpipe.workload.passkey.prompts import found
 
 
@@ -19,7 +20,7 @@ def score(tokenizer, eos_ids: set[int], batches: list, calls: list) -> list[dict
     for index, call in enumerate(calls):
         batch = batches[index % len(batches)]
         for needle, tokens in zip(batch.rows, call.new_tokens.tolist()):
-            answer = tokenizer.decode(_until_eos(tokens, eos_ids), skip_special_tokens=True).strip()
+            answer = tokenizer.decode(until_eos(tokens, eos_ids), skip_special_tokens=True).strip()
             rows.append(
                 {
                     "context_tokens": needle.context_tokens,
@@ -35,14 +36,6 @@ def score(tokenizer, eos_ids: set[int], batches: list, calls: list) -> list[dict
                 }
             )
     return rows
-
-
-def _until_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
-    """The answer the model gave: generation runs a fixed number of steps, past end-of-sequence."""
-    for position, token in enumerate(tokens):
-        if token in eos_ids:
-            return tokens[:position]
-    return tokens
 
 
 def accuracy(rows: list[dict]) -> float:

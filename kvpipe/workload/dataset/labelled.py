@@ -1,0 +1,99 @@
+"""A labelled file: each row's expected answer (or a list of accepted ones), checked when the file
+is read, and the job's answers scored against them (`scoring.py`): a row per answer, the mean score
+as task_accuracy and its 95% interval; where the quality pass ran, each answer beside the
+reference's (a full-precision DynamicCache) to the same prompt: how many changed, and flipped. Pure
+Python."""
+
+from __future__ import annotations
+
+from kvpipe.errors import ConfigError
+from kvpipe.workload.base import until_eos
+from kvpipe.workload.dataset import scoring
+
+DEFAULT_ANSWER_FIELD = "answer"
+RIGHT = 0.5  # a score that counts as right when answers flip (f1's scores lie between 0 and 1)
+
+
+def answer_column(columns: list[str], answer_field: str | None) -> str | None:
+    """The answer column: workload.answer_field, else `answer` where the file has one, else None."""
+    if answer_field is None:
+        return DEFAULT_ANSWER_FIELD if DEFAULT_ANSWER_FIELD in columns else None
+    if answer_field not in columns:
+        raise ConfigError(
+            "workload.answer_field", answer_field, "no such column; expected one of: " + ", ".join(columns)
+        )
+    return answer_field
+
+
+def accepted(path: str, field: str, number: int, value, scorer: scoring.Scorer) -> tuple[str, ...]:
+    """A row's accepted answers as texts (a number is its text), each usable by the scorer."""
+    values = value if isinstance(value, list) else [value]
+    texts = tuple(str(v).strip() for v in values if v is not None and not isinstance(v, (dict, list)))
+    if not texts or len(texts) != len(values) or not all(texts):
+        raise ConfigError(
+            "workload.path",
+            path,
+            f"row {number} has no usable answer in column {field!r} ({value!r}); "
+            "expected a text or number, or a list of accepted ones",
+        )
+    for text in texts:
+        why = scorer.unusable(text)
+        if why:
+            raise ConfigError(
+                "workload.path", path, f"row {number}'s answer {text!r} {why} (workload.scorer={scorer.name})"
+            )
+    return texts
+
+
+def answer_rows(tokenizer, eos_ids: set[int], batches: list, calls: list, scorer: scoring.Scorer, every_repeat: bool):
+    """A row per prompt's answer (the text before its EOS), scored: of the first repeat only where
+    every repeat writes the same greedy answers (counting them again would narrow the interval)."""
+    rows = []
+    for index, call in enumerate(calls):
+        repeat = index // len(batches)
+        if repeat and not every_repeat:
+            break
+        for row, tokens in zip(batches[index % len(batches)].rows, call.new_tokens.tolist()):
+            answer = answer_text(tokenizer, tokens, eos_ids)
+            rows.append(
+                {
+                    "row": row.number,
+                    "repeat": repeat,
+                    "prompt": str(row.messages[-1]["content"]),
+                    "expected": list(row.answers),
+                    "answer": answer,
+                    "score": scorer.best(answer, list(row.answers)),
+                }
+            )
+    return rows
+
+
+def answer_text(tokenizer, tokens: list[int], eos_ids: set[int]) -> str:
+    return tokenizer.decode(until_eos(tokens, eos_ids), skip_special_tokens=True).strip()
+
+
+def with_reference(rows: list[dict], reference: dict[int, str], scorer: scoring.Scorer) -> list[dict]:
+    """Each row with the reference's answer to its prompt (by row number) and that answer's score."""
+    return [
+        {**row, "reference_answer": reference[row["row"]], "reference_score": scorer.best(reference[row["row"]], row["expected"])}
+        for row in rows
+    ]  # fmt: skip
+
+
+def figures(rows: list[dict], scorer: scoring.Scorer) -> dict[str, float]:
+    """task_accuracy (the mean score), its 95% interval, and how many answers it counts; beside the
+    reference's answers, the share that changed and how many flipped either way."""
+    scores = [row["score"] for row in rows]
+    low, high = scoring.interval(scorer, scores)
+    found = {
+        "task_accuracy": sum(scores) / len(scores),
+        "task_accuracy_ci_low": low,
+        "task_accuracy_ci_high": high,
+        "task_answers": len(scores),
+    }
+    if all("reference_answer" in row for row in rows):
+        flips = [(row["reference_score"] >= RIGHT, row["score"] >= RIGHT) for row in rows]
+        found["answers_changed"] = sum(row["answer"] != row["reference_answer"] for row in rows) / len(rows)
+        found["flipped_to_wrong"] = sum(was and not now for was, now in flips)
+        found["flipped_to_right"] = sum(now and not was for was, now in flips)
+    return found

@@ -1,0 +1,196 @@
+"""workload=dataset with a labelled file: each answer scored against the row's expected answer(s) by
+workload.scorer, and the run's task_accuracy with its 95% interval; bad labels are one line before
+the model loads."""
+
+from __future__ import annotations
+
+import pytest
+from test_dataset import dataset_spec, write_jsonl
+
+from kvpipe import workload
+from kvpipe.errors import ConfigError
+from kvpipe.workload.dataset import scoring
+
+LABELLED = [
+    {"prompt": "What is two plus two?", "answer": "4"},
+    {"prompt": "What is the capital of France?", "answer": ["Paris", "paris city"]},
+    {"prompt": "Which colour is the sky?", "answer": "blue"},
+]
+
+
+@pytest.mark.parametrize(
+    "scorer, answer, expected, score",
+    [
+        ("contains", "The capital is Paris.", "paris", 1.0),
+        ("contains", "It is New York City", "the New-York", 0.0),  # punctuation joins words, as SQuAD's does
+        ("contains", "It is New York City", "New York", 1.0),
+        ("contains", "Parisian food", "Paris", 0.0),  # whole words only
+        ("exact", "The Paris!", "paris", 1.0),
+        ("exact", "Paris, France", "Paris", 0.0),
+        ("number", "It is 1,234.0 apples", "1234", 1.0),
+        ("number", "7, or maybe 8", "8", 0.0),  # the first number counts
+        ("number", "no digits here", "3", 0.0),
+        ("number", "It is -2.", "-2", 1.0),
+        ("regex", "Answer: 42", r"\b4\d\b", 1.0),
+        ("regex", "answer: 42", "^Answer", 0.0),  # as written: (?i) for any case
+        ("f1", "the cat sat", "cat sat down", 0.8),  # precision 2/2, recall 2/3
+        ("f1", "a dog", "cat", 0.0),
+    ],
+)
+def test_each_scorer_scores_an_answer_against_an_expected_one(scorer, answer, expected, score):
+    assert scoring.SCORERS[scorer].score(answer, expected) == pytest.approx(score)
+
+
+def test_normalisation_is_squads():
+    assert scoring.normalise("The  Quick, brown fox  ate AN apple!") == "quick brown fox ate apple"
+
+
+def test_an_answer_keeps_its_best_score_over_the_accepted_answers():
+    assert scoring.SCORERS["f1"].best("the cat sat", ["dog", "cat sat down", "cat sat"]) == 1.0
+    assert scoring.SCORERS["contains"].best("Lutetia, now Paris", ["London", "Paris"]) == 1.0
+
+
+def test_wilson_interval_of_known_proportions():
+    assert scoring.wilson(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)
+    low, high = scoring.wilson(0, 2)
+    assert low == 0.0 and high == pytest.approx(0.6576, abs=1e-4)
+
+
+def test_f1_takes_a_t_interval_within_zero_and_one():
+    low, high = scoring.interval(scoring.SCORERS["f1"], [0.4, 0.6, 0.5, 0.5])
+    assert (low, high) == pytest.approx((0.3701, 0.6299), abs=1e-4)  # 0.5 ± t(0.975, 3) · 0.0816 / 2
+    assert scoring.interval(scoring.SCORERS["f1"], [0.0, 1.0, 0.5]) == pytest.approx((0.0, 1.0))
+    assert scoring.interval(scoring.SCORERS["f1"], [0.7]) == (0.0, 1.0)
+
+
+def test_task_accuracy_is_the_datasets_quality_metric_higher_is_better():
+    quality = workload.quality_metrics()["dataset"]
+    assert quality.metric.name == "task_accuracy" and quality.metric.lower_is_better is False
+    assert quality.loss(0.75) == pytest.approx(0.25)
+
+
+def test_a_labelled_file_is_scored_and_stops_at_eos(tmp_path):
+    spec = dataset_spec(write_jsonl(tmp_path / "q.jsonl", LABELLED))
+    assert (spec.workload.answer_field, spec.workload.scorer, spec.workload.ignore_eos) == ("answer", "contains", False)
+    rows = spec.bound_workload.rows()
+    assert [row.answers for row in rows] == [("4",), ("Paris", "paris city"), ("blue",)]
+    params = spec.params()
+    assert params["workload.scorer"] == "contains" and params["workload.ignore_eos"] == "false"
+
+
+def test_a_file_without_answers_reads_no_scoring_settings(tmp_path):
+    spec = dataset_spec(write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}]))
+    assert spec.workload.scorer is None and spec.workload.ignore_eos is True
+    assert not any(name in spec.params() for name in ("workload.scorer", "workload.answer_field"))
+    assert "scorer" not in spec.bound_workload.identity()
+
+
+def test_answer_field_names_the_column_and_numbers_are_answers(tmp_path):
+    path = write_jsonl(tmp_path / "q.jsonl", [{"prompt": "2+2?", "gold": 4}, {"prompt": "3+3?", "gold": [6, "6.0"]}])
+    spec = dataset_spec(path, "workload.answer_field=gold", "workload.scorer=number")
+    assert [row.answers for row in spec.bound_workload.rows()] == [("4",), ("6", "6.0")]
+
+
+@pytest.mark.parametrize(
+    "rows, overrides, message",
+    [
+        (LABELLED, ("workload.answer_field=gold",), r"workload.answer_field='gold' .*no such column; expected one of: prompt, answer"),
+        (LABELLED, ("workload.scorer=exactly",), r"workload.scorer='exactly' .*expected one of: contains, exact, number, regex, f1; did you mean exact\?"),
+        ([{"prompt": "a", "answer": "(unclosed"}], ("workload.scorer=regex",), r"workload.path=.*row 0's answer '\(unclosed' is not a regular expression"),
+        ([{"prompt": "a", "answer": "x"}, {"prompt": "b", "answer": ""}], (), r"workload.path=.*row 1 has no usable answer in column 'answer'"),
+        ([{"prompt": "a", "answer": []}], (), r"workload.path=.*row 0 has no usable answer in column 'answer'"),
+        ([{"prompt": "a", "answer": "the"}], (), r"workload.path=.*row 0's answer 'the' normalises to nothing"),
+        ([{"prompt": "a", "answer": "four"}], ("workload.scorer=number",), r"workload.path=.*row 0's answer 'four' is not a number"),
+        ([{"prompt": "a"}], ("workload.scorer=exact",), r"workload.scorer='exact' .*the file has no 'answer' column"),
+    ],
+)  # fmt: skip
+def test_bad_labels_are_one_line_naming_the_field(tmp_path, rows, overrides, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        dataset_spec(write_jsonl(tmp_path / "q.jsonl", rows), *overrides)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.slow  # a real job on the tiny model with its quality pass, recorded: ~8 s
+def test_a_labelled_job_records_its_scored_answers_and_accuracy_with_its_interval(tmp_path):
+    from kvpipe.job.runner import run_job
+    from kvpipe.record import recorder
+    from kvpipe.record.result import Result
+
+    quality = ("quality=on", "quality.windows=1", "quality.scored_tokens=4")
+    spec = dataset_spec(
+        write_jsonl(tmp_path / "q.jsonl", LABELLED), "workload.repeats=2", "workload.batch_size=2", *quality
+    )
+    job = run_job(spec)
+    result = Result.load(recorder.record(spec, Result.finished(spec, job), tmp_path / "run", tmp_path))
+    rows = sorted(result.answers, key=lambda row: row["row"])
+    assert len(rows) == len(LABELLED)  # greedy repeats write the same answers: counted once
+    for row, labelled in zip(rows, LABELLED):
+        accepted = labelled["answer"] if isinstance(labelled["answer"], list) else [labelled["answer"]]
+        assert row["prompt"] == labelled["prompt"] and row["expected"] == accepted
+        assert row["score"] == scoring.SCORERS["contains"].best(row["answer"], row["expected"])
+    right = sum(row["score"] for row in rows)
+    metrics = result.metrics
+    assert metrics["task_accuracy"] == pytest.approx(right / len(rows)) and metrics["task_answers"] == len(rows)
+    assert (metrics["task_accuracy_ci_low"], metrics["task_accuracy_ci_high"]) == pytest.approx(
+        scoring.wilson(right, len(rows))
+    )
+    assert metrics["task_accuracy_ci_low"] <= metrics["task_accuracy"] <= metrics["task_accuracy_ci_high"]
+    assert list(spec.bound_workload.scored(result.answers).tables) == ["answers/answers.json"]
+    assert "end-of-sequence" in result.tags["generation"]
+    # the dense cache is the reference itself: every answer is the reference's own
+    assert all(row["reference_answer"] == row["answer"] for row in rows)
+    assert (metrics["answers_changed"], metrics["flipped_to_wrong"], metrics["flipped_to_right"]) == (0, 0, 0)
+
+
+def test_answers_beside_the_references_count_changes_and_flips():
+    from kvpipe.workload.dataset import labelled
+
+    rows = [
+        {
+            "row": n,
+            "expected": ["paris"],
+            "answer": answer,
+            "score": scoring.SCORERS["contains"].best(answer, ["paris"]),
+        }
+        for n, answer in enumerate(["Paris.", "Paris", "Rome", "London", "paris"])
+    ]
+    reference = {0: "Paris.", 1: "It is Paris", 2: "Paris", 3: "Lyon", 4: "Berlin"}
+    found = labelled.figures(
+        labelled.with_reference(rows, reference, scoring.SCORERS["contains"]), scoring.SCORERS["contains"]
+    )
+    assert found["answers_changed"] == pytest.approx(4 / 5)  # only row 0 wrote the reference's very text
+    assert (found["flipped_to_wrong"], found["flipped_to_right"]) == (1, 1)  # row 2 lost it, row 4 found it
+    assert "answers_changed" not in labelled.figures(rows, scoring.SCORERS["contains"])  # no quality pass: none
+
+
+def task_runs(*rows: tuple[str, float, float]):
+    """Recorded runs of a labelled file, as MLflow's runs frame holds them: (cache, TPOT ms, task accuracy)."""
+    import pandas as pd
+
+    from kvpipe.decide import runs as recorded
+
+    records = [
+        {
+            "run_id": f"run{i}",
+            "params.cache.strategy": cache,
+            "params.workload.kind": "dataset",
+            "metrics.tpot_ms": tpot_ms,
+            "metrics.peak_memory_bytes": 1e9,
+            "metrics.weights_bytes": 5e8,
+            "metrics.task_accuracy": accuracy,
+        }
+        for i, (cache, tpot_ms, accuracy) in enumerate(rows)
+    ]
+    return recorded.with_derived(pd.DataFrame(records))
+
+
+def test_min_accuracy_and_the_front_judge_labelled_runs_by_task_accuracy():
+    from kvpipe.decide.limits import Limits
+    from kvpipe.decide.recommend import choose
+
+    runs = task_runs(("dynamic", 40.0, 0.5), ("static", 30.0, 0.9))
+    assert list(runs["answer_quality"]) == [0.5, 0.9]
+    assert list(runs["pareto"]) == [False, True]  # static is faster and answers better
+    chosen, (what, _) = choose(runs, Limits(accuracy=0.8))
+    assert chosen["strategy"] == "static" and "task accuracy 90% (at least 80%)" in what
+    assert Limits(accuracy=0.8).misses(runs.iloc[0]) == {"accuracy": pytest.approx(1 - 0.5 / 0.8)}
