@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from kvpipe.errors import ConfigError
 
 PINNED = Path(__file__).parent / "data" / "measurement_keys.json"
@@ -72,6 +74,7 @@ def measured(overrides: tuple[str, ...]) -> dict:
     }
 
 
+@pytest.mark.slow  # composes and validates ~80 configs: ~10 s
 def test_measurement_keys_params_and_descriptions_are_as_pinned(monkeypatch):
     monkeypatch.chdir(PINNED.parents[2])  # the dataset's path is relative, as users write it
     pinned = json.loads(PINNED.read_text())

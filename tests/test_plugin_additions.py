@@ -257,6 +257,7 @@ class Gap(Load):
 GAP_YAML = "kind: gap\ngap_s: 0.05\nrequests: null\nmax_ttft_ms: null\nmax_tpot_ms: null\n"
 
 
+@pytest.mark.slow  # a real served job: ~1.5 s
 def test_a_new_load_is_one_module_and_its_yaml_and_a_served_job_uses_its_arrivals(tmp_path, monkeypatch):
     import sys
 

@@ -197,6 +197,7 @@ def test_a_serving_run_records_its_load_and_figures(tmp_path):
     assert "load=offline" in done.stdout
 
 
+@pytest.mark.slow  # real served jobs, then compare's plots: ~2 s
 def test_compare_draws_the_serving_curve_when_runs_served_a_load(tmp_path):
     from kvpipe.decide.compare import write_outputs
 
@@ -349,6 +350,7 @@ def test_a_served_job_measures_its_rounds_and_judges_noise_from_them():
     assert single.metrics["rounds"] == 1 and single.tags["noisy"] in ("unknown", "true")  # true only if contended
 
 
+@pytest.mark.slow  # a real served job with its quality pass: ~2 s
 def test_a_lossless_served_cache_gets_the_quality_pass_a_batch_job_gets():
     from kvpipe.job.runner import run_job
 
