@@ -245,9 +245,9 @@ def test_compare_shows_retrieval_and_draws_heatmaps_and_accuracy_against_kv_byte
 
 def passkey_limit_term() -> str:
     """What the limits line calls --min-accuracy: every judging workload's term, passkey's among them."""
-    from kvpipe import workload
+    from kvpipe.decide import limits
 
-    return "/".join(quality.term for quality in workload.quality_metrics().values())
+    return limits.accuracy_terms()
 
 
 @pytest.mark.slow  # one real sweep in a separate process, shared by these tests

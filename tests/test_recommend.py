@@ -7,7 +7,7 @@ import math
 import pytest
 
 from kvpipe import cli, workload
-from kvpipe.decide import recommend
+from kvpipe.decide import limits, recommend
 from kvpipe.decide import runs as decided_runs
 from kvpipe.decide.limits import Limits
 from kvpipe.decide.recommend import choose
@@ -18,7 +18,7 @@ from conftest import run_cli
 from test_compare import MIB, fake_runs
 
 # what --min-accuracy is called in a limits line: every workload's term that judges answers (retrieval, ...)
-ACCURACY_TERMS = "/".join(quality.term for quality in workload.quality_metrics().values())
+ACCURACY_TERMS = limits.accuracy_terms()
 JUDGING_KINDS = " or ".join(f"workload={kind}" for kind in workload.quality_metrics())
 
 GIB = 2**30

@@ -68,6 +68,12 @@ class Limit:
         return 0.0 if value <= 0 else math.inf
 
 
+def accuracy_terms() -> str:
+    """What --min-accuracy bounds, in words: 'retrieval or task accuracy', one term per workload that
+    judges its answers."""
+    return " or ".join(q.term for q in workload.quality_metrics().values()) + " accuracy"
+
+
 LIMITS: tuple[Limit, ...] = (
     Limit("memory", "memory_bytes", "memory_budget", "memory_bytes", "peak_memory_bytes", "peak memory, weights included: 8GiB, 512MiB, 1e9",
           "SIZE", lambda flag, text: parse_bytes(text, flag), given_as=str,
@@ -83,7 +89,7 @@ LIMITS: tuple[Limit, ...] = (
           f"{' or '.join(f'workload={kind}' for kind in _JUDGES)}, e.g. 0.9; the quality limit in place of "
           "the default --max-kl", "FRACTION", _fraction, minimum=True,
           unmeasured=f" (run it with {' or '.join(f'workload={kind}' for kind in _JUDGES)})", quality=True,
-          describe=lambda v: f"{'/'.join(q.term for q in workload.quality_metrics().values())} ≥ {v:.0%}"),
+          describe=lambda v: f"{accuracy_terms()} ≥ {v:.0%}"),
     # the cache alone: on CPU a quantized cache holds far fewer KV bytes yet can peak higher (its decode
     # dequantizes a layer at a time), so a budget for the cache is not a budget for the process
     Limit("KV", "kv_bytes", "kv_budget", catalogue.column("kv_cache_bytes"), "kv_cache_bytes",
