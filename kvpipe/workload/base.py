@@ -82,8 +82,8 @@ class Window:
 @dataclass(frozen=True)
 class Quality:
     """The metric that judges a workload's answers (one of its own `metrics`, a fraction, with the
-    metric's direction), and the words limits and plots say it in: `term` (`retrieval or task accuracy ≥ 75%`) and
-    `axis` (`passkey retrieval accuracy`)."""
+    metric's direction), and the words limits and plots say it in: `term` ('retrieval', in a limits
+    line's `retrieval or task accuracy ≥ 75%`) and `axis` (`passkey retrieval accuracy`)."""
 
     metric: catalogue.Metric
     term: str
