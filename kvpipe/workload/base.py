@@ -59,6 +59,10 @@ class Batch:
     texts: list[str]
     rows: list | None = None
     max_new_tokens: int | None = None  # this batch's own length (a dataset's max_new_tokens column)
+    # Where the workload knows it: how many trailing tokens of every row are the question (the rest,
+    # left of them, is the context). press.protocol=query_agnostic compresses the context alone and
+    # feeds these after it; None: the prompt has no split the workload can name.
+    question_tokens: int | None = None
 
     @property
     def prompt_tokens(self) -> int:
