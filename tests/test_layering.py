@@ -37,13 +37,14 @@ ONLY_UNDER = {
     "mlflow": ("kvpipe.record",),  # every other floor goes through record's API
     "optuna": ("kvpipe.orchestrate.search",),
     "datasets": ("kvpipe.workload.dataset",),  # a user's own prompt file
+    "lm_eval": ("kvpipe.workload.lm_eval",),  # lm-evaluation-harness tasks (an optional extra)
     "matplotlib": ("kvpipe.decide", "kvpipe.workload"),  # compare's plots, and a workload's own (passkey's heatmap)
 }
 # The floors a config is validated on, before a job loads anything (kvpipe.jobspec and what it reads):
 # none of their modules imports these at its top level.
 LIGHT_FLOORS = ("kvpipe", "kvpipe.config", "kvpipe.catalogue", "kvpipe.model", "kvpipe.workload", "kvpipe.load",
                 "kvpipe.jobspec")  # fmt: skip
-HEAVY = ("torch", "transformers", "mlflow", "pandas", "numpy", "matplotlib", "optuna", "datasets")
+HEAVY = ("torch", "transformers", "mlflow", "pandas", "numpy", "matplotlib", "optuna", "datasets", "lm_eval")
 
 
 def modules(root: Path = REPO) -> dict[str, Path]:
