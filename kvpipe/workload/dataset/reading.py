@@ -62,12 +62,19 @@ def load(path: Path, split: str | None, spelled: str):
     return _load(str(path.resolve()), split, _stamp(path), spelled)
 
 
-@lru_cache(maxsize=8)
-def _load(path: str, split: str | None, stamp: tuple, spelled: str):
+def quiet() -> None:
+    """datasets without its progress bars and log lines: a file's problem is said in one line."""
     import datasets
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity(logging.CRITICAL)  # its own "Failed to load JSON" lines: we say it in one
+
+
+@lru_cache(maxsize=8)
+def _load(path: str, split: str | None, stamp: tuple, spelled: str):
+    import datasets
+
+    quiet()
     folder = Path(path)
     if folder.is_dir():
         loaded = datasets.load_from_disk(path)

@@ -16,7 +16,6 @@ with its 95% interval. Each task's own figures are a table (`lm_eval/tasks.json`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from itertools import groupby
 from typing import List, Optional
 
@@ -58,14 +57,15 @@ class LmEval(Workload):
             raise ConfigError("workload.limit", self.settings.limit, "expected a positive number of documents, or null")
         if self.settings.num_fewshot is not None and self.settings.num_fewshot < 0:
             raise ConfigError("workload.num_fewshot", self.settings.num_fewshot, "expected 0 or more, or null")
-        self.loaded_tasks  # every problem with the tasks, now: before the model loads
+        self.lm_eval_tasks()  # every problem with the tasks, now: before the model loads
         # An answer is the text before end-of-sequence, as lm-eval's own model stops there
         return {**checked, "tasks": list(names), "ignore_eos": False}
 
-    @cached_property
-    def loaded_tasks(self) -> dict:
+    def lm_eval_tasks(self) -> dict:
         """The lm-eval tasks by name, loaded once per workload object."""
-        return tasks.load(list(self.settings.tasks), self.settings.include_path, self.settings.num_fewshot)
+        if getattr(self, "_tasks", None) is None:
+            self._tasks = tasks.load(list(self.settings.tasks), self.settings.include_path, self.settings.num_fewshot)
+        return self._tasks
 
     def identity_extras(self) -> dict:
         """A changed task YAML (or the data beside it) is a new measurement."""
@@ -82,7 +82,9 @@ class LmEval(Workload):
         """lm-eval's requests, built once (with the model's chat template where asked for)."""
         if getattr(self, "_requests", None) is None:
             template = self._chat_template(tokenizer) if self.settings.apply_chat_template else None
-            self._requests = tasks.requests(self.loaded_tasks, self.settings.limit, self.common.max_new_tokens, template)
+            self._requests = tasks.requests(
+                self.lm_eval_tasks(), self.settings.limit, self.common.max_new_tokens, template
+            )
         return self._requests
 
     @staticmethod
@@ -146,7 +148,7 @@ class LmEval(Workload):
             for request, row in zip(batch.rows, tokens.tolist()):
                 requests.append(request)
                 texts.append(_text(tokenizer, row, eos_ids))
-        return scoring.answer_rows(self.loaded_tasks, requests, texts, repeat)
+        return scoring.answer_rows(self.lm_eval_tasks(), requests, texts, repeat)
 
     def against_reference(self, tokenizer, eos_ids, batches, reference, rows):
         """Each answer row with the reference's answer to its document, scored the same way."""
@@ -166,8 +168,10 @@ class LmEval(Workload):
         return Scored(
             metrics={by_name[name]: value for name, value in labelled.figures(rows, interval_of).items()},
             rows=rows,
-            tables={f"{ARTIFACT_DIR}/answers.json": rows,
-                    f"{ARTIFACT_DIR}/tasks.json": scoring.task_figures(self.loaded_tasks, rows)},  # fmt: skip
+            tables={
+                f"{ARTIFACT_DIR}/answers.json": rows,
+                f"{ARTIFACT_DIR}/tasks.json": scoring.task_figures(self.lm_eval_tasks(), rows),
+            },
         )
 
     def run_tables(self, answers):
@@ -177,7 +181,7 @@ class LmEval(Workload):
         table = Table(title="lm-eval tasks", header_style="bold")
         for column in ("task", "filter", "metric", "value", "stderr", "documents"):
             table.add_column(column, justify="right" if column in ("value", "stderr", "documents") else "left")
-        for f in scoring.task_figures(self.loaded_tasks, answers):
+        for f in scoring.task_figures(self.lm_eval_tasks(), answers):
             stderr = "" if f["stderr"] is None else f"± {f['stderr']:.4f}"
             table.add_row(f["task"], f["filter"], f["metric"], f"{f['value']:.4f}", stderr, str(f["documents"]))
         return [table]

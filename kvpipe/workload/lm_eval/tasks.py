@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from kvpipe.errors import ConfigError, first_line
+from kvpipe.workload.dataset import reading
 
 log = logging.getLogger(__name__)
 
 EXTRA = 'needs lm-evaluation-harness, an optional extra: pip install -e ".[eval]"'
 DECODES = "generate_until"
 FEWSHOT_SEED = 1234  # lm-eval's default fewshot_random_seed: the same few-shot examples as lm-eval picks
-LIST_THEM = "`lm-eval ls tasks` lists lm-eval's own"
+LIST_THEM = "`lm-eval ls tasks` lists them"
 
 
 def require_lm_eval() -> None:
@@ -44,6 +45,7 @@ def check_include_path(include_path: str | None) -> Path | None:
 def load(names: list[str], include_path: str | None, num_fewshot: int | None) -> dict[str, Any]:
     """The tasks by name (a group's subtasks each), each checked to decode through a cache."""
     require_lm_eval()
+    reading.quiet()  # lm-eval reads a task's data through datasets
     manager = _manager(names, check_include_path(include_path))
     try:
         loaded = manager.load(list(names))["tasks"]
@@ -56,21 +58,25 @@ def load(names: list[str], include_path: str | None, num_fewshot: int | None) ->
 
 
 def _manager(names: list[str], include_path: Path | None):
-    """lm-eval's TaskManager over the include path alone where it holds every task named (scanning
-    lm-eval's thousands of own YAMLs takes seconds, and their datasets download), else with them."""
+    """lm-eval's TaskManager over the include path alone where one is set (scanning lm-eval's ~15,000
+    own YAMLs takes most of a minute on 2 cores), else over lm-eval's own tasks."""
     from lm_eval.tasks import TaskManager
 
     manager = TaskManager(include_path=str(include_path) if include_path else None, include_defaults=not include_path)
     missing = [name for name in names if name not in manager.all_tasks]
     if missing and include_path:
-        local = manager.all_tasks
-        manager = TaskManager(include_path=str(include_path), include_defaults=True)
-        missing = [name for name in names if name not in manager.all_tasks]
-        where = f"in workload.include_path (its tasks: {', '.join(local) or 'none'}) nor among lm-eval's own"
-    else:
-        where = "among lm-eval's own tasks; set workload.include_path to a folder of your own task YAMLs"
+        raise ConfigError(
+            "workload.tasks",
+            missing[0],
+            f"no such task in workload.include_path={include_path} (its tasks: {', '.join(manager.all_tasks) or 'none'}); "
+            "lm-eval's own tasks run without an include_path",
+        )
     if missing:
-        raise ConfigError("workload.tasks", missing[0], f"no such task {where} ({LIST_THEM})")
+        raise ConfigError(
+            "workload.tasks",
+            missing[0],
+            f"no such task among lm-eval's own ({LIST_THEM}); set workload.include_path to a folder of your own task YAMLs",
+        )
     return manager
 
 
