@@ -53,6 +53,12 @@ def write_task(folder, name="tiny_questions", output_type="generate_until"):
     return folder
 
 
+@pytest.fixture(scope="module")
+def questions(tmp_path_factory):
+    """The workload of a job on QUESTIONS, its tasks loaded once for the module's tests."""
+    return lm_eval_spec(write_task(tmp_path_factory.mktemp("tasks"))).bound_workload
+
+
 def lm_eval_spec(folder, *overrides: str, task="tiny_questions"):
     return spec_for(*TINY, "workload=lm_eval", f"workload.include_path={folder}", f"workload.tasks=[{task}]",
                     "workload.repeats=1", *overrides)  # fmt: skip
@@ -77,6 +83,7 @@ def test_a_loglikelihood_task_is_refused_saying_a_cache_never_changes_it(tmp_pat
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.slow  # kvpipe's command line end to end: ~10 s
 def test_a_refused_task_exits_2_before_the_model_loads_and_writes_nothing(tmp_path):
     folder = write_task(tmp_path / "tasks", "scored_in_prefill", output_type="loglikelihood")
     done = run_cli(["model=tiny_random", "workload=lm_eval", f"workload.include_path={folder}",
@@ -94,11 +101,10 @@ def test_bad_settings_are_one_line_naming_the_field(tmp_path, setting, value):
         lm_eval_spec(write_task(tmp_path / "tasks"), *overrides)
 
 
-def test_a_task_sets_its_answers_length_and_lm_eval_builds_its_prompts(tmp_path):
-    spec = lm_eval_spec(write_task(tmp_path / "tasks"), "workload.limit=2")
-    assert spec.workload.ignore_eos is False  # an answer ends at end-of-sequence, as in lm-eval
-    requests = spec.bound_workload.requests(tokenizer=None)
-    assert [r.context for r in requests] == ["Q: Capital of France?\nA:", "Q: Two plus two?\nA:"]
+def test_a_task_sets_its_answers_length_and_lm_eval_builds_its_prompts(questions):
+    assert questions.check()["ignore_eos"] is False  # an answer ends at end-of-sequence, as in lm-eval
+    requests = questions.requests(tokenizer=None)
+    assert [r.context for r in requests[:2]] == ["Q: Capital of France?\nA:", "Q: Two plus two?\nA:"]
     assert {(r.until, r.max_gen_toks) for r in requests} == {(("\n",), 5)}
 
 
@@ -108,8 +114,8 @@ def test_answers_are_cut_at_the_tasks_stop_sequences():
     assert scoring.cut(" Paris", ("",)) == " Paris"  # an empty stop sequence cuts nothing, as in lm-eval
 
 
-def test_lm_eval_filters_and_scores_the_answers(tmp_path):
-    workload = lm_eval_spec(write_task(tmp_path / "tasks")).bound_workload
+def test_lm_eval_filters_and_scores_the_answers(questions):
+    workload = questions
     requests = workload.requests(tokenizer=None)
     texts = [" paris is it\nQ: more", " Four", " Blue sky"]  # right (any case), wrong, right
     rows = scoring.answer_rows(workload.lm_eval_tasks(), requests, texts)
@@ -127,7 +133,9 @@ def test_lm_eval_filters_and_scores_the_answers(tmp_path):
 def test_a_changed_task_file_is_a_new_measurement(tmp_path):
     folder = write_task(tmp_path / "tasks")
     before = lm_eval_spec(folder).bound_workload.identity()
-    (folder / "tiny_questions.yaml").write_text((folder / "tiny_questions.yaml").read_text().replace("5", "6"))
+    (folder / "tiny_questions.yaml").write_text(
+        (folder / "tiny_questions.yaml").read_text().replace("max_gen_toks: 5", "max_gen_toks: 12")
+    )  # a new size: the digest is cached by size and mtime
     after = lm_eval_spec(folder).bound_workload.identity()
     assert before["include_digest"] != after["include_digest"]
 
@@ -147,3 +155,17 @@ def test_a_job_scores_its_answers_through_lm_eval_beside_the_reference(tmp_path)
     assert all(row["reference_answer"] == row["answer"] for row in rows) and job.metrics["answers_changed"] == 0
     assert set(job.scored.tables) == {"lm_eval/answers.json", "lm_eval/tasks.json"}
     assert "end-of-sequence" in job.tags["generation"]
+
+
+class TemplatedTokenizer:
+    """A tokenizer whose chat template marks each turn, to see what lm-eval hands it."""
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt, continue_final_message):
+        turns = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        return turns + ("<assistant>" if add_generation_prompt else "")
+
+
+def test_apply_chat_template_renders_lm_evals_prompts_through_the_models_template(tmp_path):
+    spec = lm_eval_spec(write_task(tmp_path / "tasks"), "workload.apply_chat_template=true", "workload.limit=1")
+    (request,) = spec.bound_workload.requests(TemplatedTokenizer())
+    assert request.context == "<user>Q: Capital of France?\nA:<assistant>"
