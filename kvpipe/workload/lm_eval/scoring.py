@@ -28,10 +28,13 @@ def answer_rows(tasks: dict, requests: list[Request], texts: list[str], repeat: 
         request.instance.resps = [cut(text, request.until)]
     rows = []
     for name, task in tasks.items():
-        task.apply_filters()
+        own = [r for r in requests if r.task == name]
+        # task.apply_filters() filters the instances the task built last, which another job of the
+        # same task (sharing the loaded task) may have rebuilt: filter this job's own, as it does
+        for ensemble in getattr(task, "_filters", ()) if own else ():
+            ensemble.apply([r.instance for r in own])
         quality = quality_metric(task)
-        for request in (r for r in requests if r.task == name):
-            rows.append(_row(task, request, quality, repeat))
+        rows += [_row(task, request, quality, repeat) for request in own]
     return rows
 
 

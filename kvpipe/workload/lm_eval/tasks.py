@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,18 @@ def check_include_path(include_path: str | None) -> Path | None:
 
 
 def load(names: list[str], include_path: str | None, num_fewshot: int | None) -> dict[str, Any]:
-    """The tasks by name (a group's subtasks each), each checked to decode through a cache."""
+    """The tasks by name (a group's subtasks each), each checked to decode through a cache; loaded
+    once per process while the include path's files stay the same (result.json's rows are scored
+    again when a run is recorded, printed and logged)."""
     require_lm_eval()
+    path = check_include_path(include_path)
+    return _load(tuple(names), path, num_fewshot, reading.digest(path) if path else None)
+
+
+@lru_cache(maxsize=8)
+def _load(names: tuple[str, ...], include_path: Path | None, num_fewshot: int | None, digest: str | None) -> dict:
     reading.quiet()  # lm-eval reads a task's data through datasets
-    manager = _manager(names, check_include_path(include_path))
+    manager = _manager(list(names), include_path)
     try:
         loaded = manager.load(list(names))["tasks"]
     except Exception as exc:  # lm-eval's own errors: a bad YAML, a data file it cannot read
