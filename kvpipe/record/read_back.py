@@ -12,9 +12,9 @@ import pandas as pd
 from kvpipe.errors import ConfigError, KvpipeError
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.auth import check_uri, refusals, status_of
-from kvpipe.record.result import iter_results
+from kvpipe.record.result import RESULT_FILE, Result, iter_results
 from kvpipe.record.store import point_mlflow_at, resolve_uri
-from kvpipe.workload import Step
+from kvpipe.workload import Answer, Step
 
 FINISHED = f"attributes.status = 'FINISHED' and {mlflow_tags.equals(mlflow_tags.STATUS, 'FINISHED')}"
 KEY = mlflow_tags.column(mlflow_tags.KEY)
@@ -157,3 +157,21 @@ def _metric_history(run_id: str, key: str) -> tuple[tuple[int, float], ...]:
     from mlflow.tracking import MlflowClient
 
     return tuple((point.step, point.value) for point in MlflowClient().get_metric_history(run_id, key))
+
+
+@lru_cache(maxsize=1024)
+def recorded_answers(run_id: str) -> tuple[Answer, ...]:
+    """A finished run's answers, as its workload declares them, from the result.json it logged (none
+    where it logged none); read once: compare's markdown and terminal table read the same."""
+    import tempfile
+
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=RESULT_FILE, dst_path=folder)
+        except (MlflowException, OSError):
+            return ()
+        result = Result.load(Path(path))
+    return tuple(result.scored().answers) if result.answers else ()
