@@ -31,14 +31,16 @@ def sections(runs: pd.DataFrame, answers_of: Callable[[str], Iterable[Answer]] =
         against = [answer for answer in answers_of(run["run_id"]) if answer.flipped is not None]
         if not against:
             continue
-        to_wrong = [answer for answer in against if answer.flipped == FLIPPED_TO_WRONG]
+        to_wrong = sorted((a for a in against if a.flipped == FLIPPED_TO_WRONG), key=lambda a: (a.row, a.repeat))
         to_right = sum(answer.flipped == FLIPPED_TO_RIGHT for answer in against)
         counts.append([run["point"], str(len(against)), str(len(to_wrong)), str(to_right)])
         broken += [[run["point"], *_broken(answer)] for answer in to_wrong[:SHOWN]]
     if not counts:
         return []
     found = [Section(COUNTS_TITLE, COUNTS_COLUMNS, counts)]
-    return found + ([Section(BROKEN_TITLE, BROKEN_COLUMNS, broken)] if broken else [])
+    return found + (
+        [Section(BROKEN_TITLE, BROKEN_COLUMNS, broken, text_columns=tuple(BROKEN_COLUMNS))] if broken else []
+    )
 
 
 def _broken(answer: Answer) -> list[str]:

@@ -24,6 +24,8 @@ CORRECT, REFERENCE_ANSWER, FLIPPED = "correct", "reference_answer", "flipped"
 CACHE_TAG, ROW_TAG, REPEAT_TAG = "kvpipe.cache", "kvpipe.row", "kvpipe.repeat"
 SOURCE_RUN = "mlflow.sourceRun"  # a trace's link to its run: the run page's Traces tab lists it
 ASSESSMENT_RUN = "mlflow.assessment.sourceRunId"  # as mlflow.genai.evaluate marks its assessments
+# Says at INFO, as the process exits, that it flushes its queue: here flushed already, so not news
+EXPORT_QUEUE_LOGGER = "mlflow.tracing.export.async_export_queue"
 
 
 def log_answers(experiment_id: str, run_id: str, answers: list[Answer], scorer: str, cache: str) -> int:
@@ -43,6 +45,7 @@ def _log_answers(experiment_id: str, run_id: str, answers: list[Answer], scorer:
     import mlflow
     from mlflow.entities import AssessmentSource
 
+    logging.getLogger(EXPORT_QUEUE_LOGGER).setLevel(logging.WARNING)
     traced = []
     for answer in answers:
         span = mlflow.start_span_no_context(
