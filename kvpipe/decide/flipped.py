@@ -12,8 +12,7 @@ import pandas as pd
 
 from kvpipe.decide.limits import ANSWER_QUALITY
 from kvpipe.record.read_back import recorded_answers
-from kvpipe.workload import Answer, Section
-from kvpipe.workload._scored import FLIPPED_TO_RIGHT, FLIPPED_TO_WRONG
+from kvpipe.workload import Answer, Flip, Section
 
 SHOWN = 5  # prompts listed per cache
 TEXT_CHARS = 60  # of each prompt and answer: a table row stays one line on a wide terminal
@@ -31,8 +30,8 @@ def sections(runs: pd.DataFrame, answers_of: Callable[[str], Iterable[Answer]] =
         against = [answer for answer in answers_of(run["run_id"]) if answer.flipped is not None]
         if not against:
             continue
-        to_wrong = sorted((a for a in against if a.flipped == FLIPPED_TO_WRONG), key=lambda a: (a.row, a.repeat))
-        to_right = sum(answer.flipped == FLIPPED_TO_RIGHT for answer in against)
+        to_wrong = sorted((a for a in against if a.flipped == Flip.TO_WRONG), key=lambda a: (a.row, a.repeat))
+        to_right = sum(answer.flipped == Flip.TO_RIGHT for answer in against)
         counts.append([run["point"], str(len(against)), str(len(to_wrong)), str(to_right)])
         broken += [[run["point"], *_broken(answer)] for answer in to_wrong[:SHOWN]]
     if not counts:

@@ -60,28 +60,25 @@ def _log_answers(experiment_id: str, run_id: str, answers: list[Answer], scorer:
         traced.append((span.trace_id, answer))
     mlflow.flush_trace_async_logging()  # the traces exist before their assessments are logged
     judge = AssessmentSource(source_type="CODE", source_id=f"kvpipe.{scorer}")
-    metadata = {ASSESSMENT_RUN: run_id}
+    of_run = {ASSESSMENT_RUN: run_id}
     for trace_id, answer in traced:
         expected = answer.expected[0] if len(answer.expected) == 1 else list(answer.expected)
         # as MLflow writes an expectation by default: a person's (the labelled file's author's)
-        mlflow.log_expectation(trace_id=trace_id, name=EXPECTED, value=expected, metadata=metadata)
-        mlflow.log_feedback(
-            trace_id=trace_id,
-            name=CORRECT,
-            value=answer.correct,
-            source=judge,
-            rationale=f"{scorer} scored it {answer.score:.2f} against {', '.join(map(repr, answer.expected))}",
-            metadata={**metadata, "score": answer.score},
-        )
-        if answer.flipped is not None:
-            was = "right" if answer.reference_correct else "wrong"
+        mlflow.log_expectation(trace_id=trace_id, name=EXPECTED, value=expected, metadata=of_run)
+        scored = {**of_run, "score": answer.score}
+        for name, value, rationale in verdicts(answer, scorer):
             mlflow.log_feedback(
-                trace_id=trace_id,
-                name=REFERENCE_ANSWER,
-                value=answer.reference_answer,
-                source=judge,
-                rationale=f"a full-precision DynamicCache's answer to the same prompt ({was})",
-                metadata=metadata,
+                trace_id=trace_id, name=name, value=value, source=judge, rationale=rationale, metadata=scored
             )
-            mlflow.log_feedback(trace_id=trace_id, name=FLIPPED, value=answer.flipped, source=judge, metadata=metadata)
     return len(traced)
+
+
+def verdicts(answer: Answer, scorer: str) -> list[tuple[str, object, str | None]]:
+    """(name, value, rationale) of each feedback kvpipe's code gives an answer."""
+    expected = ", ".join(map(repr, answer.expected))
+    found = [(CORRECT, answer.correct, f"{scorer} scored it {answer.score:.2f} against {expected}")]
+    if answer.flipped is not None:
+        was = "right" if answer.reference_correct else "wrong"
+        found.append((REFERENCE_ANSWER, answer.reference_answer, f"a full-precision DynamicCache's answer ({was})"))
+        found.append((FLIPPED, answer.flipped.value, None))
+    return found

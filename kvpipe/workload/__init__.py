@@ -9,7 +9,7 @@ the ones that judge a workload's answers. A workload's scoring is a `Scored` (kv
 
 from kvpipe.registry import import_plugins
 from kvpipe.workload._compared import RecordedRun, Section
-from kvpipe.workload._scored import Answer, Scored, ScoredFile, Step
+from kvpipe.workload._scored import Answer, Flip, Scored, ScoredFile, Step
 from kvpipe.workload.base import (
     AUTO_REPEATS,
     REGISTRY,
@@ -36,6 +36,7 @@ __all__ = [
     "REGISTRY",
     "Batch",
     "Common",
+    "Flip",
     "Quality",
     "RecordedRun",
     "Section",

@@ -8,6 +8,7 @@ carries.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -35,7 +36,12 @@ class ScoredFile:
     write: Callable[[Path, str], object]
 
 
-FLIPPED_TO_WRONG, FLIPPED_TO_RIGHT, NOT_FLIPPED = "to_wrong", "to_right", "no"
+class Flip(enum.StrEnum):
+    """How an answer compares with the reference's answer to the same prompt."""
+
+    TO_WRONG = "to_wrong"  # the reference's was right, this one is wrong: what a cache broke
+    TO_RIGHT = "to_right"
+    NO = "no"
 
 
 @dataclass(frozen=True)
@@ -56,13 +62,13 @@ class Answer:
     reference_correct: bool | None = None
 
     @property
-    def flipped(self) -> str | None:
-        """Against the reference's answer: to_wrong, to_right or no; None where there was none."""
+    def flipped(self) -> Flip | None:
+        """Against the reference's answer; None where there was none."""
         if self.reference_correct is None:
             return None
         if self.reference_correct != self.correct:
-            return FLIPPED_TO_WRONG if self.reference_correct else FLIPPED_TO_RIGHT
-        return NOT_FLIPPED
+            return Flip.TO_WRONG if self.reference_correct else Flip.TO_RIGHT
+        return Flip.NO
 
 
 @dataclass
