@@ -1,13 +1,14 @@
 """Each scored answer (kvpipe.workload.Answer) as an MLflow trace of the job's run, so MLflow 3's
-GenAI views list every prompt with its answer and verdict, and its run comparison shows which
-prompts a cache broke: inputs the prompt, outputs the answer, the expected answer(s) as an
+GenAI views list every prompt with its answer and verdict, and a trace search by cache and
+`flipped` finds the prompts a cache broke: inputs the prompt, outputs the answer, the expected answer(s) as an
 expectation, and as feedback from kvpipe's own code (the workload's scorer) `correct` and, where the
 quality pass ran, `reference_answer` and `flipped`. Tagged with the cache, row and repeat, for the
 UI's filters.
 
 Spans are made directly rather than through mlflow.genai.evaluate: evaluate took 33 s for 30
 answers on a 2-core machine's SQLite store (its 10 threads wait on the store's connection pool), 3.3 s
-with one thread, and adds a metric and a dataset input to the run; these take about 2 s.
+with one thread, and adds a metric and a dataset input to the run; the same calls made directly
+took 2.2 s (docs/workloads.md has the measurements).
 """
 
 from __future__ import annotations
