@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvpipe import catalogue, workload
-from kvpipe.decide import paired, plots
+from kvpipe.decide import flipped, paired, plots
 from kvpipe.decide.runs import (
     CACHE_PARAMS,
     column,
@@ -93,7 +93,8 @@ def with_points(runs: pd.DataFrame) -> pd.DataFrame:
 
 def sections(runs: pd.DataFrame, out_dir: Path | None) -> list[workload.Section]:
     """Each workload's own part of compare (passkey: retrieval by context length), over the runs that
-    measured one of its metrics; with out_dir, its plots written there."""
+    measured one of its metrics, with out_dir its plots written there; then, for any workload, the
+    answers each cache turned wrong against the reference's (kvpipe.decide.flipped)."""
     runs = with_points(runs)
     found = []
     for kind in workload.registered():
@@ -102,7 +103,7 @@ def sections(runs: pd.DataFrame, out_dir: Path | None) -> list[workload.Section]
             own |= column(runs, metric.column).notna()
         section = kind.compare_section(recorded(runs[own]), out_dir) if own.any() else None
         found += [section] if section is not None else []
-    return found
+    return found + flipped.sections(runs)
 
 
 def _markdown(section: workload.Section) -> str:

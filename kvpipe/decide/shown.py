@@ -39,7 +39,7 @@ def print_shown(shown: Shown) -> None:
             continue
         own = Table(title=section.title, header_style="bold")
         for name in section.columns:
-            own.add_column(name, justify="left" if name == "cache" else "right")
+            own.add_column(name, justify="left" if name in section.text_columns else "right")
         for row in section.rows:
             own.add_row(*row)
         console.print(own)

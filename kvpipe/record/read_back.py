@@ -4,6 +4,8 @@ columns mean for a decision (labels, memory, quality loss, the Pareto front) is 
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -12,12 +14,13 @@ import pandas as pd
 from kvpipe.errors import ConfigError, KvpipeError
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.auth import check_uri, refusals, status_of
-from kvpipe.record.result import iter_results
+from kvpipe.record.result import RESULT_FILE, Result, iter_results
 from kvpipe.record.store import point_mlflow_at, resolve_uri
-from kvpipe.workload import Step
+from kvpipe.workload import Answer, Step
 
 FINISHED = f"attributes.status = 'FINISHED' and {mlflow_tags.equals(mlflow_tags.STATUS, 'FINISHED')}"
 KEY = mlflow_tags.column(mlflow_tags.KEY)
+PROGRESS_BAR_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"  # mlflow.environment_variables' name for it
 
 
 def read_runs(
@@ -157,3 +160,36 @@ def _metric_history(run_id: str, key: str) -> tuple[tuple[int, float], ...]:
     from mlflow.tracking import MlflowClient
 
     return tuple((point.step, point.value) for point in MlflowClient().get_metric_history(run_id, key))
+
+
+@lru_cache(maxsize=1024)
+def recorded_answers(run_id: str) -> tuple[Answer, ...]:
+    """A finished run's answers, as its workload declares them, from the result.json it logged (none
+    where it logged none); read once: compare's markdown and terminal table read the same."""
+    import tempfile
+
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory() as folder, _no_progress_bar():
+        try:
+            path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=RESULT_FILE, dst_path=folder)
+        except (MlflowException, OSError):
+            return ()
+        result = Result.load(Path(path))
+    return tuple(result.scored().answers) if result.answers else ()
+
+
+@contextmanager
+def _no_progress_bar():
+    """MLflow draws a progress bar on stderr for every download: for one small file, noise amid
+    compare's tables. Its own switch, set for the download alone."""
+    before = os.environ.get(PROGRESS_BAR_ENV)
+    os.environ[PROGRESS_BAR_ENV] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PROGRESS_BAR_ENV, None)
+        else:
+            os.environ[PROGRESS_BAR_ENV] = before

@@ -18,6 +18,7 @@ from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.auth import check_at_door, recording, refusals
 from kvpipe.record.result import RESULT_FILE, Result
 from kvpipe.record.scored import log_scored
+from kvpipe.record.traces import log_answers
 from kvpipe.record.worker import forwarded
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,9 @@ def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_ya
         if result.traceback:
             mlflow.log_text(result.traceback, "traceback.txt")
         if result.answers:
-            log_scored(run.info.run_id, run_dir, result.scored())
+            scored = result.scored()
+            log_scored(run.info.run_id, run_dir, scored)
+            log_answers(experiment_id, run.info.run_id, scored.answers, scored.scorer, cache_label(result))
         mlflow.log_artifact(str(run_dir / RESULT_FILE))
         # Last: a run killed while logging never claims to hold a complete result
         mlflow.set_tag(mlflow_tags.STATUS, result.status)
@@ -92,13 +95,17 @@ def run_name(result: Result) -> str:
     the strategy as asked for and as it ran (when they differ), the model, the workload's size (its
     class says how: `long_context 1000+64`, `passkey 500,1000`, `dataset prompts.jsonl`)."""
     config = result.config
-    requested = result.tags.get("cache.requested") or config["cache"]["strategy"]
-    effective = result.tags.get("cache.effective") or requested
-    strategy = effective if effective.startswith(requested) else f"{requested}→{effective}"
     workload = config["workload"]
     size = result.workload().size_label()
     batch = f" ×{workload['batch_size']}" if workload["batch_size"] > 1 else ""
-    return f"{strategy} · {config['model']['name']} · {workload['kind']} {size}{batch}"
+    return f"{cache_label(result)} · {config['model']['name']} · {workload['kind']} {size}{batch}"
+
+
+def cache_label(result: Result) -> str:
+    """The cache as asked for and as it ran, where they differ: `offloaded_static→static`."""
+    requested = result.tags.get("cache.requested") or result.config["cache"]["strategy"]
+    effective = result.tags.get("cache.effective") or requested
+    return effective if effective.startswith(requested) else f"{requested}→{effective}"
 
 
 def origin_tags(result: Result) -> dict[str, str]:

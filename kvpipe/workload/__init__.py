@@ -9,7 +9,7 @@ the ones that judge a workload's answers. A workload's scoring is a `Scored` (kv
 
 from kvpipe.registry import import_plugins
 from kvpipe.workload._compared import RecordedRun, Section
-from kvpipe.workload._scored import Scored, ScoredFile, Step
+from kvpipe.workload._scored import Answer, Flip, Scored, ScoredFile, Step
 from kvpipe.workload.base import (
     AUTO_REPEATS,
     REGISTRY,
@@ -32,9 +32,11 @@ import_plugins(__name__, __path__, packages=True)
 
 __all__ = [
     "AUTO_REPEATS",
+    "Answer",
     "REGISTRY",
     "Batch",
     "Common",
+    "Flip",
     "Quality",
     "RecordedRun",
     "Section",

@@ -28,6 +28,7 @@ class Section:
     columns: list[str]
     rows: list[list[str]]
     files: list[str] = field(default_factory=list)
+    text_columns: tuple[str, ...] = ("cache",)  # aligned left, as text reads; the rest right, as numbers
 
     def markdown_title(self) -> str:
         return self.title[:1].upper() + self.title[1:]

@@ -218,13 +218,16 @@ class Dataset(Workload):
         return labelled.with_reference(rows, answers, self.scorer)
 
     def scored(self, rows):
-        """The mean score with its interval, and the rows as an MLflow table (the run's Evaluation view)."""
+        """The mean score with its interval, the rows as answers (each an MLflow trace with its verdict)
+        and as an MLflow table (the run's Evaluation view)."""
         if not rows:
             return Scored()
         by_name = {metric.name: metric for metric in self.metrics}
         return Scored(
             metrics={by_name[name]: value for name, value in labelled.figures(rows, self.scorer).items()},
             rows=rows,
+            answers=labelled.answers(rows),
+            scorer=self.scorer.name,
             tables={f"{ANSWERS_DIR}/answers.json": rows},
         )
 

@@ -7,6 +7,7 @@ Python."""
 from __future__ import annotations
 
 from kvpipe.errors import ConfigError
+from kvpipe.workload._scored import Answer
 from kvpipe.workload.base import until_eos
 from kvpipe.workload.dataset import scoring
 
@@ -97,3 +98,21 @@ def figures(rows: list[dict], scorer: scoring.Scorer) -> dict[str, float]:
         found["flipped_to_wrong"] = sum(was and not now for was, now in flips)
         found["flipped_to_right"] = sum(now and not was for was, now in flips)
     return found
+
+
+def answers(rows: list[dict]) -> list[Answer]:
+    """The rows as answers: right where the score reaches RIGHT, and so was the reference's."""
+    return [
+        Answer(
+            row=row["row"],
+            repeat=row["repeat"],
+            prompt=row["prompt"],
+            expected=tuple(row["expected"]),
+            answer=row["answer"],
+            score=row["score"],
+            correct=row["score"] >= RIGHT,
+            reference_answer=row.get("reference_answer"),
+            reference_correct=row["reference_score"] >= RIGHT if "reference_score" in row else None,
+        )
+        for row in rows
+    ]

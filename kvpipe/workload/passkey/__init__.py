@@ -18,6 +18,7 @@ from kvpipe.workload.passkey import prompts as haystack
 from kvpipe.workload.passkey import retrieval
 
 ARTIFACT_DIR = "retrieval"  # its tables and heatmap in the run's MLflow artifacts
+SCORER = "passkey_found"  # what judges its answers (prompts.found), as MLflow names its assessments' source
 
 
 class Passkey(Workload):
@@ -112,6 +113,8 @@ class Passkey(Workload):
             metrics={by_name[name]: value for name, value in retrieval.metrics(rows).items()},
             steps=[Step(name, float(value), step) for name, value, step in retrieval.stepped_metrics(rows)],
             rows=rows,
+            answers=retrieval.answers(rows),
+            scorer=SCORER,
             tables={f"{ARTIFACT_DIR}/answers.json": rows, f"{ARTIFACT_DIR}/cells.json": cells},
             files=[ScoredFile(heatmap.HEATMAP_FILE, ARTIFACT_DIR, partial(heatmap.save, cells))],
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from kvpipe.workload._scored import Answer
 from kvpipe.workload.base import until_eos
 from kvpipe.workload.passkey.prompts import found
 
@@ -36,6 +37,19 @@ def score(tokenizer, eos_ids: set[int], batches: list, calls: list) -> list[dict
                 }
             )
     return rows
+
+
+def answers(rows: list[dict]) -> list[Answer]:
+    """The rows as answers: each expects its key, and is right where it holds it. The prompt, a
+    haystack of thousands of tokens, is named by where its key was hidden."""
+    numbers: dict[int, int] = defaultdict(int)  # a prompt's number: its place among its repeat's rows
+    found = []
+    for row in rows:
+        repeat, right = row.get("repeat", 0), bool(row["found"])
+        prompt = f"the key at depth {row['depth']:.0%} of {row['context_tokens']:,} tokens, trial {row.get('trial', 0)}"
+        found.append(Answer(numbers[repeat], repeat, prompt, (str(row["key"]),), row["answer"], float(right), right))
+        numbers[repeat] += 1
+    return found
 
 
 def accuracy(rows: list[dict]) -> float:
