@@ -126,8 +126,12 @@ def test_lm_eval_filters_and_scores_the_answers(questions):
     (figure,) = scoring.task_figures(workload.lm_eval_tasks(), rows)
     assert (figure["metric"], figure["filter"], figure["documents"]) == ("exact_match", "first_word", 3)
     assert figure["value"] == pytest.approx(2 / 3) and figure["stderr"] == pytest.approx((1 / 3) ** 0.5 / 3**0.5)
-    scored = workload.scored(rows).values()
-    assert scored["task_accuracy"] == pytest.approx(2 / 3) and scored["task_answers"] == 3
+    scored = workload.scored(rows)
+    assert scored.values()["task_accuracy"] == pytest.approx(2 / 3) and scored.values()["task_answers"] == 3
+    # each answer declared for its MLflow trace, with its verdict and its task's one target
+    assert [(a.answer, a.correct, len(a.expected)) for a in scored.answers] == [
+        (" paris is it", True, 1), (" Four", False, 1), (" Blue sky", True, 1)
+    ]  # fmt: skip
 
 
 def test_a_changed_task_file_is_a_new_measurement(tmp_path):

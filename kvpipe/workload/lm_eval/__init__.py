@@ -168,6 +168,9 @@ class LmEval(Workload):
         return Scored(
             metrics={by_name[name]: value for name, value in labelled.figures(rows, interval_of).items()},
             rows=rows,
+            # each an MLflow trace with its verdict; a document is its row, the target its one expected answer
+            answers=labelled.answers([{**row, "row": row["doc_id"], "expected": [row["expected"]]} for row in rows]),
+            scorer=f"lm_eval.{'exact' if binary else 'mean'}",
             tables={
                 f"{ARTIFACT_DIR}/answers.json": rows,
                 f"{ARTIFACT_DIR}/tasks.json": scoring.task_figures(self.lm_eval_tasks(), rows),
