@@ -8,6 +8,8 @@ from typing import Any
 
 from kvpipe.cache.accounting import cached_tokens, kv_cache_bytes, kv_cache_host_bytes
 from kvpipe.errors import KvpipeError, first_line
+from kvpipe.job.phases import eos_ids
+from kvpipe.job.question_after_context import generate_after_context
 from kvpipe.measure.clock import Timing, TokenClock
 from kvpipe.measure.memory import PeakMemory, release_freed_memory
 
@@ -24,6 +26,7 @@ class Call:
     kv_tokens: int
     kv_host_bytes: int  # of kv_bytes, those in host memory while the model runs on an accelerator
     new_tokens: Any  # LongTensor [batch, steps]
+    context_prefill_ms: float | None = None  # press.protocol=query_agnostic: the context read and compressed
 
 
 def measured_generate(spec, loaded, setup, batch) -> Call:
@@ -36,8 +39,15 @@ def measured_generate(spec, loaded, setup, batch) -> Call:
     clock = TokenClock(sync_cuda=loaded.device == "cuda")
     release_freed_memory(loaded.device)
     torch.manual_seed(workload.seed)
+    context_ms = None
     with torch.inference_mode(), PeakMemory(loaded.device) as peak, _backend_errors(spec, batch):
-        output = clocked_generate(workload, loaded, setup, batch, cache, clock, new_tokens)
+        if spec.strategy.press.question_after_context:
+            output, context_ms = generate_after_context(
+                loaded.model, batch, cache, clock, new_tokens,
+                eos_ids(loaded.model), workload.ignore_eos, loaded.tokenizer.pad_token_id,
+            )  # fmt: skip
+        else:
+            output = clocked_generate(workload, loaded, setup, batch, cache, clock, new_tokens)
     return Call(
         timing=Timing.from_clock(clock),
         peak=peak,
@@ -47,6 +57,7 @@ def measured_generate(spec, loaded, setup, batch) -> Call:
         kv_tokens=cached_tokens(cache),
         kv_host_bytes=kv_cache_host_bytes(cache) if loaded.device != "cpu" else 0,
         new_tokens=output[:, batch.prompt_tokens :].cpu(),
+        context_prefill_ms=context_ms,
     )
 
 

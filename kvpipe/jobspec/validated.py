@@ -19,6 +19,7 @@ from kvpipe import cache as cache_strategies
 from kvpipe import config
 from kvpipe import load as loads
 from kvpipe import workload as workloads
+from kvpipe.cache import presses
 from kvpipe.errors import ConfigError, KvpipeError, choices, require_choice
 from kvpipe.jobspec import options, schema
 from kvpipe.jobspec.key import measurement_key
@@ -191,6 +192,9 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
     warnings = options.ignored_warnings("cache", chosen["cache"]) + spec.strategy.check(overridden)
     for group in [g for g in chosen if g != "cache"]:
         warnings += options.ignored_warnings(group, chosen[group])
+    naming = tuple(kind.name for kind in workloads.registered() if kind.names_question)
+    press = presses.get(typed.press.name)
+    warnings += press.check_protocol(typed.press.protocol, spec.workload.kind, spec.workload.do_sample, naming)
     return replace(spec, warnings=tuple(warnings), overrides=tuple(overrides))
 
 

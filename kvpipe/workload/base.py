@@ -118,6 +118,7 @@ class Workload(Registered):
     compares_greedy_path: ClassVar[bool] = True  # quality's first_divergence means something for it
     metrics: ClassVar[tuple[catalogue.Metric, ...]] = ()  # what its own scoring adds to a run (metrics())
     quality: ClassVar[Quality | None] = None  # the one of its metrics that judges its answers (quality_metrics())
+    names_question: ClassVar[bool] = False  # its batches set `question_tokens` (press.protocol=query_agnostic)
 
     def __init_subclass__(cls, **kwargs) -> None:
         quality = cls.__dict__.get("quality")
