@@ -194,7 +194,8 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
         warnings += options.ignored_warnings(group, chosen[group])
     naming = tuple(kind.name for kind in workloads.registered() if kind.names_question)
     press = presses.get(typed.press.name)
-    warnings += press.check_protocol(typed.press.protocol, spec.workload.kind, spec.workload.do_sample, naming)
+    warnings += press.check_protocol(typed.press.protocol, spec.bound_workload, naming)
+    _check_questions_after_context(spec)
     return replace(spec, warnings=tuple(warnings), overrides=tuple(overrides))
 
 
@@ -334,6 +335,27 @@ def _check_load(load, workload) -> None:
             f"under load={load.kind} the load decides how many requests are served together "
             "(load.concurrency); expected workload.batch_size=1",
         )
+
+
+def _check_questions_after_context(spec: Spec) -> None:
+    """A workload that answers many questions from forks of one context's cache needs layers that grow
+    by replacing their tensors (those a press composes with), batch by batch."""
+    workload, strategy = spec.bound_workload, spec.strategy
+    if not workload.questions_after_context:
+        return
+    if spec.load is not None:
+        raise ConfigError(
+            "load.kind", spec.load.kind,
+            f"workload={workload.name} reads each context once and answers its questions one after another; "
+            "expected load=null",
+        )  # fmt: skip
+    if strategy.press_layers is None:
+        growing = [s.name for s in cache_strategies.registered() if s.press_layers is not None]
+        raise ConfigError(
+            "cache.strategy", strategy.name,
+            f"workload={workload.name} answers each question from a fork of the context's cache, whose layers "
+            f"cache={strategy.name} preallocates or moves; expected {' or '.join(f'cache={n}' for n in growing)}",
+        )  # fmt: skip
 
 
 def _check_serving(spec: Spec) -> None:

@@ -135,25 +135,30 @@ class Press(Registered):
         return " or ".join({"dense": "cache=dynamic", "quantized": "cache=quantized"}[k] for k in self.composes_with)
 
     @classmethod
-    def check_protocol(
-        cls, protocol: str, workload_kind: str, do_sample: bool, naming_kinds: tuple[str, ...]
-    ) -> list[str]:
-        """press.protocol against the press and the workload (`naming_kinds`: the workloads that name
-        their prompts' question); returns warnings."""
+    def check_protocol(cls, protocol: str, workload, naming_kinds: tuple[str, ...]) -> list[str]:
+        """press.protocol against the press and the workload (a bound one: its name, settings and
+        whether it names its question or asks after the context); `naming_kinds`: the workloads that
+        name their prompts' question. Returns warnings."""
         require_choice("press.protocol", protocol, PROTOCOLS)
-        if protocol == QUERY_AWARE:
-            return []
         if not cls.evicts:
-            return [
-                f"press.protocol={protocol} is ignored: press={cls.name} compresses nothing, so the prompt is read whole"
-            ]
-        if workload_kind not in naming_kinds:
+            if protocol == QUERY_AWARE:
+                return []
+            return [f"press.protocol={protocol} is ignored: press={cls.name} compresses nothing, so the prompt is read whole"]  # fmt: skip
+        if workload.questions_after_context and protocol != QUERY_AGNOSTIC:
             raise ConfigError(
                 "press.protocol", protocol,
-                f"workload={workload_kind} does not say which of its prompts' tokens are the question; expected "
+                f"workload={workload.name} reads each context once and asks its questions after it, so the press never "
+                f"sees a question; expected press.protocol={QUERY_AGNOSTIC}",
+            )  # fmt: skip
+        if protocol == QUERY_AWARE or workload.questions_after_context:
+            return []
+        if not workload.names_question:
+            raise ConfigError(
+                "press.protocol", protocol,
+                f"workload={workload.name} does not say which of its prompts' tokens are the question; expected "
                 f"press.protocol={QUERY_AWARE}, or {' or '.join(f'workload={k}' for k in naming_kinds)}",
             )  # fmt: skip
-        if do_sample:
+        if workload.common.do_sample:
             raise ConfigError(
                 "press.protocol", protocol,
                 f"the question after a compressed context is decoded greedily (as kvpress's pipeline); expected "
