@@ -35,7 +35,8 @@ class SharedContext(Workload):
     context_fields = ("path", "context_tokens")
     compares_greedy_path = False  # scored against its answers
     questions_after_context = True
-    metrics = Dataset.metrics[:4]  # task_accuracy, its interval and the answers it counts
+    # a labelled file's accuracy, its interval and the answers it counts (never beside a reference's answers)
+    metrics = tuple(m for m in Dataset.metrics if m.name.startswith(("task_accuracy", "task_answers")))
     quality = Dataset.quality
     test_overrides = ("workload.contexts=1", "workload.context_tokens=120", "workload.facts=2",
                       "workload.max_new_tokens=4")  # fmt: skip
