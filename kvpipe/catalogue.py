@@ -128,6 +128,8 @@ CORE = (
     _m("kv_size_vs_fp16", "KV size vs fp16", "×", ".2f", LOWER, in_run_table=True, compare=True),
     _m("kv_compression", "fp16 KV ÷ KV", "×", ".2f", HIGHER),
     _m("compile_ms", "compile", "ms", lower=LOWER, in_run_table=True),
+    # press.protocol=query_agnostic: the context read and compressed alone, before the question (part of TTFT)
+    _m("context_prefill_ms", "context prefill", "ms", lower=LOWER, in_run_table=True),
     _m("roofline_fraction", "of memory roofline", "", ".2f", HIGHER, in_run_table=True),
     _m("weights_bytes", "weights", value_format="bytes"),
     _m("weights_read_bytes_per_step", "weight bytes read per step", value_format="bytes"),

@@ -373,11 +373,12 @@ def test_padded_batches_are_refused_for_a_press():
         spec_for(*JOB, "press=knorm").strategy.check_prompts(30, padded=True)
 
 
-def test_the_press_schema_has_every_presss_settings():
+def test_the_press_schema_has_every_presss_settings_and_the_common_ones():
     from kvpipe.jobspec import schema
 
     settings = {field.name for press in presses.registered() for field in dataclasses.fields(press.Settings)}
-    assert {f.name for f in dataclasses.fields(schema.PressConfig)} == {"name", *settings}
+    common = {field.name for field in dataclasses.fields(presses.Common)}
+    assert {f.name for f in dataclasses.fields(schema.PressConfig)} == {"name", *common, *settings}
 
 
 # ---- the search: presses as one more family, walked from the safest ratio -----------------------

@@ -98,7 +98,7 @@ class CacheChoice:
 
     def read_fields(self) -> tuple[str, ...]:
         """The cache, backend and axis fields its strategy reads, and its press's (none for press=none)."""
-        return (*get(self.cache.strategy).read_fields(self.backend.name), *self.press_class.read_fields())
+        return (*get(self.cache.strategy).read_fields(self.backend.name), *self.press_class.read_fields(self.press))
 
     @property
     def press_class(self) -> type[presses.Press]:

@@ -29,7 +29,7 @@ from kvpipe.registry import Registered, Registry
 PLUGGED: dict[str, tuple[Registry, type | None]] = {
     "cache": (cache.CacheStrategy.registry, None),
     "backend": (backends.QuantBackend.registry, None),
-    "press": (presses.Press.registry, None),
+    "press": (presses.Press.registry, presses.Common),
     "workload": (workload.Workload.registry, workload.Common),
     "load": (load.Load.registry, load.Common),
 }

@@ -19,6 +19,7 @@ from kvpipe import cache as cache_strategies
 from kvpipe import config
 from kvpipe import load as loads
 from kvpipe import workload as workloads
+from kvpipe.cache import presses
 from kvpipe.errors import ConfigError, KvpipeError, choices, require_choice
 from kvpipe.jobspec import options, schema
 from kvpipe.jobspec.key import measurement_key
@@ -191,6 +192,10 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
     warnings = options.ignored_warnings("cache", chosen["cache"]) + spec.strategy.check(overridden)
     for group in [g for g in chosen if g != "cache"]:
         warnings += options.ignored_warnings(group, chosen[group])
+    naming = tuple(kind.name for kind in workloads.registered() if kind.names_question)
+    press = presses.get(typed.press.name)
+    warnings += press.check_protocol(typed.press.protocol, spec.bound_workload, naming)
+    _check_questions_after_context(spec)
     return replace(spec, warnings=tuple(warnings), overrides=tuple(overrides))
 
 
@@ -330,6 +335,27 @@ def _check_load(load, workload) -> None:
             f"under load={load.kind} the load decides how many requests are served together "
             "(load.concurrency); expected workload.batch_size=1",
         )
+
+
+def _check_questions_after_context(spec: Spec) -> None:
+    """A workload that answers many questions from forks of one context's cache needs layers that grow
+    by replacing their tensors (those a press composes with), batch by batch."""
+    workload, strategy = spec.bound_workload, spec.strategy
+    if not workload.questions_after_context:
+        return
+    if spec.load is not None:
+        raise ConfigError(
+            "load.kind", spec.load.kind,
+            f"workload={workload.name} reads each context once and answers its questions one after another; "
+            "expected load=null",
+        )  # fmt: skip
+    if strategy.press_layers is None:
+        growing = [s.name for s in cache_strategies.registered() if s.press_layers is not None]
+        raise ConfigError(
+            "cache.strategy", strategy.name,
+            f"workload={workload.name} answers each question from a fork of the context's cache, whose layers "
+            f"cache={strategy.name} preallocates or moves; expected {' or '.join(f'cache={n}' for n in growing)}",
+        )  # fmt: skip
 
 
 def _check_serving(spec: Spec) -> None:

@@ -28,6 +28,10 @@ class TokenClock:
             torch.cuda.synchronize()
         return time.perf_counter()
 
+    def now(self) -> float:
+        """A reading of this clock: seconds, after the device has finished what it was given."""
+        return self._now()
+
     def begin(self) -> None:
         self.start_s = self._now()
         self.step_s.clear()

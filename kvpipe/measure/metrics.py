@@ -52,6 +52,9 @@ def summarise(calls: list, loaded, strategy) -> tuple[dict[str, float], list[str
         notes.append(f"no kv_cache_bytes_fp16 or roofline_fraction: {exc}")
     else:
         notes += _kv_figures(metrics, largest, kv, loaded, strategy)
+    context_ms = [c.context_prefill_ms for c in calls if getattr(c, "context_prefill_ms", None) is not None]
+    if context_ms:  # the context compressed alone, then the question (press.protocol=query_agnostic)
+        metrics["context_prefill_ms"] = statistics.fmean(context_ms)
     metrics["prompt_tokens"] = statistics.fmean(c.prompt_tokens for c in calls)
     metrics["new_tokens"] = statistics.fmean(c.timing.steps for c in calls)
     metrics["batch_size"] = calls[0].batch_size

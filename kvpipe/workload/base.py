@@ -63,6 +63,9 @@ class Batch:
     # left of them, is the context). press.protocol=query_agnostic compresses the context alone and
     # feeds these after it; None: the prompt has no split the workload can name.
     question_tokens: int | None = None
+    # A workload that asks many questions of one context: input_ids is the context alone (one row),
+    # read once; each of these [1, tokens] is a question answered from a copy of the compressed cache.
+    questions: list | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -118,6 +121,8 @@ class Workload(Registered):
     compares_greedy_path: ClassVar[bool] = True  # quality's first_divergence means something for it
     metrics: ClassVar[tuple[catalogue.Metric, ...]] = ()  # what its own scoring adds to a run (metrics())
     quality: ClassVar[Quality | None] = None  # the one of its metrics that judges its answers (quality_metrics())
+    names_question: ClassVar[bool] = False  # its batches set `question_tokens` (press.protocol=query_agnostic)
+    questions_after_context: ClassVar[bool] = False  # its batches set `questions`: a press sees the context alone
 
     def __init_subclass__(cls, **kwargs) -> None:
         quality = cls.__dict__.get("quality")

@@ -21,11 +21,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
-from kvpipe.errors import ConfigError
+from kvpipe.errors import ConfigError, require_choice
 from kvpipe.registry import Registered, Registry
 from kvpipe.units import param_text
+
+# What the press sees when it fires. query_aware: the whole prompt, question included, as one request
+# that carries its document and its question is read (every press run before protocols existed).
+# query_agnostic: the context alone, the question fed after it (kvpress's leaderboard; a context
+# reused for later questions).
+QUERY_AWARE, QUERY_AGNOSTIC = "query_aware", "query_agnostic"
+PROTOCOLS = (QUERY_AWARE, QUERY_AGNOSTIC)
+
+
+@dataclass
+class Common:
+    """The press.* settings every press reads."""
+
+    protocol: str = QUERY_AWARE  # query_aware | query_agnostic: whether the press sees the question
 
 
 class Press(Registered):
@@ -45,18 +60,24 @@ class Press(Registered):
     # the cache layers it composes with: "dense" (DynamicCache's) and "quantized" (evict, then quantize)
     composes_with: ClassVar[tuple[str, ...]] = ("dense", "quantized")
     search_ratios: ClassVar[tuple[float, ...]] = (0.25, 0.5, 0.75)  # what `kvpipe advise` walks, safest first
-    in_label: ClassVar[tuple[str, ...]] = ("press.name", "press.ratio")  # params its label spells out
+    in_label: ClassVar[tuple[str, ...]] = ("press.name", "press.ratio", "press.protocol")  # params its label spells out
 
     def __init__(self, press_cfg):
         self.settings = self.Settings(**{f.name: getattr(press_cfg, f.name) for f in dataclasses.fields(self.Settings)})
+        self.protocol = getattr(press_cfg, "protocol", None) or QUERY_AWARE  # a run recorded before protocols: aware
 
     # ---- what it reads ------------------------------------------------------------------------
 
     @classmethod
-    def read_fields(cls) -> tuple[str, ...]:
+    def read_fields(cls, press_cfg=None) -> tuple[str, ...]:
+        """The press.* fields its measurement depends on; given its config, press.protocol only off
+        query_aware, so that every press run recorded before protocols keeps its key and params."""
         if not cls.evicts:
             return ()  # press=none: every job keyed and logged as before presses existed
-        return ("press.name", *(f"press.{f.name}" for f in dataclasses.fields(cls.Settings)))
+        own = ("press.name", *(f"press.{f.name}" for f in dataclasses.fields(cls.Settings)))
+        if press_cfg is not None and (getattr(press_cfg, "protocol", None) or QUERY_AWARE) == QUERY_AWARE:
+            return own
+        return (*own, "press.protocol")
 
     @classmethod
     def command_overrides(cls, params: Mapping[str, str]) -> list[str]:
@@ -64,7 +85,7 @@ class Press(Registered):
         if not cls.evicts:
             return []
         words = [f"press={cls.name}"]
-        for setting in dataclasses.fields(cls.Settings):
+        for setting in (*dataclasses.fields(cls.Settings), *dataclasses.fields(Common)):
             value = params.get(f"press.{setting.name}")
             if value is not None and value != param_text(setting.default):
                 words.append(f"press.{setting.name}={value}")
@@ -76,8 +97,17 @@ class Press(Registered):
         return [{"press": cls.name, "press.ratio": str(ratio)} for ratio in cls.search_ratios] if cls.evicts else []
 
     def label(self) -> str:
-        """'snapkv0.5': how tables name it beside the cache."""
+        """'snapkv0.5' ('snapkv0.5-query_agnostic'): how tables name it beside the cache."""
+        return self.name_with_settings() + ("" if self.protocol == QUERY_AWARE else f"-{self.protocol}")
+
+    def name_with_settings(self) -> str:
+        """'snapkv0.5': the press and what it keeps."""
         return f"{self.name}{self.settings.ratio:g}"
+
+    @property
+    def question_after_context(self) -> bool:
+        """Whether the job compresses the context alone and feeds the question after it."""
+        return self.evicts and self.protocol == QUERY_AGNOSTIC
 
     # ---- checks -------------------------------------------------------------------------------
 
@@ -103,6 +133,38 @@ class Press(Registered):
 
     def compatible_caches(self) -> str:
         return " or ".join({"dense": "cache=dynamic", "quantized": "cache=quantized"}[k] for k in self.composes_with)
+
+    @classmethod
+    def check_protocol(cls, protocol: str, workload, naming_kinds: tuple[str, ...]) -> list[str]:
+        """press.protocol against the press and the workload (a bound one: its name, settings and
+        whether it names its question or asks after the context); `naming_kinds`: the workloads that
+        name their prompts' question. Returns warnings."""
+        require_choice("press.protocol", protocol, PROTOCOLS)
+        if not cls.evicts:
+            if protocol == QUERY_AWARE:
+                return []
+            return [f"press.protocol={protocol} is ignored: press={cls.name} compresses nothing, so the prompt is read whole"]  # fmt: skip
+        if workload.questions_after_context and protocol != QUERY_AGNOSTIC:
+            raise ConfigError(
+                "press.protocol", protocol,
+                f"workload={workload.name} reads each context once and asks its questions after it, so the press never "
+                f"sees a question; expected press.protocol={QUERY_AGNOSTIC}",
+            )  # fmt: skip
+        if protocol == QUERY_AWARE or workload.questions_after_context:
+            return []
+        if not workload.names_question:
+            raise ConfigError(
+                "press.protocol", protocol,
+                f"workload={workload.name} does not say which of its prompts' tokens are the question; expected "
+                f"press.protocol={QUERY_AWARE}, or {' or '.join(f'workload={k}' for k in naming_kinds)}",
+            )  # fmt: skip
+        if workload.common.do_sample:
+            raise ConfigError(
+                "press.protocol", protocol,
+                f"the question after a compressed context is decoded greedily (as kvpress's pipeline); expected "
+                f"workload.do_sample=false, or press.protocol={QUERY_AWARE}",
+            )  # fmt: skip
+        return []
 
     @classmethod
     def check_for_model(cls, model_type: str, full_layers: int) -> None:

@@ -21,7 +21,7 @@ class Streaming(Press):
     name = "streaming"
     order = 10
     bounds = True
-    in_label = ("press.name", "press.ratio", "press.window")
+    in_label = ("press.name", "press.ratio", "press.window", "press.protocol")
     composes_with = ("dense",)  # re-quantizing a layer at every step would cost more than it saves
     test_overrides = ("press.sinks=2",)
 
@@ -31,7 +31,7 @@ class Streaming(Press):
         sinks: int = 4  # first tokens always kept ("attention sinks")
         window: Optional[int] = None  # recent tokens a step attends to; null: from press.ratio
 
-    def label(self) -> str:
+    def name_with_settings(self) -> str:
         s = self.settings
         return f"{self.name}{s.ratio:g}" if s.window is None else f"{self.name}{s.sinks}+{s.window}"
 

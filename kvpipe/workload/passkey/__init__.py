@@ -29,6 +29,7 @@ class Passkey(Workload):
     # Its answers are scored against their keys (retrieval_accuracy), which says more than where
     # they left the reference's greedy path.
     compares_greedy_path = False
+    names_question = True  # each prompt ends with its question and the template's suffix
     metrics = (
         Metric("retrieval_accuracy", "passkey retrieval", "", ".0%", False, in_run_table=True, compare=True),
         Metric("retrieval_answers", "answers", "", ".0f"),
@@ -85,7 +86,8 @@ class Passkey(Workload):
                 rows = same[start : start + self.common.batch_size]
                 input_ids = torch.tensor([p.input_ids for p in rows], dtype=torch.long, device=device)
                 texts = [tokenizer.decode(p.input_ids) for p in rows]
-                batches.append(Batch(input_ids, torch.ones_like(input_ids), texts, rows=rows))
+                question = {p.question_tokens for p in rows}.pop()  # one question, one template: one length
+                batches.append(Batch(input_ids, torch.ones_like(input_ids), texts, rows=rows, question_tokens=question))
         return batches
 
     def windows(self, tokenizer, count: int, scored_tokens: int) -> list[Window]:

@@ -30,6 +30,7 @@ class PasskeyPrompt:
     depth: float
     trial: int
     needle_start: int  # token index of the needle sentence in input_ids
+    question_tokens: int = 0  # the trailing ids that ask for the key: the question and the template's suffix
 
 
 def passkey_key(seed: int, context_tokens: int, depth: float, trial: int, digits: int = 5) -> str:
@@ -61,7 +62,9 @@ def passkey_prompt(tokenizer, context_tokens: int, depth: float, key: str, trial
     cut = round(depth * filler_tokens)
     head = prefix + intro + filler[:cut]
     ids = head + needle_ids + filler[cut:] + question + suffix
-    return PasskeyPrompt(ids, key, context_tokens, depth, trial, needle_start=len(head))
+    return PasskeyPrompt(
+        ids, key, context_tokens, depth, trial, needle_start=len(head), question_tokens=len(question) + len(suffix)
+    )
 
 
 def prompts(tokenizer, lengths: list[int], depths: list[float], trials: int, seed: int) -> list[PasskeyPrompt]:
