@@ -95,6 +95,8 @@ def test_a_job_scores_every_question_and_records_the_compression_once_and_the_co
     rows = pressed.scored.rows
     assert [(row["context"], row["question_number"]) for row in rows] == [(c, q) for c in (0, 1) for q in (0, 1, 2)]
     assert all(row["first_token_ms"] < row["answer_ms"] for row in rows)
+    # each question an MLflow trace: the question stands for its (long) prompt
+    assert [a.prompt for a in pressed.scored.answers] == [row["question"] for row in rows]
     metrics = pressed.metrics
     assert metrics["task_answers"] == 6 and 0 <= metrics["task_accuracy"] <= 1
     assert 0 < metrics["context_prefill_ms"] < metrics["ttft_ms"]

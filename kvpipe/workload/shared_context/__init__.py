@@ -171,6 +171,11 @@ class SharedContext(Workload):
         return Scored(
             metrics={by_name[name]: value for name, value in figures.items() if name in by_name},
             rows=rows,
+            # each an MLflow trace with its verdict: the context is too long to show, so the question stands for it
+            answers=labelled.answers(
+                [{**row, "row": index, "repeat": 0, "prompt": row["question"]} for index, row in enumerate(rows)]
+            ),  # fmt: skip
+            scorer=self.scorer.name,
             tables={ANSWERS_TABLE: rows},
         )
 
