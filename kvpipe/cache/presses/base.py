@@ -134,9 +134,9 @@ class Press(Registered):
         """Prompt tokens a full-attention layer keeps after prefill: the ratio's share removed, rounded down."""
         return prompt_tokens - math.floor(prompt_tokens * self.settings.ratio)
 
-    def layer_kept(self, prompt_tokens: int, layer: int, layers: int) -> int:
-        """What layer `layer` (of the model's `layers`) keeps of the prompt: `kept`, for a press whose
-        budget is the same in every layer."""
+    def kept_in(self, module, prompt_tokens: int) -> int:
+        """What the layer of attention `module` keeps of the prompt: `kept`, for a press whose budget
+        is the same in every layer."""
         return self.kept(prompt_tokens)
 
     def layer_tokens_at(self, layer: int, layers: int, prompt_tokens: int, new_tokens: int) -> int:
@@ -178,8 +178,7 @@ class Press(Registered):
         if first or last:
             position = torch.arange(tokens, device=scores.device)
             scores = scores.masked_fill((position < first) | (position >= tokens - last), float("inf"))
-        kept = self.layer_kept(tokens, module.layer_idx, module.config.num_hidden_layers)
-        return scores.topk(kept, dim=-1).indices.sort(dim=-1).values
+        return scores.topk(self.kept_in(module, tokens), dim=-1).indices.sort(dim=-1).values
 
     def trim(self, layer, prompt_tokens: int) -> None:
         """After a decoding step: what a `bounds` press evicts from the layer (dense layers only)."""

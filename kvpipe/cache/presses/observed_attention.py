@@ -15,6 +15,7 @@ class ObservedAttention(Press):
     name = "observed_attention"
     order = 50
     test_overrides = ("press.ratio=0.75", "model.attn_implementation=eager")
+    search_ratios = ()  # `kvpipe advise` runs its jobs under the configured attention, sdpa by default
 
     @dataclass
     class Settings:

@@ -36,6 +36,7 @@ class PyramidKV(SnapKV):
         return warnings
 
     def layer_kept(self, prompt_tokens: int, layer: int, layers: int) -> int:
+        """What layer `layer` of `layers` keeps of the prompt (kvpress's `get_layer_budget`)."""
         s = self.settings
         average = prompt_tokens * (1 - s.ratio)  # what each layer keeps past the window, on average
         least = average / s.beta
@@ -47,6 +48,9 @@ class PyramidKV(SnapKV):
             return max(1, round(average))
         step = (most - least) / (layers - 1) if layers > 1 else 0.0
         return round(most - layer * step)
+
+    def kept_in(self, module, prompt_tokens: int) -> int:
+        return self.layer_kept(prompt_tokens, module.layer_idx, module.config.num_hidden_layers)
 
     def layer_tokens_at(self, layer: int, layers: int, prompt_tokens: int, new_tokens: int) -> int:
         return self.layer_kept(prompt_tokens, layer, layers) + new_tokens - 1
