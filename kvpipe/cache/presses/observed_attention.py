@@ -15,11 +15,14 @@ class ObservedAttention(Press):
     name = "observed_attention"
     order = 50
     test_overrides = ("press.ratio=0.75", "model.attn_implementation=eager")
-    search_ratios = ()  # `kvpipe advise` runs its jobs under the configured attention, sdpa by default
 
     @dataclass
     class Settings:
         ratio: float = 0.5  # the fraction of the prompt's KV removed
+
+    @classmethod
+    def search_points(cls) -> list[dict[str, str]]:
+        return []  # `kvpipe advise` runs its jobs under the configured attention, sdpa by default
 
     def attention_refusal(self, attn_implementation: str) -> str | None:
         if attn_implementation == "eager":

@@ -2,7 +2,7 @@
 pyramidal information funneling"; kvpress's PyramidKVPress): SnapKV's scores, with a budget per
 layer that falls linearly from the first layer to the last, the lower layers keeping more. The
 budgets average the ratio's share of the prompt; `press.beta` sets how steep the pyramid is (the
-last layer keeps 1/beta of the average, past the window). Where the pyramid would not fit the
+last layer keeps 1/beta of the average, window included). Where the pyramid would not fit the
 prompt (its smallest budget under the window, or its largest over the prompt), every layer keeps
 the ratio's share, as SnapKV does. Budgets are per layer, so every KV head of a layer keeps as many
 tokens and transformers' layers hold them as they are (a per-head budget, as AdaKV's, would leave
