@@ -149,7 +149,7 @@ def test_a_new_workload_with_its_own_metric_is_one_module(countup, tmp_path, exi
 
 # ---- a press that scores with the prompt's hidden states: one module and its YAML ------------------
 
-TOVA = '''"""press=tova: TOVA (Oren et al. 2024, "Transformers are multi-state RNNs"; kvpress's TOVAPress): keep
+LAST_QUERY = '''"""press=last_query: a press made in a test (kvpipe's own press=tova is the real one): keep
 the prompt tokens the last one attends to most, over every query head; the last token itself is kept."""
 
 from dataclasses import dataclass
@@ -157,8 +157,8 @@ from dataclasses import dataclass
 from kvpipe.cache.presses.base import Press
 
 
-class Tova(Press):
-    name = "tova"
+class LastQuery(Press):
+    name = "last_query"
     needs_queries = True  # without attention weights (sdpa), the last token's query, from its hidden state
 
     @dataclass
@@ -175,31 +175,31 @@ class Tova(Press):
             attentions = window_attention(module, hidden_states, keys, position_embeddings, 1)
         return attentions[..., -1, :].float().mean(dim=1, keepdim=True).expand(-1, keys.shape[1], -1)
 '''
-TOVA_YAML = "# TOVA: keep the prompt tokens the last one attends to most.\nname: tova\nratio: 0.5\n"
+LAST_QUERY_YAML = "# Keep the prompt tokens the last one attends to most.\nname: last_query\nratio: 0.5\n"
 
 
 @pytest.fixture
-def tova(tmp_path, monkeypatch):
-    """press=tova, made in tmp_path: its module beside kvpipe's presses, its YAML on Hydra's search path."""
+def last_query(tmp_path, monkeypatch):
+    """press=last_query, made in tmp_path: its module beside kvpipe's presses, its YAML on Hydra's search path."""
     from kvpipe.cache import presses
     from kvpipe.jobspec import register_schemas
     from kvpipe.registry import import_plugins
 
-    (tmp_path / "tova.py").write_text(TOVA)
+    (tmp_path / "last_query.py").write_text(LAST_QUERY)
     (tmp_path / "press").mkdir()
-    (tmp_path / "press" / "tova.yaml").write_text(TOVA_YAML)
+    (tmp_path / "press" / "last_query.yaml").write_text(LAST_QUERY_YAML)
     monkeypatch.setattr(presses, "__path__", [*presses.__path__, str(tmp_path)])
     monkeypatch.setattr(presses.Press.registry, "classes", dict(presses.Press.registry.classes))
     import_plugins(presses.__name__, presses.__path__)  # as the package's import does in a new process
     yield f"hydra.searchpath=[file://{tmp_path}]"
     monkeypatch.undo()
-    sys.modules.pop(f"{presses.__name__}.tova")
-    del presses.tova
+    sys.modules.pop(f"{presses.__name__}.last_query")
+    del presses.last_query
     register_schemas()
 
 
 @pytest.mark.slow  # a real job and kvpipe plan
-def test_a_new_press_is_one_module_and_its_yaml(tova, tmp_path):
+def test_a_new_press_is_one_module_and_its_yaml(last_query, tmp_path):
     import torch
     from test_presses import JOB, assert_each_layer_keeps_its_protected_and_highest_scored, prefill_under
 
@@ -210,9 +210,9 @@ def test_a_new_press_is_one_module_and_its_yaml(tova, tmp_path):
 
     from conftest import spec_for
 
-    job = ("model=tiny_random", *JOB, "workload.prompt_tokens=40", "workload.max_new_tokens=7", tova)
-    spec = spec_for(*job, "press=tova", "press.ratio=0.75")
-    assert spec.strategy.describe().startswith("cache=dynamic press=tova press.ratio=0.75")
+    job = ("model=tiny_random", *JOB, "workload.prompt_tokens=40", "workload.max_new_tokens=7", last_query)
+    spec = spec_for(*job, "press=last_query", "press.ratio=0.75")
+    assert spec.strategy.describe().startswith("cache=dynamic press=last_query press.ratio=0.75")
     layers = prefill_under(spec, 40)
     assert_each_layer_keeps_its_protected_and_highest_scored(spec.strategy.press, layers, 40)
     for layer in layers:  # the last token's attention, rebuilt from its hidden state (sdpa returns no weights)
@@ -220,8 +220,8 @@ def test_a_new_press_is_one_module_and_its_yaml(tova, tmp_path):
     kv = accounting.kv_shape(models.read_shape(spec.model), spec.workload.batch_size, spec.model.dtype)
     predicted = plan.predict_kv_bytes(spec, kv, 40, 7)
     assert run_job(spec).metrics["kv_cache_bytes"] == predicted == kv.full_layers * (10 + 7 - 1) * kv.token_bytes()
-    planned = run_cli(["plan", "model=tiny_random", tova], cwd=tmp_path)
-    assert planned.returncode == 0 and "dynamic + tova0.5" in planned.stdout, planned.stderr
+    planned = run_cli(["plan", "model=tiny_random", last_query], cwd=tmp_path)
+    assert planned.returncode == 0 and "dynamic + last_query0.5" in planned.stdout, planned.stderr
 
 
 # ---- a load kind: one module and its YAML -------------------------------------------------------

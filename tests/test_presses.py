@@ -211,8 +211,9 @@ def prefill_under(spec, prompt_tokens: int = 40, batch: int = 2) -> list[dict]:
         seen.append({"scores": score(module, hidden_states, keys, *rest), "keys": keys})
         return seen[-1]["scores"]
 
-    def keeping(*args):
-        seen[-1]["kept"] = keep(*args)
+    def keeping(module, hidden_states, keys, *rest):
+        seen[-1]["kept"] = keep(module, hidden_states, keys, *rest)
+        seen[-1]["budget"] = press.kept_in(module, keys.shape[-2])  # kept(prompt), or this layer's own
         return seen[-1]["kept"]
 
     press.score, press.keep = scoring, keeping
@@ -231,7 +232,7 @@ def assert_each_layer_keeps_its_protected_and_highest_scored(press, layers: list
     protected[:first], protected[prompt_tokens - last :] = True, True
     for layer in layers:
         kept, keys, scores = layer["kept"], layer["keys"], layer["scores"].float()
-        assert layer["held"].shape[-2] == kept.shape[-1] == press.kept(prompt_tokens)
+        assert layer["held"].shape[-2] == kept.shape[-1] == layer["budget"]
         assert torch.equal(layer["held"], keys.gather(2, kept.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])))
         is_kept = torch.zeros(scores.shape, dtype=torch.bool).scatter(-1, kept, True)
         assert is_kept[..., protected].all()
@@ -331,7 +332,7 @@ def test_a_press_is_named_in_the_label_and_the_command_that_measures_it_again():
         (("press=streaming", "cache=quantized"), "press.name", "expected cache=dynamic"),
         (("press=knorm", "cache=offloaded"), "press.name", "evicting would free nothing"),
         (("press=knorm", "load=concurrency"), "press.name", "load=null"),
-        (("press.name=random",), "press.name", "knorm"),
+        (("press.name=no_such_press",), "press.name", "knorm"),
     ],
 )
 def test_a_press_config_it_cannot_run_is_one_line_before_anything_loads(overrides, field, hint):
@@ -414,8 +415,8 @@ def test_plan_has_a_row_per_press_or_the_jobs_press_on_each_cache_it_composes_wi
     spec = spec_for("model=tiny_sliding", *JOB)
     shape = models.read_shape(spec.model)
     labels = [label for label, _ in plan.variants(spec, shape)]
-    assert labels[-3:] == ["dynamic + streaming0.5", "dynamic + knorm0.5", "dynamic + snapkv0.5"]
-    assert not any("+ " in label for label in labels[:-3])  # every other row unpressed, as before presses
+    assert labels[-len(EVICTING) :] == [f"dynamic + {press.name}0.5" for press in EVICTING]
+    assert not any("+ " in label for label in labels[: -len(EVICTING)])  # every other row unpressed, as before
     chosen = spec_for("model=tiny_sliding", *JOB, "press=snapkv", "press.ratio=0.25")
     rows = dict(plan.variants(chosen, shape))
     assert [label for label in rows if "snapkv" in label] == ["dynamic + snapkv0.25", "quanto int4 kivi + snapkv0.25"]

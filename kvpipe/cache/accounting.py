@@ -90,15 +90,16 @@ def static_layer_tokens(window: Optional[int], max_cache_len: int) -> int:
     return max_cache_len if window is None else min(window, max_cache_len)
 
 
-def dynamic_bytes(kv: KvShape, prompt_tokens: int, new_tokens: int, full_layer_tokens: int | None = None) -> int:
+def dynamic_bytes(kv: KvShape, prompt_tokens: int, new_tokens: int, full_layer_tokens: list[int] | None = None) -> int:
     """DynamicCache: keys and values, [batch, kv_heads, tokens, head_dim] each, layer by layer;
-    `full_layer_tokens`: what each full-attention layer holds where a press evicted from it."""
+    `full_layer_tokens`: what each layer holds, by index, where it is full-attention and a press
+    evicted from it (a sliding layer's entry is not read)."""
     return (
         sum(
-            full_layer_tokens
+            full_layer_tokens[index]
             if w is None and full_layer_tokens is not None
             else dynamic_layer_tokens(w, prompt_tokens, new_tokens)
-            for w in kv.windows
+            for index, w in enumerate(kv.windows)
         )
         * kv.token_bytes()
     )

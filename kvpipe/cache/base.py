@@ -332,7 +332,10 @@ class CacheStrategy(Registered):
 
     def predict_kv_bytes(self, kv: KvShape, prompt_tokens: int, new_tokens: int) -> int:
         """What accounting.kv_cache_bytes reports once new_tokens follow the prompt (all layers)."""
-        full = self.press.layer_tokens(prompt_tokens, new_tokens) if self.press.evicts else None
+        if not self.press.evicts:
+            return accounting.dynamic_bytes(kv, prompt_tokens, new_tokens)
+        layers = len(kv.windows)
+        full = [self.press.layer_tokens_at(layer, layers, prompt_tokens, new_tokens) for layer in range(layers)]
         return accounting.dynamic_bytes(kv, prompt_tokens, new_tokens, full_layer_tokens=full)
 
     def full_layer_prompt(self, prompt_tokens: int) -> int:

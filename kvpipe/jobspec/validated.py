@@ -375,6 +375,7 @@ def _check_serving(spec: Spec) -> None:
             f"a press is measured batch by batch, and load={spec.load.kind} batches requests of different lengths; "
             "expected load=null, or press=none under a load",
         )  # fmt: skip
-    reason = strategy.attention_refusal(spec.model.attn_implementation)
+    attention = spec.model.attn_implementation
+    reason = strategy.attention_refusal(attention) or spec.strategy.press.attention_refusal(attention)
     if reason:
         raise ConfigError("model.attn_implementation", spec.model.attn_implementation, reason)

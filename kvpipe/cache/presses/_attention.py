@@ -14,14 +14,18 @@ def window_queries(module, hidden_states, position_embeddings, window: int) -> t
     q_proj, q_norm where the model has one, then its rotary embeddings."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    batch = hidden_states.shape[0]
-    last = hidden_states[:, -window:]
-    queries = module.q_proj(last).view(batch, last.shape[1], -1, module.head_dim).transpose(1, 2)
-    if hasattr(module, "q_norm"):
-        queries = module.q_norm(queries)
+    queries = prerope_queries(module, hidden_states[:, -window:])
     cos, sin = position_embeddings
     queries, _ = apply_rotary_pos_emb(queries, queries, cos[:, -window:], sin[:, -window:])
     return queries
+
+
+def prerope_queries(module, hidden_states) -> torch.Tensor:
+    """The attention's queries [batch, heads, tokens, head_dim] before rotary embeddings: q_proj, then
+    q_norm where the model has one."""
+    batch, tokens = hidden_states.shape[:2]
+    queries = module.q_proj(hidden_states).view(batch, tokens, -1, module.head_dim).transpose(1, 2)
+    return module.q_norm(queries) if hasattr(module, "q_norm") else queries
 
 
 def window_attention(module, hidden_states, keys, position_embeddings, window: int) -> torch.Tensor:

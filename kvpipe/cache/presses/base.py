@@ -183,6 +183,10 @@ class Press(Registered):
                 f"expected {' or '.join(f'press={name}' for name in others)}",
             )  # fmt: skip
 
+    def attention_refusal(self, attn_implementation: str) -> str | None:
+        """Why this press cannot score under this model.attn_implementation (None: it can)."""
+        return None
+
     def check_prompt(self, prompt_tokens: int) -> None:
         """Checks against the shortest prompt, before the weights load."""
 
@@ -191,6 +195,15 @@ class Press(Registered):
     def kept(self, prompt_tokens: int) -> int:
         """Prompt tokens a full-attention layer keeps after prefill: the ratio's share removed, rounded down."""
         return prompt_tokens - math.floor(prompt_tokens * self.settings.ratio)
+
+    def kept_in(self, module, prompt_tokens: int) -> int:
+        """What the layer of attention `module` keeps of the prompt: `kept`, for a press whose budget
+        is the same in every layer."""
+        return self.kept(prompt_tokens)
+
+    def layer_tokens_at(self, layer: int, layers: int, prompt_tokens: int, new_tokens: int) -> int:
+        """`layer_tokens` in layer `layer` of `layers`: the same in every layer, for most presses."""
+        return self.layer_tokens(prompt_tokens, new_tokens)
 
     def layer_tokens(self, prompt_tokens: int, new_tokens: int) -> int:
         """Tokens a dense full-attention layer holds once new_tokens follow the prompt (the last generated
@@ -227,7 +240,7 @@ class Press(Registered):
         if first or last:
             position = torch.arange(tokens, device=scores.device)
             scores = scores.masked_fill((position < first) | (position >= tokens - last), float("inf"))
-        return scores.topk(self.kept(tokens), dim=-1).indices.sort(dim=-1).values
+        return scores.topk(self.kept_in(module, tokens), dim=-1).indices.sort(dim=-1).values
 
     def trim(self, layer, prompt_tokens: int) -> None:
         """After a decoding step: what a `bounds` press evicts from the layer (dense layers only)."""
