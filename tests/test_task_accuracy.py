@@ -35,6 +35,11 @@ LABELLED = [
         ("regex", "answer: 42", "^Answer", 0.0),  # as written: (?i) for any case
         ("f1", "the cat sat", "cat sat down", 0.8),  # precision 2/2, recall 2/3
         ("f1", "a dog", "cat", 0.0),
+        # ROUGE-L F: the longest common subsequence "the cat on the mat", 5 of 6 words either way
+        ("rouge_l", "the cat sat on the mat", "the cat is on the mat", 5 / 6),
+        ("rouge_l", "The capital is Paris.", "paris", 0.4),  # precision 1/4, recall 1/1: articles count
+        ("rouge_l", "mat the on", "on the mat", 1 / 3),  # a subsequence keeps order: one word in common in turn
+        ("rouge_l", "cats", "cat", 0.0),  # no stemming
     ],
 )
 def test_each_scorer_scores_an_answer_against_an_expected_one(scorer, answer, expected, score):
@@ -43,6 +48,20 @@ def test_each_scorer_scores_an_answer_against_an_expected_one(scorer, answer, ex
 
 def test_normalisation_is_squads():
     assert scoring.normalise("The  Quick, brown fox  ate AN apple!") == "quick brown fox ate apple"
+
+
+def test_rouge_l_is_rouge_scores_own_figure():
+    from rouge_score import rouge_scorer
+
+    reference = rouge_scorer.RougeScorer(["rougeL"]).score("a b c d e", "a x c e")["rougeL"].fmeasure
+    assert scoring.SCORERS["rouge_l"].score("a x c e", "a b c d e") == pytest.approx(reference)
+    assert reference == pytest.approx(2 * (3 / 4) * (3 / 5) / (3 / 4 + 3 / 5))
+
+
+def test_rouge_l_is_not_binary_so_its_interval_is_a_t_interval():
+    rouge = scoring.SCORERS["rouge_l"]
+    assert not rouge.binary
+    assert scoring.interval(rouge, [0.4, 0.6, 0.5, 0.5]) == scoring.t_interval([0.4, 0.6, 0.5, 0.5])
 
 
 def test_an_answer_keeps_its_best_score_over_the_accepted_answers():
@@ -95,12 +114,13 @@ def test_answer_field_names_the_column_and_numbers_are_answers(tmp_path):
     "rows, overrides, message",
     [
         (LABELLED, ("workload.answer_field=gold",), r"workload.answer_field='gold' .*no such column; expected one of: prompt, answer"),
-        (LABELLED, ("workload.scorer=exactly",), r"workload.scorer='exactly' .*expected one of: contains, exact, number, regex, f1; did you mean exact\?"),
+        (LABELLED, ("workload.scorer=exactly",), r"workload.scorer='exactly' .*expected one of: contains, exact, number, regex, f1, rouge_l; did you mean exact\?"),
         ([{"prompt": "a", "answer": "(unclosed"}], ("workload.scorer=regex",), r"workload.path=.*row 0's answer '\(unclosed' is not a regular expression"),
         ([{"prompt": "a", "answer": "x"}, {"prompt": "b", "answer": ""}], (), r"workload.path=.*row 1 has no usable answer in column 'answer'"),
         ([{"prompt": "a", "answer": []}], (), r"workload.path=.*row 0 has no usable answer in column 'answer'"),
         ([{"prompt": "a", "answer": "the"}], (), r"workload.path=.*row 0's answer 'the' normalises to nothing"),
         ([{"prompt": "a", "answer": "four"}], ("workload.scorer=number",), r"workload.path=.*row 0's answer 'four' is not a number"),
+        ([{"prompt": "a", "answer": "日本"}], ("workload.scorer=rouge_l",), r"workload.path=.*row 0's answer '日本' has no ASCII letters or digits"),
         ([{"prompt": "a"}], ("workload.scorer=exact",), r"workload.scorer='exact' .*the file has no 'answer' column"),
     ],
 )  # fmt: skip
