@@ -160,6 +160,8 @@ def test_a_labelled_job_records_its_scored_answers_and_accuracy_with_its_interva
     # the dense cache is the reference itself: every answer is the reference's own
     assert all(row["reference_answer"] == row["answer"] for row in rows)
     assert (metrics["answers_changed"], metrics["flipped_to_wrong"], metrics["flipped_to_right"]) == (0, 0, 0)
+    assert all(0 < row["answer_tokens"] == row["reference_tokens"] <= 32 for row in rows)  # ran to EOS or the cap
+    assert metrics["output_length_ratio"] == 1.0
 
 
 def test_answers_beside_the_references_count_changes_and_flips():
@@ -181,6 +183,24 @@ def test_answers_beside_the_references_count_changes_and_flips():
     assert found["answers_changed"] == pytest.approx(4 / 5)  # only row 0 wrote the reference's very text
     assert (found["flipped_to_wrong"], found["flipped_to_right"]) == (1, 1)  # row 2 lost it, row 4 found it
     assert "answers_changed" not in labelled.figures(rows, scoring.SCORERS["contains"])  # no quality pass: none
+
+
+def test_output_length_ratio_is_the_answers_tokens_over_the_references_summed():
+    from kvpipe.workload.dataset import labelled
+
+    rows = [
+        {"row": n, "expected": ["x"], "answer": "x", "score": 1.0, "answer_tokens": t} for n, t in enumerate([6, 2, 4])
+    ]
+    reference = {n: "x" for n in range(3)}
+    contains = scoring.SCORERS["contains"]
+    found = labelled.figures(labelled.with_reference(rows, reference, contains, {0: 3, 1: 0, 2: 5}), contains)
+    assert found["output_length_ratio"] == pytest.approx(12 / 8)  # the reference's empty answer divides nothing
+    silent = labelled.with_reference(rows, reference, contains, {0: 0, 1: 0, 2: 0})
+    assert "output_length_ratio" not in labelled.figures(silent, contains)  # nothing to compare with
+    older = labelled.with_reference(rows, reference, contains)  # rows recorded before lengths were kept
+    assert "output_length_ratio" not in labelled.figures(older, contains) and "answers_changed" in labelled.figures(
+        older, contains
+    )
 
 
 def task_runs(*rows: tuple[str, float, float]):

@@ -21,7 +21,7 @@ from typing import Optional
 from kvpipe.catalogue import Metric
 from kvpipe.errors import ConfigError, require_choice
 from kvpipe.workload._scored import Scored
-from kvpipe.workload.base import Batch, Quality, Window, Workload, padded_batch
+from kvpipe.workload.base import Batch, Quality, Window, Workload, padded_batch, until_eos
 from kvpipe.workload.dataset import labelled, reading, scoring
 
 LENGTH_COLUMN = "max_new_tokens"
@@ -57,6 +57,8 @@ class Dataset(Workload):
         Metric("answers_changed", "answers changed vs reference", "", ".0%", True, in_run_table=True, compare=True),
         Metric("flipped_to_wrong", "right → wrong vs reference", "", ".0f", True, compare=True),
         Metric("flipped_to_right", "wrong → right vs reference", "", ".0f"),
+        # Neither direction: closer to 1 is best; above 1 the answers cost more decode time than TPOT shows
+        Metric("output_length_ratio", "output length vs reference", "×", ".2f", None, in_run_table=True, compare=True),
     )
     quality = Quality(metrics[0], term="task", axis="task accuracy")
     # Scoring settings that a file without answers leaves unset: kept out of its measurement key.
@@ -210,12 +212,14 @@ class Dataset(Workload):
 
     def against_reference(self, tokenizer, eos_ids, batches, reference, rows):
         """Each answer row with the reference's own answer to its prompt."""
-        answers = {
-            row.number: labelled.answer_text(tokenizer, tokens, eos_ids)
-            for batch, generated in zip(batches, reference)
-            for row, tokens in zip(batch.rows, generated.tolist())
+        generated = {
+            row.number: tokens
+            for batch, calls in zip(batches, reference)
+            for row, tokens in zip(batch.rows, calls.tolist())
         }
-        return labelled.with_reference(rows, answers, self.scorer)
+        answers = {number: labelled.answer_text(tokenizer, tokens, eos_ids) for number, tokens in generated.items()}
+        lengths = {number: len(until_eos(tokens, eos_ids)) for number, tokens in generated.items()}
+        return labelled.with_reference(rows, answers, self.scorer, lengths)
 
     def scored(self, rows):
         """The mean score with its interval, and the rows as an MLflow table (the run's Evaluation view)."""
