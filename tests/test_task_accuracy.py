@@ -97,6 +97,29 @@ def test_a_labelled_file_is_scored_and_stops_at_eos(tmp_path):
     assert params["workload.scorer"] == "contains" and params["workload.ignore_eos"] == "false"
 
 
+@pytest.mark.parametrize(
+    "labelled, given, ignore_eos",
+    [
+        (True, (), False),  # an answer is the text before EOS: a labelled file stops there
+        (True, ("workload.ignore_eos=true",), True),  # unless the user says otherwise
+        (True, ("workload.ignore_eos=false",), False),
+        (False, (), True),  # a file without answers runs to max_new_tokens, as every benchmark does
+        (False, ("workload.ignore_eos=false",), False),
+    ],
+)
+def test_a_labelled_file_stops_at_eos_unless_ignore_eos_is_set(tmp_path, labelled, given, ignore_eos):
+    rows = LABELLED if labelled else [{"prompt": row["prompt"]} for row in LABELLED]
+    spec = dataset_spec(write_jsonl(tmp_path / "q.jsonl", rows), *given)
+    assert spec.workload.ignore_eos is ignore_eos
+    assert spec.params()["workload.ignore_eos"] == str(ignore_eos).lower()
+
+
+def test_ignore_eos_null_elsewhere_means_every_call_runs_to_max_new_tokens():
+    from conftest import TINY, spec_for
+
+    assert spec_for(*TINY, "workload=passkey", "workload.ignore_eos=null").workload.ignore_eos is True
+
+
 def test_a_file_without_answers_reads_no_scoring_settings(tmp_path):
     spec = dataset_spec(write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}]))
     assert spec.workload.scorer is None and spec.workload.ignore_eos is True
@@ -162,6 +185,20 @@ def test_a_labelled_job_records_its_scored_answers_and_accuracy_with_its_interva
     assert (metrics["answers_changed"], metrics["flipped_to_wrong"], metrics["flipped_to_right"]) == (0, 0, 0)
     assert all(0 < row["answer_tokens"] == row["reference_tokens"] <= 32 for row in rows)  # ran to EOS or the cap
     assert metrics["output_length_ratio"] == 1.0
+
+
+@pytest.mark.slow  # a real job on the tiny model with its quality pass: ~5 s
+def test_ignore_eos_true_on_a_labelled_file_scores_all_it_wrote_and_says_so(tmp_path):
+    from kvpipe.job.runner import run_job
+    from kvpipe.record.result import Result
+
+    quality = ("quality=on", "quality.windows=1", "quality.scored_tokens=4")
+    spec = dataset_spec(write_jsonl(tmp_path / "q.jsonl", LABELLED), "workload.ignore_eos=true", *quality)
+    result = Result.finished(spec, run_job(spec))
+    assert all(row["answer_tokens"] == row["reference_tokens"] == 6 for row in result.answers)  # EOS held back
+    assert "output_length_ratio" not in result.metrics  # 1 by construction: it would say nothing
+    assert "task_accuracy" in result.metrics and "answers_changed" in result.metrics
+    assert "held back" in result.tags["generation"] and "every token generated" in result.tags["generation"]
 
 
 def test_answers_beside_the_references_count_changes_and_flips():

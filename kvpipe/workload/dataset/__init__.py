@@ -28,6 +28,12 @@ LENGTH_COLUMN = "max_new_tokens"
 ANSWERS_DIR = "answers"  # a labelled file's scored answers, in the run's MLflow artifacts
 # When each row arrived, in seconds (a timestamp, or an offset from the first): load=rate replays them
 ARRIVAL_COLUMNS = ("timestamp", "arrival_s")
+# A labelled run's `generation` tag, by workload.ignore_eos: what its calls generated and its timings cover
+GENERATION = {
+    False: "stops at end-of-sequence (a labelled file): timings cover the tokens generated, up to each EOS",
+    True: "runs to max_new_tokens with end-of-sequence held back (workload.ignore_eos=true): each answer is all "
+    "it wrote, and timings cover every token generated",
+}
 
 
 @dataclass(frozen=True)
@@ -74,13 +80,13 @@ class Dataset(Workload):
         scorer: Optional[str] = None  # how answers are scored (scoring.SCORERS); default: contains
 
     def check(self) -> dict:
-        checked = super().check()
         if self.settings.limit is not None and self.settings.limit <= 0:
             raise ConfigError(
                 "workload.limit", self.settings.limit, "expected a positive number of rows, or null for all"
             )
         if self.settings.scorer is not None:
             require_choice("workload.scorer", self.settings.scorer, scoring.SCORERS)
+        checked = super().check()  # reads the file where ignore_eos is left to it (default_ignore_eos)
         self.rows()  # every problem with the file, now: before the model loads
         answers = self._answer_column
         if answers is None:
@@ -92,9 +98,12 @@ class Dataset(Workload):
                     "expected workload.answer_field naming one, or no scorer",
                 )
             return {**checked, "field": self._table[1]}
-        # An answer is the text before end-of-sequence, so a labelled file's calls stop there
-        return {**checked, "field": self._table[1], "answer_field": answers, "scorer": self.scorer.name,
-                "ignore_eos": False}  # fmt: skip
+        return {**checked, "field": self._table[1], "answer_field": answers, "scorer": self.scorer.name}
+
+    def default_ignore_eos(self) -> bool:
+        """An answer is the text before end-of-sequence, so a labelled file's calls stop there unless
+        the user set workload.ignore_eos; a file without answers runs to max_new_tokens, as ever."""
+        return self._answer_column is None
 
     @property
     def scorer(self) -> scoring.Scorer:
@@ -198,7 +207,7 @@ class Dataset(Workload):
     def tags(self, tokenizer) -> dict[str, str]:
         tags = {**super().tags(tokenizer), "dataset_digest": reading.digest(self.source())}
         if self.settings.answer_field is not None:
-            tags["generation"] = "stops at end-of-sequence (a labelled file): timings cover the tokens generated"
+            tags["generation"] = GENERATION[bool(self.common.ignore_eos)]
         return tags
 
     # ---- its scoring and records --------------------------------------------------------------
@@ -226,8 +235,11 @@ class Dataset(Workload):
         if not rows:
             return Scored()
         by_name = {metric.name: metric for metric in self.metrics}
+        found = labelled.figures(rows, self.scorer)
+        if self.common.ignore_eos:  # every answer, and the reference's, ran to max_new_tokens: 1 says nothing
+            found.pop("output_length_ratio", None)
         return Scored(
-            metrics={by_name[name]: value for name, value in labelled.figures(rows, self.scorer).items()},
+            metrics={by_name[name]: value for name, value in found.items()},
             rows=rows,
             tables={f"{ANSWERS_DIR}/answers.json": rows},
         )
