@@ -61,8 +61,8 @@ class Dataset(Workload):
         Metric("task_accuracy_ci_high", "task accuracy, 95% interval's high end", "", ".0%"),
         Metric("task_answers", "scored answers", "", ".0f"),
         Metric("answers_changed", "answers changed vs reference", "", ".0%", True, in_run_table=True, compare=True),
-        Metric("flipped_to_wrong", "right → wrong vs reference", "", ".0f", True, compare=True),
-        Metric("flipped_to_right", "wrong → right vs reference", "", ".0f"),
+        Metric("flipped_to_wrong", "right → wrong vs reference", "", ".0f", True, in_run_table=True, compare=True),
+        Metric("flipped_to_right", "wrong → right vs reference", "", ".0f", in_run_table=True),
         # Neither direction: closer to 1 is best; above 1 the answers cost more decode time than TPOT shows
         Metric("output_length_ratio", "output length vs reference", "×", ".2f", None, in_run_table=True, compare=True),
     )
