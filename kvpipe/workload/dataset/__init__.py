@@ -7,8 +7,8 @@ each row runs once per repeat. The file's content digest is part of the measurem
 
 A labelled file (an `answer` column, or `workload.answer_field`; a text, a number or a list of
 accepted answers) has its answers scored with `workload.scorer` (`scoring.py`, `labelled.py`): its
-calls stop at end-of-sequence, since an answer is the text before it, and the run records
-task_accuracy with its 95% interval and a row per answer.
+calls stop at end-of-sequence unless the user sets workload.ignore_eos, since an answer is the text
+before it, and the run records task_accuracy with its 95% interval and a row per answer.
 """
 
 from __future__ import annotations
