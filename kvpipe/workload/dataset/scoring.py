@@ -9,10 +9,12 @@ when used).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import statistics
 import string
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
@@ -71,7 +73,10 @@ def _rouge_l(answer: str, expected: str) -> float:
 
 @lru_cache(maxsize=1)
 def _rouge_scorer():
-    from rouge_score import rouge_scorer  # imports nltk: ~1.5 s, paid only where rouge_l scores
+    # absl (which rouge_score imports) keeps the sys.stderr of the moment it is first imported: a
+    # stream swapped in for a while (a test's capture) would be closed under it, so it gets the real one
+    with contextlib.redirect_stderr(sys.__stderr__):
+        from rouge_score import rouge_scorer  # imports nltk: ~1.5 s, paid only where rouge_l scores
 
     # No stemming, as Hugging Face evaluate's rouge defaults: "cats" and "cat" are different words
     return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
