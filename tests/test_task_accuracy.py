@@ -35,6 +35,11 @@ LABELLED = [
         ("regex", "answer: 42", "^Answer", 0.0),  # as written: (?i) for any case
         ("f1", "the cat sat", "cat sat down", 0.8),  # precision 2/2, recall 2/3
         ("f1", "a dog", "cat", 0.0),
+        # ROUGE-L F: the longest common subsequence "the cat on the mat", 5 of 6 words either way
+        ("rouge_l", "the cat sat on the mat", "the cat is on the mat", 5 / 6),
+        ("rouge_l", "The capital is Paris.", "paris", 0.4),  # precision 1/4, recall 1/1: articles count
+        ("rouge_l", "mat the on", "on the mat", 1 / 3),  # a subsequence keeps order: one word in common in turn
+        ("rouge_l", "cats", "cat", 0.0),  # no stemming
     ],
 )
 def test_each_scorer_scores_an_answer_against_an_expected_one(scorer, answer, expected, score):
@@ -43,6 +48,21 @@ def test_each_scorer_scores_an_answer_against_an_expected_one(scorer, answer, ex
 
 def test_normalisation_is_squads():
     assert scoring.normalise("The  Quick, brown fox  ate AN apple!") == "quick brown fox ate apple"
+
+
+def test_rouge_l_is_rouge_scores_own_figure():
+    ours = scoring.SCORERS["rouge_l"].score("a x c e", "a b c d e")  # first: scoring imports rouge_score as it must
+    from rouge_score import rouge_scorer
+
+    reference = rouge_scorer.RougeScorer(["rougeL"]).score("a b c d e", "a x c e")["rougeL"].fmeasure
+    assert ours == pytest.approx(reference)
+    assert reference == pytest.approx(2 * (3 / 4) * (3 / 5) / (3 / 4 + 3 / 5))
+
+
+def test_rouge_l_is_not_binary_so_its_interval_is_a_t_interval():
+    rouge = scoring.SCORERS["rouge_l"]
+    assert not rouge.binary
+    assert scoring.interval(rouge, [0.4, 0.6, 0.5, 0.5]) == scoring.t_interval([0.4, 0.6, 0.5, 0.5])
 
 
 def test_an_answer_keeps_its_best_score_over_the_accepted_answers():
@@ -78,6 +98,29 @@ def test_a_labelled_file_is_scored_and_stops_at_eos(tmp_path):
     assert params["workload.scorer"] == "contains" and params["workload.ignore_eos"] == "false"
 
 
+@pytest.mark.parametrize(
+    "labelled, given, ignore_eos",
+    [
+        (True, (), False),  # an answer is the text before EOS: a labelled file stops there
+        (True, ("workload.ignore_eos=true",), True),  # unless the user says otherwise
+        (True, ("workload.ignore_eos=false",), False),
+        (False, (), True),  # a file without answers runs to max_new_tokens, as every benchmark does
+        (False, ("workload.ignore_eos=false",), False),
+    ],
+)
+def test_a_labelled_file_stops_at_eos_unless_ignore_eos_is_set(tmp_path, labelled, given, ignore_eos):
+    rows = LABELLED if labelled else [{"prompt": row["prompt"]} for row in LABELLED]
+    spec = dataset_spec(write_jsonl(tmp_path / "q.jsonl", rows), *given)
+    assert spec.workload.ignore_eos is ignore_eos
+    assert spec.params()["workload.ignore_eos"] == str(ignore_eos).lower()
+
+
+def test_ignore_eos_null_elsewhere_means_every_call_runs_to_max_new_tokens():
+    from conftest import TINY, spec_for
+
+    assert spec_for(*TINY, "workload=passkey", "workload.ignore_eos=null").workload.ignore_eos is True
+
+
 def test_a_file_without_answers_reads_no_scoring_settings(tmp_path):
     spec = dataset_spec(write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}]))
     assert spec.workload.scorer is None and spec.workload.ignore_eos is True
@@ -95,12 +138,13 @@ def test_answer_field_names_the_column_and_numbers_are_answers(tmp_path):
     "rows, overrides, message",
     [
         (LABELLED, ("workload.answer_field=gold",), r"workload.answer_field='gold' .*no such column; expected one of: prompt, answer"),
-        (LABELLED, ("workload.scorer=exactly",), r"workload.scorer='exactly' .*expected one of: contains, exact, number, regex, f1; did you mean exact\?"),
+        (LABELLED, ("workload.scorer=exactly",), r"workload.scorer='exactly' .*expected one of: contains, exact, number, regex, f1, rouge_l; did you mean exact\?"),
         ([{"prompt": "a", "answer": "(unclosed"}], ("workload.scorer=regex",), r"workload.path=.*row 0's answer '\(unclosed' is not a regular expression"),
         ([{"prompt": "a", "answer": "x"}, {"prompt": "b", "answer": ""}], (), r"workload.path=.*row 1 has no usable answer in column 'answer'"),
         ([{"prompt": "a", "answer": []}], (), r"workload.path=.*row 0 has no usable answer in column 'answer'"),
         ([{"prompt": "a", "answer": "the"}], (), r"workload.path=.*row 0's answer 'the' normalises to nothing"),
         ([{"prompt": "a", "answer": "four"}], ("workload.scorer=number",), r"workload.path=.*row 0's answer 'four' is not a number"),
+        ([{"prompt": "a", "answer": "日本"}], ("workload.scorer=rouge_l",), r"workload.path=.*row 0's answer '日本' has no ASCII letters or digits"),
         ([{"prompt": "a"}], ("workload.scorer=exact",), r"workload.scorer='exact' .*the file has no 'answer' column"),
     ],
 )  # fmt: skip
@@ -140,6 +184,22 @@ def test_a_labelled_job_records_its_scored_answers_and_accuracy_with_its_interva
     # the dense cache is the reference itself: every answer is the reference's own
     assert all(row["reference_answer"] == row["answer"] for row in rows)
     assert (metrics["answers_changed"], metrics["flipped_to_wrong"], metrics["flipped_to_right"]) == (0, 0, 0)
+    assert all(0 < row["answer_tokens"] == row["reference_tokens"] <= 32 for row in rows)  # ran to EOS or the cap
+    assert metrics["output_length_ratio"] == 1.0
+
+
+@pytest.mark.slow  # a real job on the tiny model with its quality pass: ~5 s
+def test_ignore_eos_true_on_a_labelled_file_scores_all_it_wrote_and_says_so(tmp_path):
+    from kvpipe.job.runner import run_job
+    from kvpipe.record.result import Result
+
+    quality = ("quality=on", "quality.windows=1", "quality.scored_tokens=4")
+    spec = dataset_spec(write_jsonl(tmp_path / "q.jsonl", LABELLED), "workload.ignore_eos=true", *quality)
+    result = Result.finished(spec, run_job(spec))
+    assert all(row["answer_tokens"] == row["reference_tokens"] == 6 for row in result.answers)  # EOS held back
+    assert "output_length_ratio" not in result.metrics  # 1 by construction: it would say nothing
+    assert "task_accuracy" in result.metrics and "answers_changed" in result.metrics
+    assert "held back" in result.tags["generation"] and "every token generated" in result.tags["generation"]
 
 
 def test_answers_beside_the_references_count_changes_and_flips():
@@ -161,6 +221,24 @@ def test_answers_beside_the_references_count_changes_and_flips():
     assert found["answers_changed"] == pytest.approx(4 / 5)  # only row 0 wrote the reference's very text
     assert (found["flipped_to_wrong"], found["flipped_to_right"]) == (1, 1)  # row 2 lost it, row 4 found it
     assert "answers_changed" not in labelled.figures(rows, scoring.SCORERS["contains"])  # no quality pass: none
+
+
+def test_output_length_ratio_is_the_answers_tokens_over_the_references_summed():
+    from kvpipe.workload.dataset import labelled
+
+    rows = [
+        {"row": n, "expected": ["x"], "answer": "x", "score": 1.0, "answer_tokens": t} for n, t in enumerate([6, 2, 4])
+    ]
+    reference = {n: "x" for n in range(3)}
+    contains = scoring.SCORERS["contains"]
+    found = labelled.figures(labelled.with_reference(rows, reference, contains, {0: 3, 1: 0, 2: 5}), contains)
+    assert found["output_length_ratio"] == pytest.approx(12 / 8)  # the reference's empty answer divides nothing
+    silent = labelled.with_reference(rows, reference, contains, {0: 0, 1: 0, 2: 0})
+    assert "output_length_ratio" not in labelled.figures(silent, contains)  # nothing to compare with
+    older = labelled.with_reference(rows, reference, contains)  # rows recorded before lengths were kept
+    assert "output_length_ratio" not in labelled.figures(older, contains) and "answers_changed" in labelled.figures(
+        older, contains
+    )
 
 
 def task_runs(*rows: tuple[str, float, float]):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Optional
 
 from kvpipe import catalogue
 from kvpipe.errors import ConfigError
@@ -31,7 +31,8 @@ class Common:
     max_new_tokens: int = 32
     batch_size: int = 1
     do_sample: bool = False
-    ignore_eos: bool = True  # generate exactly max_new_tokens, as benchmarks do
+    # generate exactly max_new_tokens, as benchmarks do; null: as the workload decides (default_ignore_eos)
+    ignore_eos: Optional[bool] = True
     seed: int = 0
     warmup: int = 1
     repeats: Any = 3  # rounds of every batch; "auto": rounds until the TPOT interval is within target_interval
@@ -185,7 +186,11 @@ class Workload(Registered):
             )
         if self.common.warmup < 0:
             raise ConfigError("workload.warmup", self.common.warmup, "expected 0 or more")
-        return {}
+        return {"ignore_eos": self.default_ignore_eos()} if self.common.ignore_eos is None else {}
+
+    def default_ignore_eos(self) -> bool:
+        """What workload.ignore_eos=null means for it: True, every call runs to max_new_tokens."""
+        return True
 
     def _check_repeats(self) -> None:
         repeats = self.common.repeats

@@ -7,8 +7,8 @@ each row runs once per repeat. The file's content digest is part of the measurem
 
 A labelled file (an `answer` column, or `workload.answer_field`; a text, a number or a list of
 accepted answers) has its answers scored with `workload.scorer` (`scoring.py`, `labelled.py`): its
-calls stop at end-of-sequence, since an answer is the text before it, and the run records
-task_accuracy with its 95% interval and a row per answer.
+calls stop at end-of-sequence unless the user sets workload.ignore_eos, since an answer is the text
+before it, and the run records task_accuracy with its 95% interval and a row per answer.
 """
 
 from __future__ import annotations
@@ -21,13 +21,19 @@ from typing import Optional
 from kvpipe.catalogue import Metric
 from kvpipe.errors import ConfigError, require_choice
 from kvpipe.workload._scored import Scored
-from kvpipe.workload.base import Batch, Quality, Window, Workload, padded_batch
+from kvpipe.workload.base import Batch, Quality, Window, Workload, padded_batch, until_eos
 from kvpipe.workload.dataset import labelled, reading, scoring
 
 LENGTH_COLUMN = "max_new_tokens"
 ANSWERS_DIR = "answers"  # a labelled file's scored answers, in the run's MLflow artifacts
 # When each row arrived, in seconds (a timestamp, or an offset from the first): load=rate replays them
 ARRIVAL_COLUMNS = ("timestamp", "arrival_s")
+# A labelled run's `generation` tag, by workload.ignore_eos: what its calls generated and its timings cover
+GENERATION = {
+    False: "stops at end-of-sequence (a labelled file): timings cover the tokens generated, up to each EOS",
+    True: "runs to max_new_tokens with end-of-sequence held back (workload.ignore_eos=true): each answer is all "
+    "it wrote, and timings cover every token generated",
+}
 
 
 @dataclass(frozen=True)
@@ -55,8 +61,10 @@ class Dataset(Workload):
         Metric("task_accuracy_ci_high", "task accuracy, 95% interval's high end", "", ".0%"),
         Metric("task_answers", "scored answers", "", ".0f"),
         Metric("answers_changed", "answers changed vs reference", "", ".0%", True, in_run_table=True, compare=True),
-        Metric("flipped_to_wrong", "right → wrong vs reference", "", ".0f", True, compare=True),
-        Metric("flipped_to_right", "wrong → right vs reference", "", ".0f"),
+        Metric("flipped_to_wrong", "right → wrong vs reference", "", ".0f", True, in_run_table=True, compare=True),
+        Metric("flipped_to_right", "wrong → right vs reference", "", ".0f", in_run_table=True),
+        # Neither direction: closer to 1 is best; above 1 the answers cost more decode time than TPOT shows
+        Metric("output_length_ratio", "output length vs reference", "×", ".2f", None, in_run_table=True, compare=True),
     )
     quality = Quality(metrics[0], term="task", axis="task accuracy")
     # Scoring settings that a file without answers leaves unset: kept out of its measurement key.
@@ -72,13 +80,13 @@ class Dataset(Workload):
         scorer: Optional[str] = None  # how answers are scored (scoring.SCORERS); default: contains
 
     def check(self) -> dict:
-        checked = super().check()
         if self.settings.limit is not None and self.settings.limit <= 0:
             raise ConfigError(
                 "workload.limit", self.settings.limit, "expected a positive number of rows, or null for all"
             )
         if self.settings.scorer is not None:
             require_choice("workload.scorer", self.settings.scorer, scoring.SCORERS)
+        checked = super().check()  # reads the file where ignore_eos is left to it (default_ignore_eos)
         self.rows()  # every problem with the file, now: before the model loads
         answers = self._answer_column
         if answers is None:
@@ -90,9 +98,12 @@ class Dataset(Workload):
                     "expected workload.answer_field naming one, or no scorer",
                 )
             return {**checked, "field": self._table[1]}
-        # An answer is the text before end-of-sequence, so a labelled file's calls stop there
-        return {**checked, "field": self._table[1], "answer_field": answers, "scorer": self.scorer.name,
-                "ignore_eos": False}  # fmt: skip
+        return {**checked, "field": self._table[1], "answer_field": answers, "scorer": self.scorer.name}
+
+    def default_ignore_eos(self) -> bool:
+        """An answer is the text before end-of-sequence, so a labelled file's calls stop there unless
+        the user set workload.ignore_eos; a file without answers runs to max_new_tokens, as ever."""
+        return self._answer_column is None
 
     @property
     def scorer(self) -> scoring.Scorer:
@@ -196,7 +207,7 @@ class Dataset(Workload):
     def tags(self, tokenizer) -> dict[str, str]:
         tags = {**super().tags(tokenizer), "dataset_digest": reading.digest(self.source())}
         if self.settings.answer_field is not None:
-            tags["generation"] = "stops at end-of-sequence (a labelled file): timings cover the tokens generated"
+            tags["generation"] = GENERATION[bool(self.common.ignore_eos)]
         return tags
 
     # ---- its scoring and records --------------------------------------------------------------
@@ -210,12 +221,14 @@ class Dataset(Workload):
 
     def against_reference(self, tokenizer, eos_ids, batches, reference, rows):
         """Each answer row with the reference's own answer to its prompt."""
-        answers = {
-            row.number: labelled.answer_text(tokenizer, tokens, eos_ids)
-            for batch, generated in zip(batches, reference)
-            for row, tokens in zip(batch.rows, generated.tolist())
+        generated = {
+            row.number: tokens
+            for batch, calls in zip(batches, reference)
+            for row, tokens in zip(batch.rows, calls.tolist())
         }
-        return labelled.with_reference(rows, answers, self.scorer)
+        answers = {number: labelled.answer_text(tokenizer, tokens, eos_ids) for number, tokens in generated.items()}
+        lengths = {number: len(until_eos(tokens, eos_ids)) for number, tokens in generated.items()}
+        return labelled.with_reference(rows, answers, self.scorer, lengths)
 
     def scored(self, rows):
         """The mean score with its interval, the rows as answers (each an MLflow trace with its verdict)
@@ -223,8 +236,11 @@ class Dataset(Workload):
         if not rows:
             return Scored()
         by_name = {metric.name: metric for metric in self.metrics}
+        found = labelled.figures(rows, self.scorer)
+        if self.common.ignore_eos:  # every answer, and the reference's, ran to max_new_tokens: 1 says nothing
+            found.pop("output_length_ratio", None)
         return Scored(
-            metrics={by_name[name]: value for name, value in labelled.figures(rows, self.scorer).items()},
+            metrics={by_name[name]: value for name, value in found.items()},
             rows=rows,
             answers=labelled.answers(rows),
             scorer=self.scorer.name,

@@ -1,8 +1,8 @@
 """A labelled file: each row's expected answer (or a list of accepted ones), checked when the file
 is read, and the job's answers scored against them (`scoring.py`): a row per answer, the mean score
 as task_accuracy and its 95% interval; where the quality pass ran, each answer beside the
-reference's (a full-precision DynamicCache) to the same prompt: how many changed, and flipped. Pure
-Python."""
+reference's (a full-precision DynamicCache) to the same prompt: how many changed, and flipped, and
+how long the answers ran against the reference's. Pure Python."""
 
 from __future__ import annotations
 
@@ -63,6 +63,7 @@ def answer_rows(tokenizer, eos_ids: set[int], batches: list, calls: list, scorer
                     "prompt": str(row.messages[-1]["content"]),
                     "expected": list(row.answers),
                     "answer": answer,
+                    "answer_tokens": len(until_eos(tokens, eos_ids)),
                     "score": scorer.best(answer, list(row.answers)),
                 }
             )
@@ -73,17 +74,21 @@ def answer_text(tokenizer, tokens: list[int], eos_ids: set[int]) -> str:
     return tokenizer.decode(until_eos(tokens, eos_ids), skip_special_tokens=True).strip()
 
 
-def with_reference(rows: list[dict], reference: dict[int, str], scorer: scoring.Scorer) -> list[dict]:
-    """Each row with the reference's answer to its prompt (by row number) and that answer's score."""
+def with_reference(
+    rows: list[dict], reference: dict[int, str], scorer: scoring.Scorer, reference_tokens: dict[int, int] | None = None
+) -> list[dict]:
+    """Each row with the reference's answer to its prompt (by row number), that answer's score and,
+    where given, its length in tokens before its EOS."""
     return [
-        {**row, "reference_answer": reference[row["row"]], "reference_score": scorer.best(reference[row["row"]], row["expected"])}
+        {**row, "reference_answer": reference[row["row"]], "reference_score": scorer.best(reference[row["row"]], row["expected"]),
+         **({"reference_tokens": reference_tokens[row["row"]]} if reference_tokens is not None else {})}
         for row in rows
     ]  # fmt: skip
 
 
 def figures(rows: list[dict], scorer: scoring.Scorer) -> dict[str, float]:
     """task_accuracy (the mean score), its 95% interval, and how many answers it counts; beside the
-    reference's answers, the share that changed and how many flipped either way."""
+    reference's answers, the share that changed, how many flipped either way, and the length ratio."""
     scores = [row["score"] for row in rows]
     low, high = scoring.interval(scorer, scores)
     found = {
@@ -97,7 +102,19 @@ def figures(rows: list[dict], scorer: scoring.Scorer) -> dict[str, float]:
         found["answers_changed"] = sum(row["answer"] != row["reference_answer"] for row in rows) / len(rows)
         found["flipped_to_wrong"] = sum(was and not now for was, now in flips)
         found["flipped_to_right"] = sum(now and not was for was, now in flips)
+        found.update(length_ratio(rows))
     return found
+
+
+def length_ratio(rows: list[dict]) -> dict[str, float]:
+    """output_length_ratio: every answer's tokens before EOS over the reference's on the same prompts,
+    summed first (the tokens decoded, which is what the answers cost in time), so a row the reference
+    answered in no tokens counts without dividing by zero; none where the reference wrote nothing, or
+    rows recorded before lengths were kept."""
+    if not all("answer_tokens" in row and "reference_tokens" in row for row in rows):
+        return {}
+    reference = sum(row["reference_tokens"] for row in rows)
+    return {"output_length_ratio": sum(row["answer_tokens"] for row in rows) / reference} if reference else {}
 
 
 def answers(rows: list[dict]) -> list[Answer]:

@@ -1,19 +1,23 @@
 """How a labelled file's answers are scored (`workload.scorer`), and the 95% interval of their mean.
 
 Text is compared as SQuAD compares it: lower case, punctuation and the articles a/an/the removed,
-whitespace collapsed. Each scorer gives an answer 0..1 against one expected answer; an answer is
-scored against each accepted answer and keeps the best. Pure Python (scipy for f1's interval,
-imported when used).
+whitespace collapsed; rouge_l leaves text to Google's `rouge_score`, which tokenises itself. Each
+scorer gives an answer 0..1 against one expected answer; an answer is scored against each accepted
+answer and keeps the best. Pure Python at import (rouge_score, and scipy for a t interval, imported
+when used).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import statistics
 import string
+import sys
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -62,6 +66,30 @@ def _f1(answer: str, expected: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def _rouge_l(answer: str, expected: str) -> float:
+    """ROUGE-L's F-measure (longest common subsequence of words), as Google's rouge_score computes it."""
+    return _rouge_scorer().score(expected, answer)["rougeL"].fmeasure
+
+
+@lru_cache(maxsize=1)
+def _rouge_scorer():
+    # absl (which rouge_score imports) keeps the sys.stderr of the moment it is first imported: a
+    # stream swapped in for a while (a test's capture) would be closed under it, so it gets the real one
+    with contextlib.redirect_stderr(sys.__stderr__):
+        from rouge_score import rouge_scorer  # imports nltk: ~1.5 s, paid only where rouge_l scores
+
+    # No stemming, as Hugging Face evaluate's rouge defaults: "cats" and "cat" are different words
+    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
+
+
+def _rouge_tokens_left(expected: str) -> str | None:
+    from rouge_score import tokenize  # the tokeniser alone: no nltk
+
+    if tokenize.tokenize(expected, None):
+        return None
+    return "has no ASCII letters or digits, the only words rouge_score's tokeniser keeps"
+
+
 def _words_left(expected: str) -> str | None:
     return None if normalise(expected) else "normalises to nothing (only punctuation or articles)"
 
@@ -106,6 +134,7 @@ SCORERS = {
         Scorer("number", _number, unusable=_is_number),
         Scorer("regex", _regex, unusable=_compiles),
         Scorer("f1", _f1, binary=False),
+        Scorer("rouge_l", _rouge_l, binary=False, unusable=_rouge_tokens_left),
     )
 }
 DEFAULT = "contains"
