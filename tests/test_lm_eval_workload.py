@@ -102,7 +102,7 @@ def test_bad_settings_are_one_line_naming_the_field(tmp_path, setting, value):
 
 
 def test_a_task_sets_its_answers_length_and_lm_eval_builds_its_prompts(questions):
-    assert questions.check()["ignore_eos"] is False  # an answer ends at end-of-sequence, as in lm-eval
+    assert questions.common.ignore_eos is False  # an answer ends at end-of-sequence, as in lm-eval
     requests = questions.requests(tokenizer=None)
     assert [r.context for r in requests[:2]] == ["Q: Capital of France?\nA:", "Q: Two plus two?\nA:"]
     assert {(r.until, r.max_gen_toks) for r in requests} == {(("\n",), 5)}
@@ -173,3 +173,9 @@ def test_apply_chat_template_renders_lm_evals_prompts_through_the_models_templat
     spec = lm_eval_spec(write_task(tmp_path / "tasks"), "workload.apply_chat_template=true", "workload.limit=1")
     (request,) = spec.bound_workload.requests(TemplatedTokenizer())
     assert request.context == "<user>Q: Capital of France?\nA:<assistant>"
+
+
+def test_an_explicit_ignore_eos_is_kept(tmp_path):
+    """workload.ignore_eos=true runs every call to its length, as the user asked; unset, calls stop at EOS."""
+    spec = lm_eval_spec(write_task(tmp_path), "workload.ignore_eos=true")
+    assert spec.bound_workload.common.ignore_eos is True

@@ -58,8 +58,12 @@ class LmEval(Workload):
         if self.settings.num_fewshot is not None and self.settings.num_fewshot < 0:
             raise ConfigError("workload.num_fewshot", self.settings.num_fewshot, "expected 0 or more, or null")
         self.lm_eval_tasks()  # every problem with the tasks, now: before the model loads
-        # An answer is the text before end-of-sequence, as lm-eval's own model stops there
-        return {**checked, "tasks": list(names), "ignore_eos": False}
+        return {**checked, "tasks": list(names)}
+
+    def default_ignore_eos(self) -> bool:
+        """An answer is the text before end-of-sequence, as lm-eval's own model stops there, unless
+        the user sets workload.ignore_eos."""
+        return False
 
     def lm_eval_tasks(self) -> dict:
         """The lm-eval tasks by name, loaded once per workload object."""

@@ -70,7 +70,11 @@ class SharedContext(Workload):
                 raise ConfigError("workload.facts", s.facts, f"expected at most {len(documents.NAMES)}")
         else:
             documents.from_file(s.path, self.scorer)
-        return {**checked, "scorer": self.scorer.name, "ignore_eos": False}
+        return {**checked, "scorer": self.scorer.name}
+
+    def default_ignore_eos(self) -> bool:
+        """An answer is the text before end-of-sequence, unless the user sets workload.ignore_eos."""
+        return False
 
     @property
     def scorer(self) -> scoring.Scorer:
