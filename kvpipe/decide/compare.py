@@ -34,7 +34,7 @@ SERVING_FILES = ("serving_curve.png",)  # when some runs served requests under a
 FRONT_FILES = ("quality_vs_kv_bytes.png",)  # when some run evicted (press=...): each family a series
 FOOTNOTE = (
     "★ Pareto front of each workload over peak memory, TPOT and KL (lower is better; lossy runs without a "
-    "quality pass are left off); where every run measured passkey retrieval, over its accuracy in place of KL "
+    "quality pass are left off); where every run measured its workload's accuracy (passkey retrieval, task or RULER accuracy), over it in place of KL "
     "(and KL too when every run has it). ⚠ noisy: TTFT or TPOT varied between calls of one shape, or between a "
     "call's tokens, by more than the run's workload.noise_threshold, so its place on the front is not firm. "
     "Peak memory: the process's (CPU) or the allocator's (CUDA) peak during a measured call, weights included. "
