@@ -127,7 +127,7 @@ def grown(tokenizer, text_of: Callable[[int], str], least: int, pad: str = "\n")
     """A context builder for a list that grows with a count (cwe's words, fwe's coded words): the
     longest `text_of(count)` that fits, from `least` up, padded to exactly n with `pad`'s tokens
     (fewer than one more item's). Returns (build, minimum)."""
-    pad_id = raw_ids(tokenizer, pad)[-1:]
+    pad_id = (raw_ids(tokenizer, pad) or raw_ids(tokenizer, " ."))[-1:]  # a tokenizer that drops whitespace: a dot
 
     def tokens(count: int) -> list[int]:
         return raw_ids(tokenizer, text_of(count))
