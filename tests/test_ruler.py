@@ -174,7 +174,7 @@ def test_a_recorded_result_scores_again_with_per_task_metrics_steps_and_its_heat
 
 def test_the_heatmap_is_drawn_with_a_row_per_task_and_a_column_per_length(tmp_path):
     from kvpipe.workload import _heatmap
-    from kvpipe.workload.ruler import LAYOUT
+    from kvpipe.workload.ruler.heatmap import LAYOUT
 
     cells = scoring.cells([_row(task, n, 0.5) for task in ("vt", "niah_single_1", "qa_2") for n in (512, 1024)])
     path = _heatmap.save(cells, LAYOUT, tmp_path / "ruler_heatmap.png", "a run")

@@ -22,17 +22,10 @@ from kvpipe.workload._lengths import context_lengths
 from kvpipe.workload._scored import Scored, ScoredFile, Step
 from kvpipe.workload.base import Batch, Quality, Window, Workload
 from kvpipe.workload.ruler import qa, scoring, sources, tasks
+from kvpipe.workload.ruler.heatmap import HEATMAP_FILE, LAYOUT
 from kvpipe.workload.ruler.tasks import QA_TASKS, TASKS
 
 ARTIFACT_DIR = "ruler"  # its tables and heatmap in the run's MLflow artifacts
-HEATMAP_FILE = "ruler_heatmap.png"
-LAYOUT = _heatmap.Layout(
-    down="task",
-    value="accuracy",
-    ylabel="task",
-    colour_label="RULER accuracy",
-    down_order=lambda names: [name for name in TASKS if name in names],
-)
 
 
 def _task_metrics() -> tuple[Metric, ...]:

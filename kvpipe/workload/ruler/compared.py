@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kvpipe.workload import _heatmap
 from kvpipe.workload._compared import RecordedRun, Section
+from kvpipe.workload.ruler.heatmap import LAYOUT
 from kvpipe.workload.ruler.scoring import TASK_SERIES
 
 TITLE = "RULER accuracy by task and context length"
@@ -17,8 +18,6 @@ MEAN = "mean over tasks"
 
 def section(runs: list[RecordedRun], out_dir: Path | None) -> Section:
     """The table, and with out_dir the heatmaps written there."""
-    from kvpipe.workload.ruler import LAYOUT
-
     tables = [(run, cells(run)) for run in runs]
     lengths = sorted({cell["context_tokens"] for _, found in tables for cell in found})
     rows = []
