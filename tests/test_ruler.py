@@ -264,3 +264,31 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path):
     assert proc.returncode == 2 and "workload.tasks='niah_singel_1'" in proc.stderr and "niah_single_1" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not list(tmp_path.rglob("result.json")) and not list(tmp_path.rglob("*.db"))  # Hydra's own log at most
+
+
+# --- a ruler sweep, recorded and compared -------------------------------------------------------------------
+
+RULER_SWEEP = ["-m", "model=tiny_random", "workload=ruler", "workload.context_tokens=[300,400]",
+               "workload.tasks=[niah_single_1,vt]", "workload.samples=1", "workload.max_new_tokens=2",
+               "workload.warmup=0", "quality=off", "cache=dynamic,quantized", "backend=hqq", "backend.nbits=2"]  # fmt: skip
+
+
+@pytest.mark.slow  # a sweep of two real jobs, recorded in MLflow, then compared
+def test_a_sweep_records_every_answer_and_compare_shows_tasks_by_length_with_heatmaps(tmp_path, existing_store):
+    from kvpipe.record.result import iter_results
+
+    existing_store(tmp_path)
+    proc = run_cli(RULER_SWEEP, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (sweep_dir,) = (tmp_path / "outputs" / "multiruns").glob("*/*")
+    for path, result in iter_results(sweep_dir):
+        assert {(row["task"], row["context_tokens"]) for row in result.answers} == {
+            (task, n) for task in ("niah_single_1", "vt") for n in (300, 400)
+        }
+        assert result.metrics["ruler_answers"] == 4 and "ruler_vt_accuracy" in result.metrics
+        assert (path.parent / "ruler_heatmap.png").stat().st_size > 5000
+    section = (sweep_dir / "compare.md").read_text().split("## RULER accuracy by task and context length")[1]
+    header, _, *rows = [line for line in section.strip().splitlines() if line.startswith("|")]
+    assert all(column in header for column in ("cache", "task", "300 tokens", "400 tokens"))
+    assert len(rows) == 6 and sum("mean over tasks" in row for row in rows) == 2  # 2 tasks + the mean, per run
+    assert (sweep_dir / "ruler_heatmaps.png").stat().st_size > 5000
