@@ -289,6 +289,9 @@ def test_a_sweep_records_every_answer_and_compare_shows_tasks_by_length_with_hea
         assert (path.parent / "ruler_heatmap.png").stat().st_size > 5000
     section = (sweep_dir / "compare.md").read_text().split("## RULER accuracy by task and context length")[1]
     header, _, *rows = [line for line in section.strip().splitlines() if line.startswith("|")]
-    assert all(column in header for column in ("cache", "task", "300 tokens", "400 tokens"))
+    assert all(
+        column in header for column in ("cache", "task", "300 tokens", "400 tokens", "all lengths (95% interval)")
+    )
+    assert all("% (" in row for row in rows)  # each task's accuracy over every length, with its interval
     assert len(rows) == 6 and sum("mean over tasks" in row for row in rows) == 2  # 2 tasks + the mean, per run
     assert (sweep_dir / "ruler_heatmaps.png").stat().st_size > 5000

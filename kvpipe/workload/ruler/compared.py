@@ -9,7 +9,7 @@ from pathlib import Path
 from kvpipe.workload import _heatmap
 from kvpipe.workload._compared import RecordedRun, Section
 from kvpipe.workload.ruler.heatmap import LAYOUT
-from kvpipe.workload.ruler.scoring import TASK_SERIES
+from kvpipe.workload.ruler.scoring import TASK_SERIES, task_metrics
 
 TITLE = "RULER accuracy by task and context length"
 HEATMAPS_FILE = "ruler_heatmaps.png"
@@ -24,8 +24,9 @@ def section(runs: list[RecordedRun], out_dir: Path | None) -> Section:
     for run, found in tables:
         by_task = {(cell["task"], cell["context_tokens"]): cell["accuracy"] for cell in found}
         for task in LAYOUT.down_order({task for task, _ in by_task}) + [MEAN]:
-            rows.append([run.label, task, *(_percent(by_task.get((task, n))) for n in lengths)])
-    columns = ["cache", "task", *(f"{n:,} tokens" for n in lengths)] if rows else []
+            overall = _with_interval(run.metrics, "ruler_accuracy" if task == MEAN else task_metrics(task)[0])
+            rows.append([run.label, task, *(_percent(by_task.get((task, n))) for n in lengths), overall])
+    columns = ["cache", "task", *(f"{n:,} tokens" for n in lengths), "all lengths (95% interval)"] if rows else []
     files = []
     if out_dir is not None and rows:
         panels = [(run.point, [c for c in found if c["task"] != MEAN]) for run, found in tables]
@@ -47,3 +48,11 @@ def cells(run: RecordedRun) -> list[dict]:
 
 def _percent(value: float | None) -> str:
     return "" if value is None else f"{value:.0%}"
+
+
+def _with_interval(metrics: dict[str, float], name: str) -> str:
+    """A recorded accuracy with its interval: `75% (41%–93%)`."""
+    value, low, high = (metrics.get(key) for key in (name, f"{name}_ci_low", f"{name}_ci_high"))
+    if value is None:
+        return ""
+    return f"{value:.0%}" + (f" ({low:.0%}–{high:.0%})" if low is not None and high is not None else "")
