@@ -146,9 +146,6 @@ class Ruler(Workload):
                                      max_new_tokens=self.new_tokens(task), question_tokens=question_tokens))  # fmt: skip
         return batches
 
-    def warmup_key(self, batch: Batch) -> tuple:
-        return (*batch.input_ids.shape, batch.max_new_tokens)
-
     def windows(self, tokenizer, count: int, scored_tokens: int) -> list[Window]:
         """`count` prompts of the longest length, one task after another; the reference writes what follows."""
         longest = self.prompts(tokenizer, [max(self.settings.context_tokens)])
