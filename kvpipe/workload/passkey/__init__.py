@@ -12,6 +12,7 @@ from typing import Any, List
 from kvpipe.catalogue import Metric
 from kvpipe.errors import ConfigError
 from kvpipe.units import param_text
+from kvpipe.workload._lengths import context_lengths
 from kvpipe.workload._scored import Scored, ScoredFile, Step
 from kvpipe.workload.base import Batch, Quality, Window, Workload
 from kvpipe.workload.passkey import prompts as haystack
@@ -46,13 +47,7 @@ class Passkey(Workload):
 
     def check(self) -> dict:
         """Lengths become a sorted list of distinct positive ints (one value is a list of one)."""
-        lengths = self.settings.context_tokens
-        lengths = list(lengths) if isinstance(lengths, (list, tuple)) else [lengths]
-        if not lengths or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths):
-            raise ConfigError(
-                "workload.context_tokens", self.settings.context_tokens, "expected a positive integer or a list of them"
-            )
-        self.settings.context_tokens = sorted(set(lengths))
+        self.settings.context_tokens = context_lengths(self.settings.context_tokens)
         if not self.settings.depths or not all(0 <= depth <= 1 for depth in self.settings.depths):
             raise ConfigError(
                 "workload.depths",

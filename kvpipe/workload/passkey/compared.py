@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvpipe.units import MIB, human_bytes
+from kvpipe.workload import _heatmap
 from kvpipe.workload._compared import RecordedRun, Section
 from kvpipe.workload.passkey import heatmap
 from kvpipe.workload.passkey.retrieval import DEPTH_PREFIX
@@ -66,22 +67,9 @@ def cells(run: RecordedRun) -> list[dict]:
 
 def heatmaps(runs: list[RecordedRun], path: Path) -> None:
     """One needle-in-a-haystack heatmap per run, side by side on one colour scale."""
-    from matplotlib.figure import Figure  # no pyplot: no global backend state, renders with Agg
-
     panels = [(run.point, cells(run)) for run in runs]
-    panels = [(title, found) for title, found in panels if found]
-    columns = min(3, len(panels))
-    rows = -(-len(panels) // columns)
-    lengths = max(len({cell["context_tokens"] for cell in found}) for _, found in panels)
-    figure = Figure(figsize=(columns * (1.6 + 1.0 * lengths), rows * 3.2 + 0.6), layout="constrained")
-    axes = figure.subplots(rows, columns, squeeze=False).ravel()
-    for ax, (title, found) in zip(axes, panels):
-        image = heatmap.draw(ax, found, title)
-    for ax in axes[len(panels) :]:
-        ax.set_axis_off()
-    figure.colorbar(image, ax=list(axes), label="retrieval accuracy", shrink=0.8)
-    figure.suptitle("passkey retrieval accuracy by context length and key depth")
-    figure.savefig(path, dpi=110)
+    title = "passkey retrieval accuracy by context length and key depth"
+    _heatmap.side_by_side(panels, heatmap.LAYOUT, path, title)
 
 
 def accuracy_vs_kv_bytes(runs: list[RecordedRun], path: Path) -> None:
