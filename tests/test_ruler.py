@@ -123,7 +123,8 @@ def test_scores_match_rulers_own_functions_on_known_strings():
 
 
 def _row(task, length, score):
-    return {"task": task, "context_tokens": length, "sample": 0, "score": score,
+    return {"task": task, "context_tokens": length, "sample": 0, "repeat": 0, "question": "What is it?",
+            "expected": ["1234"], "answer": "1234" if score else "", "score": score,
             "ttft_ms": 10.0, "tpot_ms": 1.0, "kv_cache_bytes": 100}  # fmt: skip
 
 
@@ -170,6 +171,11 @@ def test_a_recorded_result_scores_again_with_per_task_metrics_steps_and_its_heat
     steps = {(step.series, step.step): step.value for step in scored.steps}
     assert steps[("ruler_accuracy/all_tasks", 1024)] == 0.5 and steps[("ruler_accuracy/task_vt", 512)] == 1.0
     assert [(f.name, f.artifact_dir) for f in scored.files] == [("ruler_heatmap.png", "ruler")]
+    # each answer for its MLflow trace: right where its score reaches half, its prompt named by task and length
+    assert [(a.correct, a.prompt) for a in scored.answers][:2] == [
+        (True, "niah_single_1, 512 tokens, sample 0: What is it?"),
+        (False, "niah_single_1, 1,024 tokens, sample 0: What is it?"),
+    ]
 
 
 def test_the_heatmap_is_drawn_with_a_row_per_task_and_a_column_per_length(tmp_path):

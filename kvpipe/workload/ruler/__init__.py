@@ -21,6 +21,7 @@ from kvpipe.workload import _heatmap
 from kvpipe.workload._lengths import context_lengths
 from kvpipe.workload._scored import Scored, ScoredFile, Step
 from kvpipe.workload.base import Batch, Quality, Window, Workload
+from kvpipe.workload.dataset import labelled
 from kvpipe.workload.ruler import qa, scoring, sources, tasks
 from kvpipe.workload.ruler.heatmap import HEATMAP_FILE, LAYOUT
 from kvpipe.workload.ruler.tasks import QA_TASKS, TASKS
@@ -43,6 +44,7 @@ class Ruler(Workload):
     chat_style = True
     context_fields = ("context_tokens",)
     compares_greedy_path = False  # scored against expected answers, which says more
+    names_question = True  # each prompt ends with its question, the template's suffix and RULER's answer prefix
     # every task once (each declares a metric the quick job must make), at a length cwe's list fits
     test_overrides = ("workload.context_tokens=[800]", "workload.samples=1", "workload.max_new_tokens=2")
     metrics = (
@@ -168,6 +170,8 @@ class Ruler(Workload):
             metrics={by_name[name]: value for name, value in scoring.figures(rows).items()},
             steps=[Step(name, float(value), step) for name, value, step in scoring.stepped_metrics(rows)],
             rows=rows,
+            answers=_answers(rows),
+            scorer="ruler.string_match",
             tables={f"{ARTIFACT_DIR}/answers.json": rows, f"{ARTIFACT_DIR}/cells.json": cells},
             files=[ScoredFile(HEATMAP_FILE, ARTIFACT_DIR, partial(_heatmap.save, cells, LAYOUT))],
         )
@@ -198,3 +202,13 @@ class Ruler(Workload):
 
     def dataset_input(self, tags):
         return f"{self.name} prompts ({param_text(self.settings.context_tokens).strip('[]')} tokens)", None
+
+
+def _answers(rows: list[dict]):
+    """Each answer for its MLflow trace with its verdict: the haystack is too long to show, so the task,
+    length and question stand for the prompt."""
+    numbered = [
+        {**row, "row": number, "prompt": f"{row['task']}, {row['context_tokens']:,} tokens, sample {row['sample']}: {row['question']}"}
+        for number, row in enumerate(rows)
+    ]  # fmt: skip
+    return labelled.answers(numbered)
