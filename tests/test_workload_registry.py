@@ -85,7 +85,9 @@ def test_a_new_workload_is_validated_from_its_own_settings(countdown):
 
 
 def test_an_unknown_kind_names_the_registered_ones(countdown):
-    with pytest.raises(ConfigError, match="workload.kind='nope'.*chat, long_context, passkey, ruler, dataset, .*countdown"):
+    with pytest.raises(
+        ConfigError, match="workload.kind='nope'.*chat, long_context, passkey, ruler, dataset, .*countdown"
+    ):
         make_spec(compose_config([*TINY, "workload.kind=nope"]))
 
 
