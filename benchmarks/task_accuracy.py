@@ -1,7 +1,7 @@
 """What a lossy cache does to a labelled file's answers: the example questions (examples/questions.jsonl,
 28 one-word questions) answered through the full-precision dynamic cache, quanto int4 and int2 (kivi),
-int2 with backend.residual_length=0 (so a short prompt is quantized too, not kept whole in the
-residual), fp8, and snapkv and streaming at ratio 0.5, the jobs taking turns in interleaved rounds (as a
+int2 with backend.residual_length=0 (every new token quantized too, where the default keeps the
+answer's own tokens in full precision; the prompt is quantized as it is read either way), fp8, and snapkv and streaming at ratio 0.5, the jobs taking turns in interleaved rounds (as a
 sweep's do). Each answer stops at end-of-sequence and is scored by workload.scorer (contains); the
 quality pass makes the full-precision reference's answers to the same prompts.
 

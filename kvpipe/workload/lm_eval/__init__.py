@@ -147,18 +147,22 @@ class LmEval(Workload):
         return rows
 
     def _scored_rows(self, tokenizer, eos_ids, batches, generated, repeat: int = 0) -> list[dict]:
-        requests, texts = [], []
+        requests, texts, lengths = [], [], {}
         for batch, tokens in zip(batches, generated):
             for request, row in zip(batch.rows, tokens.tolist()):
                 requests.append(request)
                 texts.append(_text(tokenizer, row, eos_ids))
-        return scoring.answer_rows(self.lm_eval_tasks(), requests, texts, repeat)
+                lengths[request.task, request.instance.doc_id] = len(until_eos(row, eos_ids))
+        rows = scoring.answer_rows(self.lm_eval_tasks(), requests, texts, repeat)
+        # the tokens decoded before end-of-sequence (output_length_ratio), whatever `until` cut after
+        return [{**row, "answer_tokens": lengths[row["task"], row["doc_id"]]} for row in rows]
 
     def against_reference(self, tokenizer, eos_ids, batches, reference, rows):
         """Each answer row with the reference's answer to its document, scored the same way."""
         theirs = {(r["task"], r["doc_id"]): r for r in self._scored_rows(tokenizer, eos_ids, batches, reference)}
         return [{**row, "reference_answer": theirs[(row["task"], row["doc_id"])]["answer"],
-                 "reference_score": theirs[(row["task"], row["doc_id"])]["score"]} for row in rows]  # fmt: skip
+                 "reference_score": theirs[(row["task"], row["doc_id"])]["score"],
+                 "reference_tokens": theirs[(row["task"], row["doc_id"])]["answer_tokens"]} for row in rows]  # fmt: skip
 
     def scored(self, rows):
         """task_accuracy over every task's documents with its interval (Wilson's where scores are 0
