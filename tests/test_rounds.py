@@ -148,9 +148,14 @@ def test_a_difference_is_clear_only_beyond_two_percent(low, high, clear):
     assert ratio.text().startswith("no clear difference") is (not clear and not math.isnan(low))
 
 
-def test_too_few_rounds_give_no_interval():
-    assert all(math.isnan(v) for v in ratio_interval([1.0], [1.0, 2.0], paired=True))
-    assert all(math.isnan(v) for v in ratio_interval([1.0], [1.0, 2.0], paired=False))
+def test_too_few_rounds_give_the_measured_ratio_without_an_interval():
+    """One round each still says how the two compared; only the interval needs more."""
+    ratio, low, high = ratio_interval([3.0], [2.0, 4.0], paired=True)  # round 1 against round 1
+    assert ratio == 1.5 and math.isnan(low) and math.isnan(high)
+    ratio, low, high = ratio_interval([3.0], [2.0, 4.0], paired=False)  # mean against mean
+    assert ratio == 1.0 and math.isnan(low) and math.isnan(high)
+    assert paired.Ratio(1.5, math.nan, math.nan, paired=True).text() == "1.50× (no interval)"
+    assert all(math.isnan(v) for v in ratio_interval([], [1.0, 2.0], paired=False))
 
 
 def test_the_signed_rank_interval_holds_the_true_ratio_as_often_as_it_says():

@@ -62,8 +62,9 @@ SIGNED_RANK_FROM = 6  # the fewest rounds for which a 95% signed-rank interval e
 
 
 def ratio_interval(values: list[float], baseline: list[float], paired: bool, level: float = LEVEL):
-    """(ratio, low, high) of values against baseline, at `level`; NaNs where either has fewer than
-    two values.
+    """(ratio, low, high) of values against baseline, at `level`. Where either has fewer than two
+    values the ratio is still measured (one round against one round) and its interval is NaN; all
+    three are NaN where either has none.
 
     paired: the two were measured in the same rounds, so round i of one is set against round i of
     the other and what drifted in that round cancels. From SIGNED_RANK_FROM rounds the ratio is the
@@ -84,7 +85,7 @@ def ratio_interval(values: list[float], baseline: list[float], paired: bool, lev
             logs = np.log(x[:n] / b[:n])
         logs = logs[np.isfinite(logs)]
         if len(logs) < 2:
-            return math.nan, math.nan, math.nan
+            return (float(math.exp(logs.mean())) if len(logs) else math.nan), math.nan, math.nan
         if len(logs) >= SIGNED_RANK_FROM:
             return tuple(float(math.exp(v)) for v in _signed_rank_interval(logs, tail))
         low, high = mean_interval(list(logs), level)  # Student's t: SIGNED_RANK_FROM is below BOOTSTRAP_FROM
@@ -92,7 +93,7 @@ def ratio_interval(values: list[float], baseline: list[float], paired: bool, lev
     else:
         x, b = x[np.isfinite(x) & (x > 0)], b[np.isfinite(b) & (b > 0)]
         if len(x) < 2 or len(b) < 2:
-            return math.nan, math.nan, math.nan
+            return (float(x.mean() / b.mean()) if len(x) and len(b) else math.nan), math.nan, math.nan
         parts = [v.var(ddof=1) / (len(v) * v.mean() ** 2) for v in (x, b)]  # each log-mean's variance
         se = math.sqrt(sum(parts))
         freedom = sum(parts) ** 2 / sum(part**2 / (len(v) - 1) for part, v in zip(parts, (x, b))) if se else 1
