@@ -151,8 +151,9 @@ class LmEval(Workload):
         for batch, tokens in zip(batches, generated):
             for request, row in zip(batch.rows, tokens.tolist()):
                 requests.append(request)
-                texts.append(_text(tokenizer, row, eos_ids))
-                lengths[request.task, request.instance.doc_id] = len(until_eos(row, eos_ids))
+                answer = until_eos(row, eos_ids)
+                texts.append(_text(tokenizer, answer))
+                lengths[request.task, request.instance.doc_id] = len(answer)
         rows = scoring.answer_rows(self.lm_eval_tasks(), requests, texts, repeat)
         # the tokens decoded before end-of-sequence (output_length_ratio), whatever `until` cut after
         return [{**row, "answer_tokens": lengths[row["task"], row["doc_id"]]} for row in rows]
@@ -160,9 +161,7 @@ class LmEval(Workload):
     def against_reference(self, tokenizer, eos_ids, batches, reference, rows):
         """Each answer row with the reference's answer to its document, scored the same way."""
         theirs = {(r["task"], r["doc_id"]): r for r in self._scored_rows(tokenizer, eos_ids, batches, reference)}
-        return [{**row, "reference_answer": theirs[(row["task"], row["doc_id"])]["answer"],
-                 "reference_score": theirs[(row["task"], row["doc_id"])]["score"],
-                 "reference_tokens": theirs[(row["task"], row["doc_id"])]["answer_tokens"]} for row in rows]  # fmt: skip
+        return [_beside(row, theirs[row["task"], row["doc_id"]]) for row in rows]
 
     def scored(self, rows):
         """task_accuracy over every task's documents with its interval (Wilson's where scores are 0
@@ -201,7 +200,13 @@ class LmEval(Workload):
         return ",".join(self.settings.tasks), tags.get("lm_eval_include_digest")
 
 
-def _text(tokenizer, tokens: list[int], eos_ids: set[int]) -> str:
-    """The generated text before end-of-sequence, as lm-eval's HF model decodes it (not stripped:
-    a task's filters and metrics see what lm-eval would give them)."""
-    return tokenizer.decode(until_eos(tokens, eos_ids), skip_special_tokens=True)
+def _beside(row: dict, reference: dict) -> dict:
+    """An answer row with the reference's answer to the same document, its score and its length."""
+    return {**row, "reference_answer": reference["answer"], "reference_score": reference["score"],
+            "reference_tokens": reference["answer_tokens"]}  # fmt: skip
+
+
+def _text(tokenizer, answer: list[int]) -> str:
+    """The answer's tokens (those before end-of-sequence) as lm-eval's HF model decodes them (not
+    stripped: a task's filters and metrics see what lm-eval would give them)."""
+    return tokenizer.decode(answer, skip_special_tokens=True)
