@@ -38,15 +38,18 @@ class Metric:
         """The column of one of its companions (_std, _ci_low, _ci_high): metrics.tpot_ms_std."""
         return f"metrics.{self.name}_{suffix}"
 
-    def number(self, value: float, std: float | None = None, interval: tuple | None = None) -> str:
+    def number(self, value: float, std: float | None = None, interval: tuple | None = None, note: str = "") -> str:
         """The value and its 95% interval (`51.1 (49.8–52.6)`) where it has one, else ± std where
-        there is a spread, without the unit: a table cell under a header that names the unit."""
+        there is a spread, without the unit: a table cell under a header that names the unit. A
+        note says why the interval is not printed, in its place: `173.1 (1 round, no interval)`."""
         if value is None or value != value:
             return "–"
         if self.format == "bytes":
             return human_bytes(value)
         text = format(value, self.format)
-        if interval and all(bound is not None and bound == bound for bound in interval):
+        if note:
+            text += f" ({note})"
+        elif interval and all(bound is not None and bound == bound for bound in interval):
             text += f" ({format(interval[0], self.format)}–{format(interval[1], self.format)})"
         elif std and self.format.endswith("f"):
             text += f" ± {format(std, self.format)}"
@@ -56,20 +59,25 @@ class Metric:
         """(low, high) of its 95% interval among a run's metrics (None where it has none)."""
         return metrics.get(f"{self.name}_ci_low"), metrics.get(f"{self.name}_ci_high")
 
-    def show(self, value: float, std: float | None = None, interval: tuple | None = None) -> str:
-        """The value with its unit, for running text and the run's table: `51.1 (49.8–52.6) ms`."""
-        text = self.number(value, std, interval)
+    def show(self, value: float, std: float | None = None, interval: tuple | None = None, note: str = "") -> str:
+        """The value with its unit, for running text and the run's table: `51.1 (49.8–52.6) ms`, or
+        with a note, `51.1 ms (1 round, no interval)`, the note in place of the interval."""
+        text = self.number(value, *((None, None) if note else (std, interval)))
         if text == "–" or not self.unit or self.format == "bytes":
-            return text
-        return text + ("" if self.unit == "×" else " ") + self.unit  # 1.95×, but 51.1 ms
+            unit = ""
+        else:
+            unit = ("" if self.unit == "×" else " ") + self.unit  # 1.95×, but 51.1 ms
+        return text + unit + (f" ({note})" if note and text != "–" else "")
 
     def header(self) -> str:
         """A table column's title: the label, and a unit that is a word (ms, tok/s, nats)."""
         return f"{self.label} {self.unit}" if self._unit_in_header() else self.label
 
-    def cell(self, value: float, std: float | None = None, interval: tuple | None = None) -> str:
+    def cell(self, value: float, std: float | None = None, interval: tuple | None = None, note: str = "") -> str:
         """A table cell under `header()`: the unit only where the header leaves it out (1.95×)."""
-        return self.number(value, std, interval) if self._unit_in_header() else self.show(value, std, interval)
+        if self._unit_in_header():
+            return self.number(value, std, interval, note)
+        return self.show(value, std, interval, note)
 
     def _unit_in_header(self) -> bool:
         return bool(self.unit) and self.unit != "×" and self.format != "bytes"

@@ -1,9 +1,11 @@
 """Differences a decision can trust: a run's TPOT or TTFT as a ratio to a baseline run, with a 95%
 interval, paired round by round where the two took turns in the same rounds (an interleaved sweep:
 the same `kvpipe.round_group`), so that the machine's drift, which slows both alike in a round,
-cancels (kvpipe.measure.uncertainty.ratio_interval). Where the interval reaches within ±2% of 1
-there is no clear difference, and neither compare nor recommend names a winner on it (criterion.rs
-calls such a change "no change", or "within noise threshold")."""
+cancels (kvpipe.measure.uncertainty.ratio_interval). Its verdict is one of three, in words its
+interval bears out: clearly slower or faster (the whole interval lies beyond ±2% of 1), the same
+within 2% (the whole interval lies inside that band), or not yet decided (it straddles an edge of
+the band); neither compare nor recommend names a winner on the last two (criterion.rs says "no
+change", or "within noise threshold")."""
 
 from __future__ import annotations
 
@@ -19,7 +21,11 @@ FIGURES = {"tpot_ms": "TPOT", "ttft_ms": "TTFT"}
 # A difference is clear only where its whole interval lies beyond ±2%: smaller ones are within what
 # no cache choice should turn on (criterion.rs's noise threshold, there 1%, plays the same part)
 NEGLIGIBLE = 0.02
+MOST_ROUNDS_SUGGESTED = 100  # beyond this, "~N rounds might decide it" is not a suggestion worth making
 ROUND_GROUP = mlflow_tags.column(mlflow_tags.ROUND_GROUP)
+SLOWER, FASTER, SAME, UNDECIDED, NO_INTERVAL = "slower", "faster", "same", "undecided", "no interval"
+WORDS = {SLOWER: "clearly slower", FASTER: "clearly faster", SAME: f"the same within {NEGLIGIBLE:.0%}",
+         UNDECIDED: "not yet decided"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -28,11 +34,24 @@ class Ratio:
     low: float
     high: float
     paired: bool  # measured in the same rounds, resampled together
+    rounds: int = 0  # the rounds its interval is over (paired: the pairs); 0 where not known
+
+    @property
+    def state(self) -> str:
+        """SLOWER or FASTER where the whole interval lies beyond ±NEGLIGIBLE of 1, SAME where it lies
+        inside, UNDECIDED where it straddles an edge of that band; NO_INTERVAL without one."""
+        if math.isnan(self.low) or math.isnan(self.high):
+            return NO_INTERVAL
+        if self.low > 1 + NEGLIGIBLE:
+            return SLOWER
+        if self.high < 1 - NEGLIGIBLE:
+            return FASTER
+        return SAME if self.low >= 1 - NEGLIGIBLE and self.high <= 1 + NEGLIGIBLE else UNDECIDED
 
     @property
     def clear(self) -> bool:
         """The whole interval lies beyond ±NEGLIGIBLE of 1: one is faster, whatever the drift."""
-        return not math.isnan(self.low) and (self.low > 1 + NEGLIGIBLE or self.high < 1 - NEGLIGIBLE)
+        return self.state in (SLOWER, FASTER)
 
     def figures(self) -> str:
         """'1.62× (1.55–1.70)', with † where not paired."""
@@ -41,8 +60,24 @@ class Ratio:
         return f"{self.value:.2f}× ({self.low:.2f}–{self.high:.2f})" + ("" if self.paired else " †")
 
     def text(self) -> str:
-        """figures(), or 'no clear difference: 1.02× (0.98–1.06)' where the interval reaches within ±2% of 1."""
-        return self.figures() if self.clear or math.isnan(self.low) else f"no clear difference: {self.figures()}"
+        """The verdict and the figures that bear it out: 'clearly slower: 1.09× (1.03–1.16)', 'the
+        same within 2%: 1.00× (0.99–1.01)', 'not yet decided: 1.09× (1.01–1.18); ~12 rounds might
+        decide it'; the figures alone where there is no interval."""
+        if self.state == NO_INTERVAL:
+            return self.figures()
+        needed = self.rounds_to_decide() if self.state == UNDECIDED else None
+        return f"{WORDS[self.state]}: {self.figures()}" + (f"; ~{needed} rounds might decide it" if needed else "")
+
+    def rounds_to_decide(self) -> int | None:
+        """Undecided: the rounds at which an interval of this spread, narrowing as 1/√rounds about the
+        same centre, would clear the band's nearer edge (a guess: the centre moves as rounds come);
+        None where the rounds are not known or it would take more than MOST_ROUNDS_SUGGESTED."""
+        if self.rounds < 2 or self.state != UNDECIDED:
+            return None
+        centre, half = (math.log(self.high) + math.log(self.low)) / 2, (math.log(self.high) - math.log(self.low)) / 2
+        room = min(abs(centre - math.log(1 + NEGLIGIBLE)), abs(centre - math.log(1 - NEGLIGIBLE)))
+        needed = math.ceil(self.rounds * (half / room) ** 2) if room else math.inf
+        return int(needed) if needed <= MOST_ROUNDS_SUGGESTED else None
 
 
 def series(run, figure: str) -> list[float]:
@@ -62,7 +97,7 @@ def ratio(run, baseline, figure: str = "tpot_ms") -> Ratio | None:
     if not mine or not theirs:
         return None
     paired = same_rounds(run, baseline)
-    return Ratio(*ratio_interval(mine, theirs, paired), paired=paired)
+    return Ratio(*ratio_interval(mine, theirs, paired), paired=paired, rounds=min(len(mine), len(theirs)))
 
 
 DEFAULT_BASELINE = cache.Family.DYNAMIC  # the default cache: what others are weighed against, unless --baseline

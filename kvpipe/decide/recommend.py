@@ -138,7 +138,7 @@ def choose(runs, limits: Limits):
 
 def fastest_supported(group) -> tuple[object, str]:
     """The run to take of one family (sorted fastest first), and why where it is not the fastest: runs
-    whose TPOT is no clearly different from the fastest's (the ratio's interval holds 1) tie on
+    whose TPOT is not clearly different from the fastest's (the same within 2%, or not yet decided) tie on
     latency, and the tie goes to the one better on the other axes: less peak memory, then less
     quality loss."""
     fastest = group.iloc[0]
@@ -158,8 +158,8 @@ def fastest_supported(group) -> tuple[object, str]:
     else:
         why = "loses less quality"
     return chosen, (
-        f"; {chosen['label']} over {fastest['label']}: their TPOT differs by no more than the runs can tell "
-        f"({against.figures()}), and {chosen['label']} {why}"
+        f"; {chosen['label']} over {fastest['label']}: their TPOTs are not clearly apart "
+        f"({against.text()}), and {chosen['label']} {why}"
     )
 
 
@@ -170,11 +170,11 @@ def _loss(run) -> float:
 
 def _static_versus_dynamic(static, dynamic, faster=None) -> str:
     """'static decodes 12% slower than dynamic (TPOT 3.3 vs 2.9 ms); a fixed cache pays only when it
-    is at least 10% faster', or, where their intervals cannot tell them apart, says so."""
+    is at least 10% faster', or, where their ratio is not clearly apart from 1, its verdict."""
     if faster is not None and not faster.clear:
         return (
-            f"{static['label']}'s TPOT is {faster.figures()} of {dynamic['label']}'s, an interval that holds 1: "
-            "no difference these runs can tell, so none a fixed cache is worth preallocating for"
+            f"{static['label']}'s TPOT against {dynamic['label']}'s: {faster.text()}; a fixed cache is worth "
+            "preallocating only for a clear speed-up"
         )
     change = static["tpot"] / dynamic["tpot"] - 1
     pace = f"{abs(change):.0%} {'slower' if change > 0 else 'faster'}" if round(change, 2) else "as fast"

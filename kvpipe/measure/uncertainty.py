@@ -1,11 +1,24 @@
-"""How sure a timing is: the 95% confidence interval of a mean, and of a ratio between two runs.
+"""How sure a figure is: the 95% confidence interval of a mean, of a ratio between two runs, and
+when an interval is worth printing at all.
 
-A mean's interval (mean_interval) is Student's t below BOOTSTRAP_FROM values, where a percentile
-bootstrap holds the mean far less often than it says (simulated on normal samples: 74% of the time
-at 3 values, 86% at 6, 91% at 12), and a percentile bootstrap from there on (criterion.rs reports
-its figures this way), which needs no assumption about the spread's shape: a run's thousands of
-inter-token gaps, or a served load's requests. The bootstrap resamples from a seed, so a run's
-interval is the same when computed again from the same values."""
+Every interval here is of a positive figure (a time, a rate, a count of bytes), and lies inside
+(0, inf): a figure that cannot be negative never gets a bound at or below zero. A mean's interval
+(mean_interval) below BOOTSTRAP_FROM values is Student's t on the log scale (the delta method:
+mean × exp(±t · s / (mean · √n)), centred on the mean the table shows), where a percentile bootstrap
+holds the mean far less often than it says (simulated on normal samples: 74% of the time at 3
+values, 86% at 6, 91% at 12) and Student's t on the raw values crosses zero as soon as the spread is
+wide (3 rounds 40% apart: -0.6 to 347 ms around 173). From BOOTSTRAP_FROM on, a percentile bootstrap
+(criterion.rs reports its figures this way), which needs no assumption about the spread's shape (a
+run's thousands of inter-token gaps, or a served load's requests): each resampled mean is a mean of
+positive values, so positive. The bootstrap resamples from a seed, so a run's interval is the same
+when computed again from the same values. A ratio's interval (ratio_interval) is on the logs too.
+Shares (an accuracy) are not measured here: their workload's scoring gives Wilson's interval, or a t
+interval held within 0..1 (kvpipe.workload.dataset.scoring); no figure that can be 0 or negative (KL,
+a spread) records an interval.
+
+An interval is printed only where it says something: from two rounds, with its ends apart and no
+more than WORTH_PRINTING apart as a ratio (interval_note); in its place a table says why not, and
+how many rounds would give ±TARGET."""
 
 from __future__ import annotations
 
@@ -18,19 +31,25 @@ BOOTSTRAP_FROM = 30  # values; below, Student's t
 
 
 def mean_interval(values: list[float], level: float = LEVEL) -> tuple[float, float]:
-    """(low, high) of the mean of `values` at `level`: Student's t for a few values (a job's rounds),
-    a percentile bootstrap for many; NaNs where fewer than two values are finite."""
+    """(low, high) of the mean of `values` (a positive figure's) at `level`: Student's t on the log
+    scale for a few values (a job's rounds), a percentile bootstrap for many; NaNs where fewer than
+    two values are finite or their mean is not positive."""
     finite = [v for v in values if v == v and not math.isinf(v)]
     if len(finite) >= BOOTSTRAP_FROM:
         return bootstrap_interval(finite, level)
-    if len(finite) < 2:
+    mean = sum(finite) / len(finite) if finite else math.nan
+    if len(finite) < 2 or not mean > 0:
         return math.nan, math.nan
+    sd = math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
+    half = _t(level, len(finite)) * sd / mean / math.sqrt(len(finite))  # on log(mean)
+    return mean * math.exp(-half), mean * math.exp(half)
+
+
+def _t(level: float, n: int) -> float:
+    """Student's t quantile for a two-sided `level` interval of the mean of n values."""
     from scipy import stats
 
-    mean = sum(finite) / len(finite)
-    sd = math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
-    half = stats.t.ppf(1 - (1 - level) / 2, len(finite) - 1) * sd / math.sqrt(len(finite))
-    return mean - half, mean + half
+    return float(stats.t.ppf(1 - (1 - level) / 2, n - 1))
 
 
 def bootstrap_interval(values: list[float], level: float = LEVEL, resamples: int = RESAMPLES, seed: int = 0):
@@ -88,8 +107,8 @@ def ratio_interval(values: list[float], baseline: list[float], paired: bool, lev
             return (float(math.exp(logs.mean())) if len(logs) else math.nan), math.nan, math.nan
         if len(logs) >= SIGNED_RANK_FROM:
             return tuple(float(math.exp(v)) for v in _signed_rank_interval(logs, tail))
-        low, high = mean_interval(list(logs), level)  # Student's t: SIGNED_RANK_FROM is below BOOTSTRAP_FROM
-        return float(math.exp(logs.mean())), float(math.exp(low)), float(math.exp(high))
+        half = _t(level, len(logs)) * logs.std(ddof=1) / math.sqrt(len(logs))  # Student's t on the log ratios
+        return tuple(float(math.exp(logs.mean() + side * half)) for side in (0, -1, 1))
     else:
         x, b = x[np.isfinite(x) & (x > 0)], b[np.isfinite(b) & (b > 0)]
         if len(x) < 2 or len(b) < 2:
@@ -117,3 +136,47 @@ def _signed_rank_interval(d, tail: float) -> tuple[float, float, float]:
     below = np.cumsum(ways) / 2**n  # P(T <= t)
     c = int(np.searchsorted(below, tail, side="right"))  # the counts t < c have P(T <= t) <= tail
     return float(np.median(walsh)), float(walsh[c - 1]), float(walsh[len(walsh) - c])
+
+
+TARGET = 0.10  # the interval a "too noisy" note says how many rounds would give: ±10%
+WORTH_PRINTING = 2.0  # an interval whose high end is over twice its low does not place its figure
+
+
+def interval_note(low: float | None, high: float | None, rounds: list[float]) -> str | None:
+    """None where the interval (low, high) is worth printing beside its figure; else the words to
+    print in its place: '1 round, no interval', or '3 rounds: too noisy for an interval; ~79 would
+    give ±10%', the rounds needed read from the spread of `rounds` (the figure's round means).
+    `rounds` empty (a run recorded before round means were kept): judged on the interval alone."""
+    if len(rounds) == 1:
+        return "1 round, no interval"
+    if not _finite(low, high):
+        return f"{len(rounds)} rounds, no interval" if rounds else None
+    if high > low > 0 and high <= WORTH_PRINTING * low:
+        return None
+    told = f"{len(rounds)} rounds: " if rounds else ""
+    if not high > low:
+        return f"{told}no spread measured, no interval"
+    needed = rounds_needed(rounds)
+    return f"{told}too noisy for an interval" + (f"; ~{needed} would give ±{TARGET:.0%}" if needed else "")
+
+
+def rounds_needed(values: list[float], within: float = TARGET, level: float = LEVEL) -> int | None:
+    """The fewest rounds whose 95% interval (mean_interval's, on the log scale) would be within
+    ±`within` at the spread these values show: n with t(n) · s / (mean · √n) <= log(1 + within).
+    None where the values show no spread, or fewer than two are finite."""
+    finite = [v for v in values if v == v and not math.isinf(v)]
+    if len(finite) < 2 or not sum(finite) > 0:
+        return None
+    mean = sum(finite) / len(finite)
+    spread = math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1)) / mean
+    if not spread:
+        return None
+    goal = math.log(1 + within)
+    n = max(3, math.ceil((1.96 * spread / goal) ** 2))  # the normal quantile's answer, a lower bound
+    while _t(level, n) * spread / math.sqrt(n) > goal:
+        n += 1
+    return n
+
+
+def _finite(*values) -> bool:
+    return all(v is not None and v == v and not math.isinf(v) for v in values)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvpipe import catalogue, workload
+from kvpipe.measure.round_figures import TAG_PREFIX, parse_series
+from kvpipe.measure.uncertainty import interval_note
 from kvpipe.record.result import Result
 
 
@@ -22,8 +24,11 @@ def print_run(result: Result, result_path: Path) -> None:
     table.add_column("value", justify="right")
     for metric in workload.metrics().values():
         if metric.in_run_table and metric.name in metrics:
-            shown = metric.show(metrics[metric.name], metrics.get(metric.name + "_std"), metric.interval_of(metrics))
-            table.add_row(metric.label, shown)
+            interval = metric.interval_of(metrics)
+            note = interval_note(*interval, parse_series(tags.get(TAG_PREFIX + metric.name))) or ""
+            table.add_row(
+                metric.label, metric.show(metrics[metric.name], metrics.get(metric.name + "_std"), interval, note)
+            )
     console = Console()
     console.print(table)
     if "prompt_count" in metrics:
