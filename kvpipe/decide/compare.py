@@ -21,6 +21,7 @@ from kvpipe.decide.runs import (
     varying_params,
 )
 from kvpipe.decide.shown import Shown
+from kvpipe.measure.uncertainty import interval_note
 from kvpipe.predict.predicted_runs import PREDICTED
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.auth import TrackingRefused
@@ -38,11 +39,26 @@ FOOTNOTE = (
     "(and KL too when every run has it). ⚠ noisy: TTFT or TPOT varied between calls of one shape, or between a "
     "call's tokens, by more than the run's workload.noise_threshold, so its place on the front is not firm. "
     "Peak memory: the process's (CPU) or the allocator's (CUDA) peak during a measured call, weights included. "
-    "TPOT and TTFT vs the baseline: the ratio and its 95% interval, compared round by round where the two took "
-    "turns in the same rounds (an interleaved sweep), so the machine's drift cancels; where the interval reaches "
-    "within ±2% of 1 there is no clear difference. † measured in different rounds: the interval is not paired, and "
-    "a machine that drifted between them can fake or hide a difference."
+    "A figure's 95% interval is shown where its rounds support one; else why not (1 round; too noisy, and how "
+    "many rounds would give ±10%)."
 )
+RATIO_NOTE = (
+    " TPOT and TTFT vs the baseline: the ratio and its 95% interval, round by round where the two took turns "
+    "in the same rounds (an interleaved sweep), so the machine's drift cancels: clearly slower or faster where "
+    "the interval lies beyond ±2% of 1, the same within 2% where it lies inside, not yet decided where it "
+    "straddles an edge. † measured in different rounds: a machine that drifted between them can fake or hide "
+    "a difference."
+)
+NO_BASELINE_NOTE = " vs the baseline: – where no baseline run shares the run's workload, prompt length and load."
+
+
+def footnote(runs: pd.DataFrame) -> str:
+    """FOOTNOTE, and what the ratio columns say: at length where some run has a ratio, one line where
+    none has (no run shares its baseline's workload, prompt length and load)."""
+    ratios = [r for figure in paired.FIGURES if f"ratio_{figure}" in runs for r in runs[f"ratio_{figure}"]]
+    if not ratios:
+        return FOOTNOTE
+    return FOOTNOTE + (RATIO_NOTE if any(r is not None for r in ratios) else NO_BASELINE_NOTE)
 
 
 def display_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -58,9 +74,11 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
         if metric.compare and values.notna().any():
             spreads = column(runs, metric.companion("std"))
             lows, highs = column(runs, metric.companion("ci_low")), column(runs, metric.companion("ci_high"))
+            notes = [interval_note(low, high, paired.series(run, metric.name)) or "" for (_, run), low, high
+                     in zip(runs.iterrows(), lows, highs)]  # fmt: skip
             table[metric.header()] = [
-                metric.cell(v, s if pd.notna(s) else None, (low, high))
-                for v, s, low, high in zip(values, spreads, lows, highs)
+                metric.cell(v, s if pd.notna(s) else None, (low, high), note)
+                for v, s, low, high, note in zip(values, spreads, lows, highs, notes)
             ]
     for figure, label in paired.FIGURES.items():  # paired.with_ratios: each against its baseline
         if f"ratio_{figure}" in runs:
@@ -126,7 +144,7 @@ def write_outputs(runs: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
     warning = mixed_environments(runs)
     own = sections(runs, out_dir)
     (out_dir / "compare.md").write_text(
-        f"# {title}\n\n{markdown}\n\n{FOOTNOTE}\n"
+        f"# {title}\n\n{markdown}\n\n{footnote(runs)}\n"
         + (f"\n**{warning}**\n" if warning else "")
         + "".join(_markdown(section) for section in own)
     )
@@ -156,7 +174,7 @@ def shown(runs: pd.DataFrame, title: str) -> Shown:
         title=title,
         columns=list(frame.columns),
         rows=[list(row) for row in frame.itertuples(index=False)],
-        caption=FOOTNOTE,
+        caption=footnote(runs),
         warning=mixed_environments(runs),
         sections=sections(runs, None),
     )

@@ -56,7 +56,7 @@ class Ratio:
     def figures(self) -> str:
         """'1.62× (1.55–1.70)', with † where not paired."""
         if math.isnan(self.low):
-            return f"{self.value:.2f}× (no interval)"
+            return f"{self.value:.2f}× ({'1 round, ' if self.rounds == 1 else ''}no interval)"
         return f"{self.value:.2f}× ({self.low:.2f}–{self.high:.2f})" + ("" if self.paired else " †")
 
     def text(self) -> str:
@@ -92,12 +92,13 @@ def same_rounds(run, baseline) -> bool:
 
 def ratio(run, baseline, figure: str = "tpot_ms") -> Ratio | None:
     """run's figure over baseline's, or None where either run recorded no round means (runs made
-    before kvpipe kept them)."""
+    before kvpipe kept them) or none of them measured it (a TPOT of one-token answers)."""
     mine, theirs = series(run, figure), series(baseline, figure)
     if not mine or not theirs:
         return None
     paired = same_rounds(run, baseline)
-    return Ratio(*ratio_interval(mine, theirs, paired), paired=paired, rounds=min(len(mine), len(theirs)))
+    found = Ratio(*ratio_interval(mine, theirs, paired), paired=paired, rounds=min(len(mine), len(theirs)))
+    return None if math.isnan(found.value) else found  # no round measured the figure in both: no ratio
 
 
 DEFAULT_BASELINE = cache.Family.DYNAMIC  # the default cache: what others are weighed against, unless --baseline
@@ -143,6 +144,8 @@ def with_ratios(runs, baseline: str | None = None):
 
 
 def _context(run) -> tuple:
-    """What a baseline must share with the run it is weighed against: the kind of workload and the
-    prompt length (not, say, workload.seed, which two runs of one configuration may differ by)."""
-    return (run.get("params.workload.kind"), run.get("context_tokens"))
+    """What a baseline must share with the run it is weighed against: the kind of workload, the
+    prompt length and, for a serving run, its load (not, say, workload.seed, which two runs of one
+    configuration may differ by). A figure a run lacks is None, so that two such runs match."""
+    found = (run.get("params.workload.kind"), run.get("context_tokens"), run.get(mlflow_tags.column(mlflow_tags.LOAD)))
+    return tuple(None if value is None or value != value else value for value in found)

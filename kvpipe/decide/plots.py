@@ -29,7 +29,7 @@ def memory_vs_context(runs: pd.DataFrame, path: Path) -> None:
         if runs["context_tokens"].nunique() <= 1:  # one point per series: bars say it better than lines
             ax.barh(runs["series"], column(runs, figure_column) / MIB)
             ax.invert_yaxis()
-            ax.set(xlabel=f"{name} (MiB)", title=f"{name} at {runs['context_tokens'].max():.0f} prompt tokens")
+            ax.set(xlabel=f"{name} (MiB)", title=name + _at_prompt_length(runs["context_tokens"]))
         else:
             for label, group in runs.sort_values("context_tokens").groupby("series", sort=False):
                 ax.plot(group["context_tokens"], column(group, figure_column) / MIB, marker="o", label=label)
@@ -37,6 +37,12 @@ def memory_vs_context(runs: pd.DataFrame, path: Path) -> None:
             ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
     figure.savefig(path, dpi=110)
+
+
+def _at_prompt_length(tokens: pd.Series) -> str:
+    """' at 512 prompt tokens' where every run measured that one length; '' where some did not record it."""
+    known = tokens.dropna()
+    return f" at {known.iloc[0]:.0f} prompt tokens" if len(known) == len(tokens) > 0 and known.nunique() == 1 else ""
 
 
 def tpot_vs_memory(runs: pd.DataFrame, path: Path) -> None:
