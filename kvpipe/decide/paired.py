@@ -57,7 +57,7 @@ class Ratio:
         """'1.62× (1.55–1.70)', with † where not paired."""
         if math.isnan(self.low):
             return f"{self.value:.2f}× ({'1 round, ' if self.rounds == 1 else ''}no interval)"
-        return f"{self.value:.2f}× ({self.low:.2f}–{self.high:.2f})" + ("" if self.paired else " †")
+        return f"{self.value:.2f}× ({_bound(self.low)}–{_bound(self.high)})" + ("" if self.paired else " †")
 
     def text(self) -> str:
         """The verdict and the figures that bear it out: 'clearly slower: 1.09× (1.03–1.16)', 'the
@@ -78,6 +78,17 @@ class Ratio:
         room = min(abs(centre - math.log(1 + NEGLIGIBLE)), abs(centre - math.log(1 - NEGLIGIBLE)))
         needed = math.ceil(self.rounds * (half / room) ** 2) if room else math.inf
         return int(needed) if needed <= MOST_ROUNDS_SUGGESTED else None
+
+
+def _bound(value: float) -> str:
+    """An interval's end to 2 decimals, or as many more as keep it off the band's edge where it is
+    not on it (1.018, not 1.02, whose verdict is not yet decided), so that words and figures agree."""
+    edges = (1 + NEGLIGIBLE, 1 - NEGLIGIBLE)
+    for decimals in range(2, 7):
+        text = f"{value:.{decimals}f}"
+        if float(text) not in edges or value in edges:
+            break
+    return text
 
 
 def series(run, figure: str) -> list[float]:

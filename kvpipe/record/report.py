@@ -22,13 +22,8 @@ def print_run(result: Result, result_path: Path) -> None:
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for metric in workload.metrics().values():
-        if metric.in_run_table and metric.name in metrics:
-            interval = metric.interval_of(metrics)
-            note = interval_note(*interval, parse_series(tags.get(TAG_PREFIX + metric.name))) or ""
-            table.add_row(
-                metric.label, metric.show(metrics[metric.name], metrics.get(metric.name + "_std"), interval, note)
-            )
+    for label, shown in run_rows(metrics, tags):
+        table.add_row(label, shown)
     console = Console()
     console.print(table)
     if "prompt_count" in metrics:
@@ -39,6 +34,20 @@ def print_run(result: Result, result_path: Path) -> None:
     for note in result.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
     console.print(f"result: {result_path}")
+
+
+def run_rows(metrics: dict, tags: dict) -> list[tuple[str, str]]:
+    """(label, figure) for each run-table metric the run measured: the figure with its interval where
+    its rounds support one, else the words that say why not (kvpipe.measure.uncertainty.interval_note)."""
+    rows = []
+    for metric in workload.metrics().values():
+        if metric.in_run_table and metric.name in metrics:
+            interval = metric.interval_of(metrics)
+            note = interval_note(*interval, parse_series(tags.get(TAG_PREFIX + metric.name))) or ""
+            rows.append(
+                (metric.label, metric.show(metrics[metric.name], metrics.get(metric.name + "_std"), interval, note))
+            )
+    return rows
 
 
 def prompt_lengths(metrics: dict) -> str:
