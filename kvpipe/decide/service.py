@@ -59,14 +59,19 @@ def choose_for_service(runs, limits: Limits, objective: str):
 
 
 def _describe(run) -> str:
-    """'paged at concurrency(16): 80.7 tok/s, 3.10 req/s, TPOT p90 41.2 ms, TTFT p90 310 ms'."""
+    """'paged at concurrency(16): 80.7 tok/s, 3.10 req/s, TPOT p90 41.2 ms, TTFT p90 310.4 ms' (– for a
+    figure the run did not record)."""
+
+    def show(name: str) -> str:
+        return catalogue.get(name).show(run.get(catalogue.column(name), math.nan))
+
     load = run.get(mlflow_tags.column(mlflow_tags.LOAD), "")
     goodput = run.get(catalogue.column("goodput_requests_per_s"), math.nan)
     parts = [
-        f"{run[catalogue.column('output_tokens_per_s')]:.1f} tok/s",
-        f"{run.get(catalogue.column('requests_per_s'), math.nan):.2f} req/s",
-        *([f"goodput {goodput:.2f} req/s"] if goodput == goodput else []),
-        f"TPOT p90 {run.get(catalogue.column('tpot_p90_ms'), math.nan):.1f} ms",
-        f"TTFT p90 {run.get(catalogue.column('ttft_p90_ms'), math.nan):.0f} ms",
+        show("output_tokens_per_s"),
+        show("requests_per_s"),
+        *([f"goodput {show('goodput_requests_per_s')}"] if goodput == goodput else []),
+        f"TPOT p90 {show('tpot_p90_ms')}",
+        f"TTFT p90 {show('ttft_p90_ms')}",
     ]
     return f"{run['label']} at {load or 'its load'}: " + ", ".join(parts)
