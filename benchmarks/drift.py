@@ -5,12 +5,12 @@ background processes make the machine slow for 15 s and fast for 15 s, over and 
 The sweep: cache=dynamic,quantized (quanto int2) × workload.seed=0,1, so that
   A  = dynamic, seed 0      A′ = dynamic, seed 1  (the same work: seed changes nothing greedy decoding does)
   B  = quanto int2, seed 0  B′ = quanto int2, seed 1
-A′/A and B′/B must read 1.00 and "no clear difference"; B/A is a real slowdown and must be ranked
+A′/A and B′/B must read 1.00 and never "clearly" slower or faster; B/A is a real slowdown and must be ranked
 the right way with an interval that excludes 1. Each ratio is what `kvpipe compare` shows
 (kvpipe.decide.paired): paired round by round where the jobs took turns in the same rounds, else
 unpaired (Welch's t over each job's round means).
 
-Goals: interleaved, A′/A within 5% of 1.00 and "no clear difference" in every run, and B/A clear and
+Goals: interleaved, A′/A within 5% of 1.00 and not clearly different in every run, and B/A clear and
 above 1 in every run. Then, with the drift stopped, `--cost-pairs` sequential and interleaved sweeps
 in turn on the idle machine: interleaving should add at most 5% to the sweep's wall time.
 
@@ -193,8 +193,8 @@ def write_table(args, rows: list[dict], summary: dict, cost: dict, cost_ratio: f
     ]
     for order, counts in summary.items():
         lines.append(
-            f"- {order}: A′/A within 5% of 1.00 and no clear difference in {counts['A′/A holds']} of {counts['runs']}; "
-            f"B/A slower with an interval clear of 1 in {counts['B/A holds']} of {counts['runs']}"
+            f"- {order}: A′/A within 5% of 1.00 and not clearly different in {counts['A′/A holds']} of {counts['runs']}; "
+            f"B/A clearly slower in {counts['B/A holds']} of {counts['runs']}"
         )
     if cost_ratio is not None:
         walls = ", ".join(f"{order} {' / '.join(f'{w:.1f}' for w in walls)} s" for order, walls in cost.items())
