@@ -62,7 +62,7 @@ class Metric:
     def show(self, value: float, std: float | None = None, interval: tuple | None = None, note: str = "") -> str:
         """The value with its unit, for running text and the run's table: `51.1 (49.8–52.6) ms`, or
         with a note, `51.1 ms (1 round, no interval)`, the note in place of the interval."""
-        text = self.number(value, *((None, None) if note else (std, interval)))
+        text = self.number(value) if note else self.number(value, std, interval)
         if text == "–" or not self.unit or self.format == "bytes":
             unit = ""
         else:

@@ -37,12 +37,19 @@ def mean_interval(values: list[float], level: float = LEVEL) -> tuple[float, flo
     finite = [v for v in values if v == v and not math.isinf(v)]
     if len(finite) >= BOOTSTRAP_FROM:
         return bootstrap_interval(finite, level)
+    mean, spread = _relative_spread(finite)
+    if spread != spread:
+        return math.nan, math.nan
+    half = _t(level, len(finite)) * spread / math.sqrt(len(finite))  # on log(mean)
+    return mean * math.exp(-half), mean * math.exp(half)
+
+
+def _relative_spread(finite: list[float]) -> tuple[float, float]:
+    """(mean, standard deviation / mean) of the values; NaN where fewer than two or the mean is not positive."""
     mean = sum(finite) / len(finite) if finite else math.nan
     if len(finite) < 2 or not mean > 0:
-        return math.nan, math.nan
-    sd = math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
-    half = _t(level, len(finite)) * sd / mean / math.sqrt(len(finite))  # on log(mean)
-    return mean * math.exp(-half), mean * math.exp(half)
+        return mean, math.nan
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1)) / mean
 
 
 def _t(level: float, n: int) -> float:
@@ -144,7 +151,7 @@ WORTH_PRINTING = 2.0  # an interval whose high end is over twice its low does no
 
 def interval_note(low: float | None, high: float | None, rounds: list[float]) -> str | None:
     """None where the interval (low, high) is worth printing beside its figure; else the words to
-    print in its place: '1 round, no interval', or '3 rounds: too noisy for an interval; ~79 would
+    print in its place: '1 round, no interval', or '3 rounds: too noisy for an interval; ~74 would
     give ±10%', the rounds needed read from the spread of `rounds` (the figure's round means).
     `rounds` empty (a run recorded before round means were kept): judged on the interval alone."""
     if len(rounds) == 1:
@@ -164,12 +171,8 @@ def rounds_needed(values: list[float], within: float = TARGET, level: float = LE
     """The fewest rounds whose 95% interval (mean_interval's, on the log scale) would be within
     ±`within` at the spread these values show: n with t(n) · s / (mean · √n) <= log(1 + within).
     None where the values show no spread, or fewer than two are finite."""
-    finite = [v for v in values if v == v and not math.isinf(v)]
-    if len(finite) < 2 or not sum(finite) > 0:
-        return None
-    mean = sum(finite) / len(finite)
-    spread = math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1)) / mean
-    if not spread:
+    _, spread = _relative_spread([v for v in values if v == v and not math.isinf(v)])
+    if not spread > 0:  # NaN or none
         return None
     goal = math.log(1 + within)
     n = max(3, math.ceil((1.96 * spread / goal) ** 2))  # the normal quantile's answer, a lower bound
