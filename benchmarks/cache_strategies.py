@@ -18,9 +18,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from kvpipe import catalogue
 from kvpipe.decide.paired import ratio
 from kvpipe.job.runner import measured_together
 from kvpipe.jobspec import compose, make_spec
+from kvpipe.measure.round_figures import TAG_PREFIX, parse_series
+from kvpipe.measure.uncertainty import interval_note
 from kvpipe.units import human_bytes
 
 STRATEGIES = [
@@ -94,8 +97,8 @@ def main() -> None:
                 "kv_compression (vs fp16)": f"{row['kv_compression']:.2f}",
                 "peak memory (absolute)": human_bytes(row["peak_memory_bytes"]),
                 "over baseline": human_bytes(row["peak_over_baseline_bytes"]),
-                "decode tok/s": _interval(row, "decode_tokens_per_s"),
-                "TPOT ms": _interval(row, "tpot_ms"),
+                "decode tok/s": _interval(row, "decode_tokens_per_s", tags[row["strategy"]]),
+                "TPOT ms": _interval(row, "tpot_ms", tags[row["strategy"]]),
                 "TPOT vs dynamic": row["tpot_vs_dynamic"] or "",
                 "noise": _percent(row.get("timing_noise_cv")),
                 "roofline_fraction": _fixed(row.get("roofline_fraction"), 2),
@@ -132,11 +135,12 @@ def main() -> None:
         print(f"{header}\n\n{markdown}\n")
 
 
-def _interval(row: dict, name: str) -> str:
-    low, high = row.get(name + "_ci_low"), row.get(name + "_ci_high")
-    if low is None or high is None:
-        return f"{row[name]:.1f}"
-    return f"{row[name]:.1f} ({low:.1f}–{high:.1f})"
+def _interval(row: dict, name: str, tags: dict) -> str:
+    """The figure with its interval, or the words the run's table prints in its place (too few rounds)."""
+    metric = catalogue.get(name)
+    interval = metric.interval_of(row)
+    note = interval_note(*interval, parse_series(tags.get(TAG_PREFIX + name))) or ""
+    return metric.number(row[name], None, interval, note)
 
 
 def _spread(row: dict, name: str, fmt: str) -> str:
