@@ -124,11 +124,10 @@ def local(device: str, dtype: str) -> Hardware:
     first: kvpipe.job.threads.use_threads)."""
     import socket
 
+    import psutil
     import torch
 
     from kvpipe.measure.roofline import matmul_flops_per_s, memory_bandwidth_bytes_per_s
-
-    import psutil
 
     ram, ram_source = psutil.virtual_memory().total, "psutil.virtual_memory().total (all of RAM)"
     if device == "cuda":
