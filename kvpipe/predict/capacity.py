@@ -4,7 +4,8 @@ keys and values).
 
 Needs at N requests: weights + the cache of N sequences + the larger transient of one request (its
 prefill's largest activation, or a quantized layer's dequantized copy); with no hardware named,
-weights + cache, as plan's `fits up to` counts them. A paged cache's pool counts by its blocks.
+weights + cache, as plan's `fits up to` counts them. A paged cache's pool counts by its blocks; a
+pool of fixed size (cache.num_blocks) holds no more requests than its blocks take, whatever the memory.
 
 An offloading cache keeps on the device only the layer in use and the next, prefetched (and, where
 cache.offload_only_non_sliding, the sliding layers); transformers moves every other layer to host
@@ -57,7 +58,12 @@ def capacity(spec, strategy, device: str, dtype: str, context: int, memory: int,
         whole = strategy.predict_kv_bytes(kv, prompt, new)
         return whole - strategy.predict_kv_bytes(strategy.device_kv_shape(kv, device), prompt, new)
 
-    on_device = most(lambda requests: needs(requests) <= memory)
+    sequence = costs_for(
+        spec, device, dtype, 1
+    ).kv  # a fixed pool (cache.num_blocks) holds so many, whatever the memory
+    on_device = most(
+        lambda requests: needs(requests) <= memory and strategy.holds_requests(sequence, prompt, new, requests)
+    )
     offloads = on_host(1) > 0
     bound = DEVICE if not offloads else HOST_NOT_COUNTED if host_memory is None else DEVICE
     requests = on_device
