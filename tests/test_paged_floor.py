@@ -1,6 +1,7 @@
-"""The paged row's TPOT floor in `kvpipe plan --request-tokens`: why it is 61.5 ms where the dynamic
-cache's is 23.5 at the same requests (Llama-3.1-8B, 1,024-token requests, an H100 SXM), derived by hand,
-and a fixed pool (cache.num_blocks) holding only the requests its blocks take."""
+"""The paged row in `kvpipe plan --request-tokens` (Llama-3.1-8B, 1,024-token requests, an H100 SXM),
+derived by hand: why its TPOT floor was 61.5 ms where the dynamic cache's was 23.5 at the same 475
+requests (a copy of what each step attends to, written and read back), its capacity with that copy
+held for every request, and a fixed pool (cache.num_blocks) holding only the requests its blocks take."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from kvpipe.predict.floors import split
 LLAMA_8B = ["model=llama31_8b_instruct"]  # config in the preset: no weights, no network
 KV_PER_TOKEN = 32 * 8 * 128 * 2 * 2  # layers x KV heads x head_dim x (key, value) x 2 bytes
 CACHED = 1023  # a 1,024-token request's cached tokens: the last generated one is never fed back
+WEIGHTS = 16_060_522_496  # Llama-3.1-8B in bfloat16, counted from its config
 
 
 def rows(*overrides: str) -> dict:
@@ -27,12 +29,20 @@ def step_ms(requests: int, kv_passes: int) -> float:
 
 
 def test_the_paged_floor_counts_the_gathered_copy_written_and_read_back():
-    capacity = rows()
-    paged, dynamic = capacity["paged"], capacity["dynamic"]
-    assert paged.requests == 475 and dynamic.requests == 476  # whole 32-token pages: 1,024 tokens a request
+    # at 475 requests, as plan showed before it counted the copy in capacity: 61.5 against 23.5
     # each step gathers every request's pages (read), writes them as one dense copy, attention reads it
-    assert paged.tpot_floor_ms == step_ms(475, kv_passes=3) and round(paged.tpot_floor_ms, 1) == 61.5
+    assert round(step_ms(475, kv_passes=3), 1) == 61.5
     assert round(step_ms(475, kv_passes=1), 1) == 23.5  # the dynamic row's count: its cache read once
+    paged = rows()["paged"]
+    assert paged.tpot_floor_ms == step_ms(paged.requests, kv_passes=3)
+
+
+def test_paged_capacity_holds_whole_pages_and_one_layers_gathered_copy_for_every_request():
+    pages = 1024 * KV_PER_TOKEN  # 1,023 tokens in whole pages of 32: 1,024 tokens a request
+    copy = CACHED * KV_PER_TOKEN // 32  # one layer's keys and values, gathered for attention
+    by_hand = (80 * 10**9 - WEIGHTS) // (pages + copy)  # the copy outgrows one request's prefill activation
+    paged = rows()["paged"]
+    assert paged.requests == by_hand == 461 and paged.needs_bytes == WEIGHTS + 461 * (pages + copy)
 
 
 def test_at_the_same_requests_the_floors_differ_by_the_copy_alone():

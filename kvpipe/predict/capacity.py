@@ -2,9 +2,10 @@
 decode floor at that many (one step reads the weights once for the whole batch, and each sequence's
 keys and values).
 
-Needs at N requests: weights + the cache of N sequences + the larger transient of one request (its
-prefill's largest activation, or a quantized layer's dequantized copy); with no hardware named,
-weights + cache, as plan's `fits up to` counts them. A paged cache's pool counts by its blocks; a
+Needs at N requests: weights + the cache of N sequences + the larger transient: one request's prefill
+(its largest activation: requests are prefilled one at a time), or the copy a decode step makes of the
+layer it reads (a quantized layer dequantized, a paged layer's pages gathered), which holds that layer
+for all N requests at once; with no hardware named, weights + cache, as plan's `fits up to` counts them. A paged cache's pool counts by its blocks; a
 pool of fixed size (cache.num_blocks) holds no more requests than its blocks take, whatever the memory.
 
 An offloading cache keeps on the device only the layer in use and the next, prefetched (and, where
@@ -46,11 +47,11 @@ def capacity(spec, strategy, device: str, dtype: str, context: int, memory: int,
     """The most requests of `context` tokens (prompt + workload.max_new_tokens) that fit `memory`, and
     for an offloading cache `host_memory` too (bytes; None: not counted, and said so)."""
     prompt, new = split(context, spec.workload.max_new_tokens)
-    one = costs_for(spec, device, dtype, 1).at(strategy, prompt, new)
-    transient = max(one.activation_bytes, one.dequantized_copy_bytes) if hardware is not None else 0
+    prefill = costs_for(spec, device, dtype, 1).at(strategy, prompt, new).activation_bytes
 
     def needs(requests: int) -> int:
         cost = costs_for(spec, device, dtype, requests).at(strategy, prompt, new)
+        transient = max(prefill, cost.dequantized_copy_bytes) if hardware is not None else 0
         return cost.weights_bytes + cost.kv_cache_bytes + transient
 
     def on_host(requests: int) -> int:
