@@ -206,7 +206,7 @@ def capacity_notes(plan) -> list[str]:
     notes = []
     for row in plan.rows:
         capacity = row.capacity
-        if not capacity or not capacity.host_kv_bytes and capacity.bound != HOST_NOT_COUNTED:
+        if not capacity or not capacity.host_kv_bytes:  # none offloaded, or none fit
             continue
         held = human_bytes(capacity.host_kv_bytes)
         if capacity.bound == HOST_NOT_COUNTED:
