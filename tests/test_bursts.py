@@ -42,6 +42,14 @@ def test_arrivals_at_fewer_than_three_distinct_times_have_no_cv():
     assert arrival_figures([0.0, 1.0, 1.0, 3.0]) == pytest.approx({"arrival_gap_cv": 1.0, "arrival_rate_per_s": 1.0})
 
 
+def test_a_replayed_traces_offered_load_is_its_own_arrivals():
+    replay = spec_for(*SERVE, "load=replay").bound_load
+    arrivals = replay.arrivals([SimpleNamespace(arrival_s=t) for t in (100.0, 100.2, 100.2, 100.5, 101.3)])
+    offered = arrival_figures(arrivals)  # gaps 0.2, 0, 0.3, 0.8: mean 0.325
+    assert offered["arrival_rate_per_s"] == pytest.approx(1 / 0.325) and offered["arrival_gap_cv"] > 1
+    assert not replay.closed and spec_for(*SERVE, "load=concurrency").bound_load.closed  # recorded / not
+
+
 def test_a_ramps_arrivals_are_sparse_at_first_then_at_the_rate():
     ramp_s, rate = 60.0, 10.0
     arrivals = load_of(f"load.rate={rate}", f"load.ramp_up_s={ramp_s}").arrivals(untimed(3000))
