@@ -123,6 +123,9 @@ CORE = (
     _m("max_in_flight", "most in flight", "", ".0f", in_run_table=True),
     _m("kv_held_bytes", "KV held at peak", value_format="bytes", lower=LOWER, in_run_table=True),
     _m("served_requests", "requests served", "", ".0f"),
+    # the offered load as scheduled (an open loop's arrivals): the gaps' spread, and the rate they realise
+    _m("arrival_gap_cv", "arrival gaps' CV", "", ".2f", in_run_table=True),
+    _m("arrival_rate_per_s", "offered rate", "req/s", ".2f", in_run_table=True),
     _m("serve_span_ms", "first arrival to last token", "ms"),
     _m("peak_memory_bytes", "peak memory", value_format="bytes", lower=LOWER, in_run_table=True, compare=True),
     _m("peak_over_baseline_bytes", "peak over baseline", value_format="bytes", lower=LOWER, in_run_table=True),

@@ -49,7 +49,8 @@ def test_the_decode_floor_at_capacity_reads_the_weights_once_and_every_sequences
 
 def test_a_smaller_cache_lets_more_requests_in():
     plan = make_plan(spec_from(LLAMA_8B), hardware_name="h100_sxm", contexts=[1024], request_tokens=1024)
-    assert row(plan, "quanto int4 kivi").capacity.requests > 3 * row(plan, "dynamic").capacity.requests
+    # 1,407 against 476: a quantized request also needs its layer's dequantized copy while a step decodes
+    assert row(plan, "quanto int4 kivi").capacity.requests > 2.5 * row(plan, "dynamic").capacity.requests
 
 
 def test_no_request_fits_when_the_weights_take_the_memory():

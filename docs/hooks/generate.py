@@ -97,15 +97,16 @@ def first_sentence(path: Path) -> str:
 def hardware_table() -> str:
     entries = yaml.safe_load((REPO / "conf" / "hardware.yaml").read_text())
     rows = [
-        "| `--hardware` | accelerator | memory | bandwidth | dense TFLOPS (bfloat16 / float16 / float32) |",
-        "|---|---|--:|--:|--:|",
+        "| `--hardware` | accelerator | memory | bandwidth | dense TFLOPS (bfloat16 / float16 / float32) | host memory |",
+        "|---|---|--:|--:|--:|--:|",
     ]
     for name, entry in entries.items():
         flops = entry.get("peak_dense_tflops", {})
         tflops = " / ".join(str(flops.get(dtype, "–")) for dtype in ("bfloat16", "float16", "float32"))
+        host = f"{entry['host_memory_gb']} GB" if "host_memory_gb" in entry else "– (`--host-memory`)"
         rows.append(
             f"| `{name}` | {entry.get('title', name)} | {entry.get('memory_gb', '–')} GB | "
-            f"{entry.get('memory_bandwidth_gb_per_s', '–')} GB/s | {tflops} |"
+            f"{entry.get('memory_bandwidth_gb_per_s', '–')} GB/s | {tflops} | {host} |"
         )
     return "\n".join(rows)
 

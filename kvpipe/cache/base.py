@@ -361,6 +361,11 @@ class CacheStrategy(Registered):
             return None
         return kv_bytes
 
+    def holds_requests(self, kv: KvShape, prompt_tokens: int, new_tokens: int, requests: int) -> bool:
+        """Whether a pool of fixed size holds `requests` requests of this shape at once (kv: one
+        sequence's); True where the cache grows with its requests and memory alone bounds them."""
+        return True
+
     def dequantized_copy_bytes(self, kv: KvShape, prompt_tokens: int, new_tokens: int) -> int:
         """The largest copy of cached keys and values a decode step makes beside the cache (a
         quantized layer dequantized for attention); 0 where attention reads the cache as it is."""

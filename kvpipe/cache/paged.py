@@ -264,6 +264,15 @@ class Paged(CacheStrategy):
             return layout.pool_bytes(self.settings.num_blocks)
         return kv.batch_size * layout.request_bytes(prompt_tokens + new_tokens - 1)
 
+    def holds_requests(self, kv, prompt_tokens: int, new_tokens: int, requests: int) -> bool:
+        """With cache.num_blocks the pool is fixed: it holds as many requests as its sectors take, each
+        request's blocks in sectors of its own (as pool_blocks sizes a pool); without, memory decides."""
+        if self.settings.num_blocks is None:
+            return True
+        layout = PoolLayout.of(kv, self.settings.block_size)
+        needed = requests * layout.request_sectors(prompt_tokens + new_tokens - 1)
+        return needed <= layout.pool_sectors(self.settings.num_blocks)
+
     def window_bytes(self, kv) -> int:
         """Sliding layers hold whole pages: ceil(window / block_size) of them each, once past the window."""
         pages = sum(math.ceil(window / self.settings.block_size) for window in kv.sliding_windows)
@@ -289,16 +298,26 @@ class Paged(CacheStrategy):
     def plan_notes(cls, choice, shape) -> list[str]:
         own = choice.with_strategy(cls.name).cache  # the paged row's settings, whatever cache= the plan was asked for
         num_blocks = own.num_blocks
+        # why its TPOT floor is above the dynamic row's at the same requests (kvpipe/predict/capacity.py)
+        floor = (
+            f"{cls.name}'s KV read/step, and so its TPOT floor, is 3x the KV its requests attend to: with sdpa or "
+            "eager (model.attn_implementation; kvpipe keeps the model's own) transformers gathers each request's "
+            "pages into one dense copy every step, read and written, and attention reads that copy. The dynamic "
+            "row counts one read; transformers' DynamicLayer copies its cache every step too (torch.cat), which "
+            "its floor leaves out"
+        )
         if num_blocks is not None:
             return [
                 f"{cls.name} counts its whole pool, cache.num_blocks={num_blocks} blocks of "
                 f"{own.block_size} tokens for every layer plus two trash sectors, whatever the context; "
-                "every request in flight shares it"
+                "every request in flight shares it, and capacity is what its blocks hold",
+                floor,
             ]
         return [
             f"{cls.name} counts the pages one request holds (whole blocks of cache.block_size tokens per layer); "
             "under a load requests share a pool transformers sizes from free accelerator memory unless "
-            "cache.num_blocks sets it, and it runs only under one (load=...)"
+            "cache.num_blocks sets it, and it runs only under one (load=...)",
+            floor,
         ]
 
 

@@ -4,7 +4,10 @@
 the cache at chosen context lengths, and the longest context that fits beside the weights
 (kvpipe.predict.bytes_plan computes it); `--hardware NAME` adds the floors of TPOT and TTFT on an
 accelerator of conf/hardware.yaml, `--hardware local` this machine's calibrated predictions, and
-`--json` prints it all as one document.
+`--json` prints it all as one document. With `--request-tokens N`, each row's capacity: the most
+requests of N tokens in flight at once, an offloaded cache's bounded by host memory too
+(`--host-memory`, else the hardware entry's host figure; without either it says host memory was not
+counted).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 
 from kvpipe.errors import ConfigError, KvpipeError, require_choice
 from kvpipe.predict import hardware
+from kvpipe.predict.capacity import HOST, HOST_NOT_COUNTED
 from kvpipe.units import human_bytes, parse_bytes
 
 HELP = "KV-cache and weight bytes from the config alone, before anything loads"
@@ -53,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--hardware the TPOT floor at that many (needs --memory-budget or --hardware)",
     )
     parser.add_argument(
+        "--host-memory",
+        metavar="SIZE",
+        help="with --request-tokens: the host RAM an offloaded cache's layers live in, which bounds its capacity "
+        "too: 256GiB, 1TB (default: the --hardware entry's host figure, where it gives one)",
+    )
+    parser.add_argument(
         "--calibrate-on",
         metavar="N,N",
         help="with --hardware local: calibrate only on the runs at these prompt lengths, holding the others out "
@@ -70,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         if "=" not in override:
             raise KvpipeError(f"kvpipe plan: {override!r} is neither a key=value override nor a --flag")
     budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
+    host_memory = parse_bytes(args.host_memory, "--host-memory") if args.host_memory is not None else None
     contexts = parse_contexts(args.context) if args.context else None
     if args.hardware is not None:
         require_choice("--hardware", args.hardware, hardware.names())  # before the config is even composed
@@ -81,14 +92,19 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--request-tokens", args.request_tokens, "capacity needs a memory: add --memory-budget or --hardware"
         )
+    if host_memory is not None and args.request_tokens is None:
+        raise ConfigError(
+            "--host-memory", args.host_memory, "it bounds capacity: use it with --request-tokens N, e.g. 1024"
+        )
     calibrate_on = None
     if args.calibrate_on is not None:
         if args.hardware != hardware.LOCAL:
             raise ConfigError("--calibrate-on", args.calibrate_on, "use it with --hardware local, which calibrates")
         calibrate_on = parse_lengths("--calibrate-on", args.calibrate_on)
     plan = make_plan(
-        spec_from(args.overrides), budget, contexts, args.device, args.hardware, args.request_tokens, calibrate_on
-    )
+        spec_from(args.overrides), budget, contexts, args.device, args.hardware, args.request_tokens, calibrate_on,
+        host_memory,
+    )  # fmt: skip
     if args.json:
         print(json.dumps(plan.as_dict(), indent=2))
     else:
@@ -165,18 +181,57 @@ def show(plan) -> None:
             fit = row.fits_up_to
             cells.append("none" if fit == 0 else f"{fit:,}" + (" (model max)" if fit == plan.cap else ""))
         if row.capacity:
-            cells.append(f"{row.capacity.requests:,}" if row.capacity.requests else "none")
+            cells.append(capacity_cell(row.capacity))
             if accelerator is not None:
                 cells.append(ms(row.capacity.tpot_floor_ms) if row.capacity.requests else "–")
         table.add_row(*cells)
     say(table)
-    for note in plan.notes:
+    for note in plan.notes + capacity_notes(plan):
         say(f"[yellow]note:[/yellow] {note}")
     figures = [row.figures for row in plan.rows]
     if accelerator is not None:
         print_floors(say, figures, accelerator, dtype, plan.costs.weights_read(plan.kv.batch_size), memory)
     if local_runs is not None:
         print_calibration(say, figures, local_runs.said)
+
+
+def capacity_cell(capacity) -> str:
+    """'476'; '2,003 (host)' where host memory bounds it; '7,619 (device only)' where it was not counted."""
+    text = f"{capacity.requests:,}" if capacity.requests else "none"
+    return text + {HOST: " (host)", HOST_NOT_COUNTED: " (device only)"}.get(capacity.bound, "")
+
+
+def capacity_notes(plan) -> list[str]:
+    """For each row whose requests keep layers in host memory: which bound sets its capacity."""
+    notes = []
+    for row in plan.rows:
+        capacity = row.capacity
+        if not capacity or not capacity.host_kv_bytes:  # none offloaded, or none fit
+            continue
+        held = human_bytes(capacity.host_kv_bytes)
+        if capacity.bound == HOST_NOT_COUNTED:
+            why = f"--hardware {plan.hardware_name} names none" if plan.accelerator is not None else "none was given"
+            notes.append(
+                f"{row.label}: {capacity.requests:,} requests counts the device's memory only; host memory was not "
+                f"counted ({why}), and their offloaded layers' KV would take {held} of it: give --host-memory SIZE"
+            )
+            continue
+        bound = "host memory" if capacity.bound == HOST else "the device"
+        host = f"{human_bytes(plan.host_memory)} of host memory ({host_source(plan)})"
+        also = f"; the device alone would let {capacity.device_requests:,} in" if capacity.bound == HOST else ""
+        notes.append(
+            f"{row.label}: {capacity.requests:,} requests, bound by {bound}: their offloaded layers' KV takes {held} "
+            f"of the {host}{also}"
+        )
+    return notes
+
+
+def host_source(plan) -> str:
+    """Where the plan's host memory figure comes from."""
+    accelerator = plan.accelerator
+    if accelerator is not None and accelerator.host_memory_bytes == plan.host_memory:
+        return f"--hardware {plan.hardware_name}: {accelerator.sources[hardware.HOST_MEMORY].split(',')[0]}"
+    return "--host-memory"
 
 
 def ms(value: float | None) -> str:

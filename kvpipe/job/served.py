@@ -12,7 +12,7 @@ from kvpipe.job.phases import Job
 from kvpipe.job.servers import Outcome, requests_of, serve_continuously, serve_static_batches
 from kvpipe.measure.memory import PeakMemory, release_freed_memory
 from kvpipe.measure.metrics import repeat_noise
-from kvpipe.measure.request_figures import SERVED_FIGURES, pass_figures, serving_metrics
+from kvpipe.measure.request_figures import SERVED_FIGURES, arrival_figures, pass_figures, serving_metrics
 
 SHOWN_TEXTS = 4  # completions kept in result.json, as a batch job keeps one per prompt
 
@@ -70,6 +70,8 @@ class ServedJob(Job):
         passes, common = self.passes, self.load.config
         most_in_flight = max(outcome.max_in_flight for outcome in passes)
         metrics = serving_metrics([o.served for o in passes], most_in_flight, common.max_ttft_ms, common.max_tpot_ms)
+        if not self.load.closed:  # a closed loop's arrivals are its own answers' ends, not an offered load
+            metrics.update(arrival_figures(self.arrivals))
         held = [o.kv_held_bytes for o in passes if o.kv_held_bytes is not None]
         metrics.update(
             peak_memory_bytes=float(max(p.peak_bytes for p in self.peaks)),

@@ -113,6 +113,19 @@ def serving_metrics(passes: list[list[Served]], max_in_flight: int, max_ttft_ms:
     return metrics
 
 
+def arrival_figures(arrivals: list[float]) -> dict[str, float]:
+    """The offered load as its arrivals were scheduled (seconds from the start): the gaps' coefficient
+    of variation, stdev / mean of the gaps between successive arrivals (1 for Poisson, 1/sqrt(k) for
+    gamma gaps of shape k: vLLM's burstiness), and the rate realised, gaps per second of their sum
+    (1 / the mean gap). Nothing for fewer than 3 distinct times: no spread to measure."""
+    if len(set(arrivals)) < 3:
+        return {}
+    ordered = sorted(arrivals)
+    gaps = [b - a for a, b in zip(ordered, ordered[1:])]
+    mean_gap = statistics.fmean(gaps)
+    return {"arrival_gap_cv": statistics.stdev(gaps) / mean_gap, "arrival_rate_per_s": 1.0 / mean_gap}
+
+
 def _span_s(served: list[Served]) -> float:
     """A pass's span: its first arrival to its last token."""
     return max(max(s.finished_s for s in served) - min(s.arrival_s for s in served), 1e-9)

@@ -119,6 +119,7 @@ class Plan:
     local_runs: object | None  # machine_runs.LocalRuns
     rows: list[PlanRow]
     notes: list[str]
+    host_memory: int | None = None  # host RAM an offloaded cache's capacity counts: --host-memory, else the hardware's
 
     @property
     def new_tokens(self) -> int:
@@ -137,6 +138,7 @@ class Plan:
             "weights": {"bytes": self.weights.bytes, "exact": self.weights.exact, "source": self.weights.source},
             "weights_read_bytes_per_step": self.costs.weights_read(self.kv.batch_size),
             "memory_bytes": self.memory,
+            "host_memory_bytes": self.host_memory,
             "fits_counts": "weights + KV cache" + (" + the larger transient" if self.accelerator is not None else ""),
             "hardware": self.accelerator.as_dict() if self.accelerator is not None else None,
             "calibration": speed.calibration_document(self.local_runs, [row.figures for row in self.rows]),
@@ -152,11 +154,12 @@ class Plan:
 
 def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None, device: str | None = None,
               hardware_name: str | None = None, request_tokens: int | None = None,
-              calibrate_on: list[int] | None = None) -> Plan:  # fmt: skip
+              calibrate_on: list[int] | None = None, host_memory: int | None = None) -> Plan:  # fmt: skip
     """The plan for a spec: every strategy variant at each context (default: 1024, 4096 and the
     model's maximum); with a hardware, the floors there (and on local hardware, the calibration);
     with request_tokens and a memory, each variant's capacity: the most such requests at once;
-    calibrate_on: the prompt lengths whose runs the local calibration reads (default: all)."""
+    calibrate_on: the prompt lengths whose runs the local calibration reads (default: all); host_memory:
+    the host RAM an offloaded cache's capacity counts (default: the hardware's, where it names one)."""
     try:
         shape = model.read_shape(spec.model)
     except OSError as exc:  # a hub id with neither network nor a local copy
@@ -203,6 +206,8 @@ def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None
     if accelerator is not None:
         accelerator.peak_flops(dtype)  # an entry without this dtype: one line, before any table
     memory = budget if budget is not None or accelerator is None else accelerator.memory_bytes
+    if host_memory is None and accelerator is not None:
+        host_memory = accelerator.host_memory_bytes
     available = None if memory is None else memory - weight.bytes
     plan_rows = []
     for label, variant in rows:
@@ -225,7 +230,7 @@ def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None
                 fits_up_to=None if available is None else largest_context(needs_at, available, cap),
                 capacity=None
                 if request_tokens is None or memory is None
-                else capacity(variant, strategy, device, dtype, request_tokens, memory, accelerator),
+                else capacity(variant, strategy, device, dtype, request_tokens, memory, accelerator, host_memory),
                 figures=figures,
             )
         )
@@ -236,7 +241,7 @@ def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None
             "(quantized) one layer's dequantized copy; without it, weights + KV cache"
         )
     return Plan(spec, shape, device, dtype, kv, cap, contexts, weight, costs, budget, memory, hardware_name,
-                accelerator, local_runs, plan_rows, notes)  # fmt: skip
+                accelerator, local_runs, plan_rows, notes, host_memory)  # fmt: skip
 
 
 def _notes(spec, shape, device: str, cap: int, contexts: list[int], pressed: bool) -> list[str]:
@@ -259,7 +264,7 @@ def _notes(spec, shape, device: str, cap: int, contexts: list[int], pressed: boo
         )
         notes.append(
             "offloaded rows count the device only (the two largest offloaded layers: the one in use and the next, "
-            f"prefetched{kept}); host RAM holds every layer, as dynamic/static"
+            f"prefetched{kept}); host RAM holds the rest (with --request-tokens, capacity counts it)"
         )
     elif offloading and device != "cuda":
         notes.append("without CUDA, " + " and ".join(f"{s.name} runs as {s.runs_as_without_cuda}" for s in offloading))

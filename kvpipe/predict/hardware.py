@@ -1,6 +1,8 @@
 """Accelerators as data, for `kvpipe plan --hardware NAME`: conf/hardware.yaml holds, per accelerator,
 its memory, memory bandwidth and peak dense throughput per dtype, as its vendor's datasheet gives them,
-with the document each figure comes from. A new accelerator is one more entry. One file rather than a
+with the document each figure comes from, and where an entry gives one, the host memory beside one
+such accelerator (`host_memory_gb`: the vendor's reference system's RAM over its accelerators, what an
+offloaded cache's layers live in). A new accelerator is one more entry. One file rather than a
 folder of them: Hydra would offer a folder under conf/ as a config group that no job can select.
 
 `--hardware local` is this machine instead, measured as runs measure it: the bandwidth of a large
@@ -18,6 +20,7 @@ from kvpipe.errors import ConfigError, KvpipeError, require_choice
 
 LOCAL = "local"
 FIELDS = ("name", "title", "device", "memory_gb", "memory_bandwidth_gb_per_s", "peak_dense_tflops", "sources")
+HOST_MEMORY = "host_memory_gb"  # optional: an entry without it leaves host memory to --host-memory
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class Hardware:
     sources: dict[str, str]  # figure -> the document it comes from, or how it was measured
     device_names: tuple[str, ...] = ()  # what torch.cuda.get_device_name() says on one
     measured: bool = False  # `local`: the figures are this machine's, measured now
+    host_memory_bytes: int | None = None  # host RAM per accelerator, where the entry gives it
 
     def peak_flops(self, dtype: str) -> float:
         if dtype not in self.peak_dense_flops_per_s:
@@ -91,12 +95,15 @@ def _read(name: str) -> Hardware:
     if missing:
         raise KvpipeError(f"{where} lacks {', '.join(missing)}; each accelerator gives {', '.join(FIELDS)}")
     peaks = data["peak_dense_tflops"]
+    host = data.get(HOST_MEMORY)
     figures = {"memory_gb": data["memory_gb"], "memory_bandwidth_gb_per_s": data["memory_bandwidth_gb_per_s"],
-               **{f"peak_dense_tflops.{dtype}": value for dtype, value in peaks.items()}}  # fmt: skip
+               **{f"peak_dense_tflops.{dtype}": value for dtype, value in peaks.items()},
+               **({HOST_MEMORY: host} if host is not None else {})}  # fmt: skip
     for key, value in figures.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
             raise ConfigError(f"{where}: {key}", value, "expected a positive number")
-    unsourced = [key for key in FIELDS[3:6] if not data["sources"].get(key)]
+    sourced = (*FIELDS[3:6], *((HOST_MEMORY,) if host is not None else ()))
+    unsourced = [key for key in sourced if not data["sources"].get(key)]
     if unsourced:
         raise KvpipeError(f"{where} gives no source for {', '.join(unsourced)}; every figure names its datasheet")
     return Hardware(
@@ -108,6 +115,7 @@ def _read(name: str) -> Hardware:
         peak_dense_flops_per_s={dtype: value * 1e12 for dtype, value in peaks.items()},
         sources=dict(data["sources"]),
         device_names=tuple(data.get("device_names") or ()),
+        host_memory_bytes=None if host is None else int(host * 1e9),
     )
 
 
@@ -116,18 +124,18 @@ def local(device: str, dtype: str) -> Hardware:
     first: kvpipe.job.threads.use_threads)."""
     import socket
 
+    import psutil
     import torch
 
     from kvpipe.measure.roofline import matmul_flops_per_s, memory_bandwidth_bytes_per_s
 
+    ram, ram_source = psutil.virtual_memory().total, "psutil.virtual_memory().total (all of RAM)"
     if device == "cuda":
         title, memory = torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory
         memory_source = "torch.cuda.get_device_properties(0).total_memory"
     else:
-        import psutil
-
         title = f"{socket.gethostname()}, cpu, {torch.get_num_threads()} torch threads"
-        memory, memory_source = psutil.virtual_memory().total, "psutil.virtual_memory().total (all of RAM)"
+        memory, memory_source = ram, ram_source
     bandwidth = memory_bandwidth_bytes_per_s(device)
     flops = matmul_flops_per_s(device, dtype)
     return Hardware(
@@ -142,6 +150,8 @@ def local(device: str, dtype: str) -> Hardware:
             "memory_bandwidth_gb_per_s": "measured: the best of 5 copies of 256 MiB, bytes read plus written "
             "(kvpipe.measure.roofline, as every run measures memory_bandwidth_bytes_per_s)",
             "peak_dense_tflops": f"measured: the best of 5 square {dtype} matmuls (kvpipe.measure.roofline)",
+            **({HOST_MEMORY: ram_source} if device == "cuda" else {}),
         },
         measured=True,
+        host_memory_bytes=int(ram) if device == "cuda" else None,  # off CUDA nothing is offloaded
     )
