@@ -21,7 +21,8 @@ JOB = [o for o in TINY if o != "tracking=off"] + ["workload.repeats=1"]
         (["--max-tpot-ms", "80", "--resolution", "0"], "--resolution=0.0 is not valid"),
         (["--max-tpot-ms", "abc"], "argument --max-tpot-ms: invalid float value: 'abc'"),
         (["--max-tpot-ms", "80", "load=concurrency"], "load='concurrency' is not valid: the walk sets the load"),
-        (["--max-tpot-ms", "80", "cache=nope"], "cache"),
+        (["--max-tpot-ms", "80", "--memory-budget", "lots"], "--memory-budget='lots' is not valid"),
+        (["--max-tpot-ms", "80", "cache=nope"], "cache=nope is not a known option"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(tmp_path, flags, says):

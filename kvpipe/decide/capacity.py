@@ -92,6 +92,8 @@ class Miss:
 
     def text(self) -> str:
         """'TTFT p90 2410 ms > 2000 ms (+21%)' or 'goodput 80% < 95% of requests'."""
+        if self.unit == "requests":
+            return f"{self.measured:.0f} requests in flight; plan's memory bound is {self.target:,.0f}"
         if self.unit == "share":
             return f"{self.what} {self.measured:.0%} < {self.target:.0%} of requests"
         return f"{self.what} {self.measured:.0f} ms > {self.target:g} ms (+{self.over:.0%})"
@@ -115,9 +117,17 @@ class Point:
         return self.metrics is None and any(word in self.failure.lower() for word in OUT_OF_MEMORY)
 
 
-def judged(rate: float, metrics: dict[str, float] | None, failure: str, targets: Targets) -> Point:
-    """A point with the targets it misses."""
-    return Point(rate, metrics, failure, targets.misses(metrics) if metrics is not None else [])
+def judged(rate: float, metrics: dict[str, float] | None, failure: str, targets: Targets,
+           memory_requests: int | None = None) -> Point:  # fmt: skip
+    """A point with the targets it misses; one that held more requests in flight than plan's
+    memory-bound capacity misses memory too (this machine had room, the budget would not)."""
+    if metrics is None:
+        return Point(rate, None, failure)
+    misses = targets.misses(metrics)
+    in_flight = metrics.get("max_in_flight")
+    if memory_requests is not None and in_flight is not None and in_flight > memory_requests:
+        misses.insert(0, Miss("memory", in_flight, memory_requests, "requests"))
+    return Point(rate, metrics, failure, misses)
 
 
 @dataclass
@@ -163,22 +173,19 @@ def verdict(cache: str, points: list[Point], max_throughput: float | None, memor
     if failing is None:
         why = f"meets the targets at {carried.rate:.3g}/s, the most it serves with every request at once"
         return Verdict(cache, max_throughput, carried, None, THROUGHPUT, why, memory_requests)
-    binds, why = what_binds(failing, memory_requests)
+    binds, why = what_binds(failing)
     if carried is None:
         why = f"misses even at {failing.rate:.3g}/s, the lowest rate tried: {why}"
     return Verdict(cache, max_throughput, carried, failing, binds, why, memory_requests)
 
 
-def what_binds(failing: Point, memory_requests: int | None) -> tuple[str, str]:
+def what_binds(failing: Point) -> tuple[str, str]:
     """(what binds, by how much) at the first failing rate: memory where the cache ran out, or held
     more requests in flight than plan's memory bound; else the target it missed by most."""
     if failing.metrics is None:
         return ("memory" if failing.out_of_memory else "failure"), failing.failure or "the point failed"
-    in_flight = failing.metrics.get("max_in_flight")
-    if memory_requests is not None and in_flight is not None and in_flight > memory_requests:
-        return "memory", (f"{in_flight:.0f} requests in flight at {failing.rate:.3g}/s; plan's memory bound is "
-                          f"{memory_requests:,}")  # fmt: skip
-    worst = max(failing.misses, key=lambda miss: miss.over)
+    memory = [miss for miss in failing.misses if miss.unit == "requests"]
+    worst = memory[0] if memory else max(failing.misses, key=lambda miss: miss.over)
     return worst.what.split(" ")[0], f"{worst.text()} at {failing.rate:.3g}/s"
 
 

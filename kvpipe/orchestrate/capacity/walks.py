@@ -58,7 +58,7 @@ class RateWalk:
                 self.ceiling = rate
             return None
         rate = next_rate(self.met, self.missed, self.ceiling, self.resolution)
-        point = judged(rate, figures.metrics, figures.failure, self.targets)
+        point = judged(rate, figures.metrics, figures.failure, self.targets, self.memory_requests)
         self.points.append(point)
         if point.meets:
             self.met = rate
@@ -68,7 +68,7 @@ class RateWalk:
 
     def verdict(self) -> Verdict:
         if self.ceiling_failure:
-            binds, why = what_binds(Point(math.inf, None, self.ceiling_failure), self.memory_requests)
+            binds, why = what_binds(Point(math.inf, None, self.ceiling_failure))
             return Verdict(
                 self.cache, None, None, None, binds, f"with every request at once: {why}", self.memory_requests
             )
