@@ -8,7 +8,7 @@ every cache, as one interleaved sweep in another fresh folder (the ceilings are 
 the grid is given the rates, which favours it). Prints the table `kvpipe capacity` prints, and the
 wall time of both; writes results.json in --out.
 
-    python benchmarks/capacity.py --grid                                   # embedded model, 2 threads
+    python benchmarks/capacity.py --grid                                   # embedded model (smollm2_135m), 2 threads
     python benchmarks/capacity.py --threads 1 --max-ttft-ms 5000 --max-tpot-ms 500 --grid
     python benchmarks/capacity.py --model tiny_random --requests 4 --max-tpot-ms 50
 """
@@ -38,7 +38,9 @@ def kvpipe(args: list[str], launch: Path, threads: int) -> tuple[float, subproce
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2_135m", help="a conf/model option: the embedded SmolLM2-135M-Instruct")
+    parser.add_argument(
+        "--model", default="smollm2_135m", help="a conf/model option: the embedded SmolLM2-135M-Instruct"
+    )
     parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS and model.threads")
     parser.add_argument("--max-ttft-ms", type=float, default=2000)
     parser.add_argument("--max-tpot-ms", type=float, default=150)
