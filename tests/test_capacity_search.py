@@ -134,3 +134,13 @@ def test_bad_targets_are_one_line_naming_the_flag(targets, says):
 
 def test_a_point_without_figures_never_meets():
     assert not Point(1.0, None, "FAILED").meets
+
+
+def test_compare_shows_a_param_that_a_ceiling_point_did_not_log_as_blank():
+    import pandas as pd
+
+    from kvpipe.decide.runs import param_values
+
+    runs = pd.DataFrame({"params.cache.strategy": ["dynamic", "dynamic"], "params.load.kind": ["offline", "rate"],
+                         "params.load.rate": [float("nan"), "0.5"]}).astype({"params.load.rate": object})  # fmt: skip
+    assert param_values(runs, "load.rate") == ["", "0.5"]  # load=offline logs no load.rate: blank, never "nan"
