@@ -30,7 +30,7 @@ def test_version_names_kvpipe_torch_and_transformers(tmp_path):
 
 def test_a_mistyped_subcommand_is_an_unknown_command_with_a_suggestion(tmp_path):
     line = one_error_line(run_cli(["compre"], cwd=tmp_path))
-    assert "unknown command 'compre'; did you mean compare? (subcommands: advise, compare," in line
+    assert "unknown command 'compre'; did you mean compare? (subcommands: advise, capacity, compare," in line
     assert line.endswith("; a job takes key=value overrides)")
 
 

@@ -54,10 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_objective_argument(
         parser,
         "the cache for one batch at a time, searched",
-        "the cache and concurrency with the most of it for a service, measured over cache= x --concurrency",
+        "the cache and concurrency with the most of it for a service, each cache of cache= walked up --concurrency "
+        "while it gains",
     )
     parser.add_argument(
-        "--concurrency", default="1,4,16", metavar="N,N", help="with --objective throughput|goodput: the loads to try"
+        "--concurrency",
+        default="1,4,16",
+        metavar="N,N",
+        help="with --objective throughput|goodput: the levels the walk may climb",
     )
 
 
@@ -147,35 +151,39 @@ def _recommend(args, parent: str) -> int:
     return answer(limits_of(args), experiment, parent, uri)
 
 
-SERVED = "dynamic,paged,quantized"  # the caches a service question measures unless cache= narrows them
-
-
 def _advise_service(args, limits, started: float) -> int:
-    """For a service: every cache of cache= (default dynamic, paged and quantized) at every
-    --concurrency, as one sweep, then the one with the most throughput (or goodput) within limits."""
+    """For a service: per cache of cache= (default dynamic, paged and quantized), concurrency walked
+    upward along --concurrency while throughput grows and the limits hold, the caches taking turns at
+    each level (hydra/sweeper=capacity, walk=concurrency), then the one with the most throughput (or
+    goodput) within limits."""
     from kvpipe.commands.recommend import answer_for_service
     from kvpipe.jobspec import spec_from
-    from kvpipe.orchestrate.search.launch import launch_sweep
+    from kvpipe.orchestrate.capacity.launch import launch_capacity
+    from kvpipe.orchestrate.capacity.walker import split_arguments
     from kvpipe.record import auth
 
     levels = _concurrencies(args.concurrency)
-    given = {o.split("=", 1)[0]: o for o in args.overrides if "=" in o}
-    caches = given.pop("cache", f"cache={SERVED}").split("=", 1)[1].split(",")
-    jobs = len(caches) * len(levels)
-    if jobs > args.trials:
+    caches, fixed = split_arguments(args.overrides)
+    grid = len(caches) * len(levels)
+    if grid > args.trials:
         raise ConfigError(
-            "--trials", args.trials, f"{len(caches)} caches x {len(levels)} concurrencies is {jobs} jobs; expected "
-            f"--trials {jobs} or more, or fewer caches (cache=) or concurrencies (--concurrency)",
+            "--trials", args.trials, f"{len(caches)} caches x {len(levels)} concurrencies is {grid} jobs; expected "
+            f"--trials {grid} or more, or fewer caches (cache=) or concurrencies (--concurrency)",
         )  # fmt: skip
     targets = [f"load.max_tpot_ms={args.max_tpot_ms}"] if args.max_tpot_ms is not None else []
-    fixed = [*given.values(), "load=concurrency", *targets]
-    spec = spec_from([*fixed, f"cache={caches[0]}", f"load.concurrency={levels[0]}"])  # one line for a bad one
+    spec = spec_from([*fixed, f"cache={caches[0]}", "load=concurrency", f"load.concurrency={levels[0]}", *targets])
     auth.check_credentials(spec.tracking, Path.cwd())
     sweep_dir = Path(ADVISE_DIR) / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
-    print(f"advise: the most {args.objective} within {limits.describe()}: {jobs} jobs ({', '.join(caches)} at "
-          f"concurrency {', '.join(map(str, levels))}); trials in {sweep_dir}", flush=True)  # fmt: skip
-    parent = launch_sweep([*fixed, f"cache={','.join(caches)}", f"load.concurrency={','.join(map(str, levels))}"],
-                          sweep_dir)  # fmt: skip
+    print(f"advise: the most {args.objective} within {limits.describe()}: at most {grid} jobs ({', '.join(caches)} "
+          f"at concurrency {', '.join(map(str, levels))}), each cache walked upward while it gains; trials in "
+          f"{sweep_dir}", flush=True)  # fmt: skip
+    limits_given = {name: getattr(args, name) for name in settings()}
+    parent, found = launch_capacity([*fixed, f"cache={','.join(caches)}"], sweep_dir, walk="concurrency",
+                                    levels=levels, objective=args.objective, trials=grid, **limits_given)  # fmt: skip
+    print(f"advise: the walk measured {found['jobs']} jobs of the grid's {grid} ({found['reused']} reused)")
+    for cache in found["caches"]:
+        print(f"  {cache['cache']}: concurrency {', '.join(map(str, cache['levels']))}"
+              + (f"; stopped: {cache['stopped']}" if cache["stopped"] else ""))  # fmt: skip
     print()
     experiment, uri = _source(args)
     status = answer_for_service(limits, args.objective, experiment, parent, uri)

@@ -213,10 +213,11 @@ def _read_by(runs: pd.DataFrame) -> list[dict]:
 
 
 def param_values(runs: pd.DataFrame, param: str, read_by: list[dict] | None = None) -> list[str]:
-    """The param as shown: blank where the run's strategy ignores it."""
+    """The param as shown: blank where the run's strategy ignores it, or did not log it (a sweep of
+    load=offline and load=rate: an offline run has no load.rate)."""
     read_by = _read_by(runs) if read_by is None else read_by
-    values = runs[f"params.{param}"].astype(str).tolist()
-    return [value if _reads(run, param) else "" for value, run in zip(values, read_by)]
+    values = runs[f"params.{param}"].tolist()
+    return [str(value) if pd.notna(value) and _reads(run, param) else "" for value, run in zip(values, read_by)]
 
 
 def varying_params(runs: pd.DataFrame) -> list[str]:

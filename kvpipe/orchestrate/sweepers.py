@@ -1,5 +1,6 @@
-"""kvpipe's Hydra plugins, registered by name: two sweepers, the grid (the default,
-kvpipe.orchestrate.grid) and the search (hydra/sweeper=search, kvpipe.orchestrate.search.sweeper),
+"""kvpipe's Hydra plugins, registered by name: three sweepers, the grid (the default,
+kvpipe.orchestrate.grid), the search (hydra/sweeper=search, kvpipe.orchestrate.search.sweeper) and the
+capacity walks (hydra/sweeper=capacity, kvpipe.orchestrate.capacity.sweeper),
 and the interleaving launcher (the default, kvpipe.orchestrate.interleave)."""
 
 from kvpipe.errors import KvpipeError
@@ -13,6 +14,15 @@ def register_search_sweeper() -> None:
     from hydra_plugins.kvpipe_search import KvpipeSearchSweeper
 
     Plugins.instance().register(KvpipeSearchSweeper)
+
+
+def register_capacity_sweeper() -> None:
+    """hydra/sweeper=capacity (kvpipe.orchestrate.capacity), registered as the search is."""
+    from hydra.core.plugins import Plugins
+
+    from hydra_plugins.kvpipe_search import KvpipeCapacitySweeper
+
+    Plugins.instance().register(KvpipeCapacitySweeper)
 
 
 def register_grid_sweeper() -> None:

@@ -1,0 +1,134 @@
+"""`kvpipe capacity`: how much traffic each cache carries on this machine before the latency targets
+break, and what gives out first.
+
+Per cache of cache= (default dynamic, paged and quantized) it measures the maximum throughput (every
+request at once: the search's ceiling), then searches the open-loop request rate (load=rate, seeded)
+for the highest at which the targets hold at their percentile, each point a child run of one MLflow
+parent, the caches still searching taking turns at each batch (hydra/sweeper=capacity). It answers per
+cache: the rate carried, the lowest failing rate above it, the goodput there, and what binds (TTFT,
+TPOT, goodput's share, or memory, with plan's memory-bound capacity beside it); then the cache that
+carries the most and the command that measures it again. Exit 0 with an answer, 1 with none, 2 for a
+usage error. A repeated (or killed) search reuses the points it measured (resume=true).
+
+    kvpipe capacity --max-ttft-ms 2000 --max-tpot-ms 150
+    kvpipe capacity cache=dynamic,paged --max-tpot-ms 80 --percentile 99 --min-goodput 0.95
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import time
+from datetime import datetime
+from pathlib import Path
+
+from kvpipe.decide.capacity import PERCENTILES, THROUGHPUT, Targets
+from kvpipe.errors import ConfigError
+from kvpipe.orchestrate.capacity.sweeper import CapacitySettings
+from kvpipe.units import duration_text, parse_bytes
+
+HELP = "the highest request rate each cache carries within TTFT/TPOT targets, and what binds"
+CAPACITY_DIR = "outputs/capacity"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides: the model and workload, fixed for every "
+                        "point; cache=a,b,c the caches (default dynamic,paged,quantized)")  # fmt: skip
+    parser.add_argument("--max-ttft-ms", type=float, metavar="MS", help="time to first token target, from arrival")
+    parser.add_argument("--max-tpot-ms", type=float, metavar="MS", help="time per output token target")
+    parser.add_argument("--percentile", type=int, default=CapacitySettings.percentile,
+                        help=f"the targets hold at this percentile of requests: {', '.join(map(str, PERCENTILES))}"
+                        f" (default {CapacitySettings.percentile})")  # fmt: skip
+    parser.add_argument("--min-goodput", type=float, metavar="SHARE",
+                        help="and at least this share of requests within both targets, e.g. 0.95")  # fmt: skip
+    parser.add_argument("--resolution", type=float, default=CapacitySettings.resolution, metavar="SHARE",
+                        help=f"search to within this share of the rate (default {CapacitySettings.resolution})")  # fmt: skip
+    parser.add_argument("--requests", type=int, default=CapacitySettings.requests,
+                        help=f"requests per rate point (default {CapacitySettings.requests})")  # fmt: skip
+    parser.add_argument("--memory-budget", metavar="SIZE",
+                        help="plan's memory-bound capacity within this (default: the device's whole memory)")  # fmt: skip
+    parser.add_argument("--trials", type=int, default=CapacitySettings.trials,
+                        help=f"jobs to launch at most (default {CapacitySettings.trials})")  # fmt: skip
+
+
+def checked(args: argparse.Namespace) -> Targets:
+    """The targets and search settings, each checked: one line naming the flag, before anything loads."""
+    targets = Targets(args.max_ttft_ms, args.max_tpot_ms, args.percentile, args.min_goodput).check()
+    if not 0 < args.resolution < 1:
+        raise ConfigError("--resolution", args.resolution, "expected a share of the rate above 0 and below 1, e.g. 0.1")
+    if args.requests < 2:
+        raise ConfigError("--requests", args.requests, "expected 2 or more requests per rate point, e.g. 16")
+    if args.trials < 1:
+        raise ConfigError("--trials", args.trials, "expected a positive number of jobs")
+    if args.memory_budget is not None:
+        parse_bytes(args.memory_budget, "--memory-budget")
+    if any(o in ("tracking=off", "tracking.enabled=false") for o in args.overrides):
+        raise ConfigError("tracking", "off", "capacity records every point as a child run and reuses them when "
+                          "asked again; expected tracking=sqlite or server")  # fmt: skip
+    return targets
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvpipe.jobspec import spec_from
+    from kvpipe.orchestrate.capacity.launch import launch_capacity
+    from kvpipe.orchestrate.capacity.walker import split_arguments
+    from kvpipe.record import auth
+
+    started = time.monotonic()
+    targets = checked(args)
+    caches, fixed = split_arguments(args.overrides)
+    for cache in caches:  # every cache's config checked (one line) before any model loads
+        spec = spec_from([*fixed, f"cache={cache}", "load=rate"])
+    auth.check_credentials(spec.tracking, Path.cwd())
+    sweep_dir = Path(CAPACITY_DIR) / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    print(f"capacity: {', '.join(caches)} within {targets.describe()}; points in {sweep_dir}", flush=True)
+    name = f"capacity within {targets.describe()}"
+    parent, found = launch_capacity(
+        [*fixed, f"cache={','.join(caches)}", f"sweep_name={name!r}"], sweep_dir, trials=args.trials,
+        max_ttft_ms=args.max_ttft_ms, max_tpot_ms=args.max_tpot_ms, percentile=args.percentile,
+        min_goodput=args.min_goodput, resolution=args.resolution, requests=args.requests,
+        memory_budget=args.memory_budget,
+    )  # fmt: skip
+    print()
+    status = show(found, targets, fixed, args.requests)
+    took = duration_text(time.monotonic() - started)
+    print(f"capacity: done in {took}: {found['jobs']} jobs ({found['reused']} reused); "
+          f"`kvpipe compare --parent {parent}` shows every point")  # fmt: skip
+    return status
+
+
+def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
+    """The table of what each cache carries, the one that carries the most and its command; 0 with
+    an answer, 1 with none."""
+    rows = [("cache", "carries", "fails at", "binds", "goodput there", "max throughput", "plan's memory bound")]
+    for cache in found["caches"]:
+        rows.append((
+            cache["cache"],
+            f"{cache['rate']:.3g} req/s" if cache["rate"] else "none",
+            _rate(cache["failing_rate"]) if cache["binds"] != THROUGHPUT else "(its ceiling)",
+            cache["binds"],
+            _rate(cache["goodput_requests_per_s"]),
+            _rate(cache["max_throughput"]),
+            f"{cache['memory_requests']:,} requests" if cache["memory_requests"] is not None else "–",
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    for cache in found["caches"]:
+        print(f"  {cache['cache']}: {cache['binds']} binds: {cache['why']}")
+    carrying = [c for c in found["caches"] if c["rate"]]
+    if not carrying:
+        print(f"\ncapacity: no cache meets {targets.describe()} at any rate tried")
+        return 1
+    best = max(carrying, key=lambda c: c["rate"])
+    print(f"\ncapacity: {best['cache']} carries the most: {best['rate']:.3g} requests/s within {targets.describe()}")
+    again = [*fixed, f"cache={best['cache']}", "load=rate", f"load.rate={best['rate']:g}", f"load.requests={requests}"]
+    again += [f"load.{name}={value:g}" for name, value in (("max_ttft_ms", targets.max_ttft_ms),
+              ("max_tpot_ms", targets.max_tpot_ms)) if value is not None]  # fmt: skip
+    print(f"  use: kvpipe {shlex.join(again)}")
+    return 0
+
+
+def _rate(value: float | None) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g} req/s"

@@ -1,0 +1,225 @@
+"""The capacity sweeper's batches: each cache's walk says its next load, every cache still walking is
+launched in one batch (they take turns), each job's figures are read back (from its result.json, or,
+reused with resume=true, from its FINISHED run in MLflow) and told to its walk; progress on stderr;
+what was found in capacity.json."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from kvpipe.decide.capacity import Point, Targets
+from kvpipe.decide.limits import limits_of
+from kvpipe.errors import ConfigError
+from kvpipe.orchestrate.capacity.walks import ConcurrencyWalk, Figures, RateWalk
+from kvpipe.record.result import Result
+from kvpipe.units import duration_text
+
+log = logging.getLogger(__name__)
+
+RESULT_FILE = "capacity.json"
+WALKS = ("rate", "concurrency")  # hydra.sweeper.walk
+SERVED = "dynamic,paged,quantized"  # the caches a service question measures unless cache= narrows them
+# the load settings a walk sets for each point: given by the user, they would fight it
+WALK_SETS = ("load", "load.kind", "load.rate", "load.concurrency", "load.requests", "load.duration_s",
+             "load.max_ttft_ms", "load.max_tpot_ms")  # fmt: skip
+
+
+def split_arguments(arguments: list[str]) -> tuple[list[str], list[str]]:
+    """(the caches of cache=, default dynamic, paged and quantized; every other override, fixed for
+    every point). Only cache= may list several values."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    caches, fixed = SERVED.split(","), []
+    for override in OverridesParser.create().parse_overrides(arguments):
+        key = override.get_key_element()
+        if key == "cache":
+            caches = [str(v) for v in override.sweep_string_iterator()] if override.is_sweep_override() else [
+                override.get_value_element_as_str()]  # fmt: skip
+        elif key in WALK_SETS:
+            raise ConfigError(key, override.input_line.split("=", 1)[-1], "the walk sets the load of each point "
+                              "itself; leave it out (the targets are --max-ttft-ms and --max-tpot-ms)")  # fmt: skip
+        elif override.is_sweep_override():
+            raise ConfigError(key, override.input_line.split("=", 1)[-1], "only cache= may list several values")
+        else:
+            fixed.append(override.input_line)
+    return caches, fixed
+
+
+class Walker:
+    """One capacity sweep: `Walker.start(...)` sets its walks up, `run(launch)` its batches."""
+
+    def __init__(self, settings, caches: list[str], fixed: list[str], spec, walks: dict, sweep_dir: Path,
+                 launch_dir: Path):  # fmt: skip
+        self.settings, self.caches, self.fixed, self.spec, self.walks = settings, caches, fixed, spec, walks
+        self.sweep_dir, self.launch_dir = sweep_dir, launch_dir
+        self.started = time.monotonic()
+        self.launched = self.reused = 0
+        self.name = "capacity" if settings.walk == "rate" else "advise"
+
+    @classmethod
+    def start(cls, settings, arguments: list[str], launch_dir: Path, sweep_dir: Path) -> Walker:
+        from kvpipe.jobspec import spec_from
+
+        if settings.walk not in WALKS:
+            raise ConfigError("hydra.sweeper.walk", settings.walk, f"expected one of {', '.join(WALKS)}")
+        caches, fixed = split_arguments(arguments)
+        spec = spec_from([*fixed, f"cache={caches[0]}", "load=rate"])
+        if settings.walk == "concurrency":
+            figure = "goodput_requests_per_s" if settings.objective == "goodput" else "output_tokens_per_s"
+            limits = limits_of(settings)
+            walks = {cache: ConcurrencyWalk(cache, sorted(settings.levels), limits, figure) for cache in caches}
+        else:
+            targets = targets_of(settings)
+            if not 0 < settings.resolution < 1:
+                raise ConfigError("hydra.sweeper.resolution", settings.resolution,
+                                  "expected a share of the rate above 0 and below 1, e.g. 0.1")  # fmt: skip
+            if settings.requests < 2:
+                raise ConfigError("hydra.sweeper.requests", settings.requests, "expected 2 or more requests per rate")
+            bounds = memory_bounds(spec, fixed, caches, settings.memory_budget)
+            walks = {c: RateWalk(c, targets, settings.resolution, settings.requests, bounds[c]) for c in caches}
+        return cls(settings, caches, fixed, spec, walks, sweep_dir, launch_dir)
+
+    def target_overrides(self) -> list[str]:
+        """The targets every point's goodput counts against."""
+        given = (("load.max_ttft_ms", self.settings.max_ttft_ms), ("load.max_tpot_ms", self.settings.max_tpot_ms))
+        return [f"{key}={value:g}" for key, value in given if value is not None]
+
+    def run(self, launch: Callable) -> list:
+        """Batches until every walk is done or the job budget is spent; `launch(jobs, first_index)`
+        runs a batch of jobs (their overrides) and returns their JobReturns."""
+        returns, job_index, batch_number = [], _next_job_index(self.sweep_dir), 0
+        while batch := [(cache, *point) for cache, walk in self.walks.items() if (point := walk.next_load())]:
+            if self.launched + len(batch) > self.settings.trials:
+                self._say(f"stopped: the next batch would pass the budget of {self.settings.trials} jobs")
+                break
+            batch_number += 1
+            shown = ", ".join(f"{cache} at {what}" for cache, what, _ in batch)
+            self._say(f"batch {batch_number}: {shown} · {duration_text(time.monotonic() - self.started)} elapsed")
+            jobs = [[*self.fixed, f"cache={cache}", *load, *self.target_overrides(), "resume=true"]
+                    for cache, _, load in batch]  # fmt: skip
+            results = launch(jobs, job_index)
+            job_index += len(jobs)
+            self.launched += len(jobs)
+            returns.append(results)
+            for (cache, what, _), job in zip(batch, results, strict=True):
+                figures = self._figures(job)
+                self._say_point(cache, what, figures, self.walks[cache].tell(figures))
+        self._save()
+        return returns
+
+    # ---- reading a job back ----------------------------------------------------------------------
+
+    def _figures(self, job) -> Figures:
+        run_dir = Path(job.hydra_cfg.hydra.runtime.output_dir)
+        try:
+            result = Result.load(run_dir / "result.json")
+        except (OSError, ValueError) as exc:
+            return Figures(None, f"no result.json in {run_dir}: {exc}", f"job {run_dir.name}")
+        if result.status == "FINISHED":
+            return Figures(_numbers(result.metrics), where=f"job {run_dir.name}")
+        reason = result.reason or ""
+        if result.status == "SKIPPED" and "already FINISHED" in reason and self.spec.tracking.enabled:
+            from kvpipe.record import tracking
+
+            run = tracking.finished_run_with_key(self.spec.tracking, self.launch_dir, result.measurement_key)
+            if run is not None:
+                self.reused += 1
+                return Figures(_numbers(run.data.metrics), where=f"run {run.info.run_id[:8]}, reused")
+        if result.status == "SKIPPED" and reason.startswith("measures the same as job "):
+            earlier = reason.removeprefix("measures the same as job ").split(" ")[0]
+            return Figures(_numbers(Result.load(self.sweep_dir / earlier / "result.json").metrics),
+                           where=f"job {earlier}")  # fmt: skip
+        return Figures(None, f"{result.status}: {reason}".strip(), f"job {run_dir.name}")
+
+    # ---- what it says ----------------------------------------------------------------------------
+
+    def _say(self, text: str) -> None:
+        print(f"{self.name}: {text}", file=sys.stderr, flush=True)
+
+    def _say_point(self, cache: str, what: str, figures: Figures, point: Point | None) -> None:
+        if figures.metrics is None:
+            self._say(f"{cache} at {what} failed ({figures.where}): {figures.failure}")
+            return
+        metrics = figures.metrics
+        if self.settings.walk == "concurrency":
+            stopped = self.walks[cache].stopped
+            self._say(f"{cache} at {what}: {metrics.get('output_tokens_per_s', float('nan')):.1f} tok/s, "
+                      f"TPOT {metrics.get('tpot_ms', float('nan')):.1f} ms ({figures.where})"
+                      + (f"; its walk stops: {stopped}" if stopped else ""))  # fmt: skip
+            return
+        if point is None:
+            self._say(f"{cache} serves {metrics.get('requests_per_s', float('nan')):.3g} requests/s with every "
+                      f"request at once ({figures.where}): the search's ceiling")  # fmt: skip
+            return
+        p = self.settings.percentile
+        measured = (f"TTFT p{p} {metrics.get(f'ttft_p{p}_ms', float('nan')):.0f} ms, "
+                    f"TPOT p{p} {metrics.get(f'tpot_p{p}_ms', float('nan')):.1f} ms, "
+                    f"{metrics.get('within_targets', float('nan')):.0%} within targets")  # fmt: skip
+        outcome = "meets" if point.meets else "misses " + "; ".join(m.text() for m in point.misses)
+        self._say(f"{cache} at {what}: {outcome} ({measured}; {figures.where})")
+
+    def _save(self) -> None:
+        """capacity.json: the walks' findings, for `kvpipe capacity` and `kvpipe advise` to print."""
+        found = {
+            "walk": self.settings.walk,
+            "targets": targets_of(self.settings).describe() if self.settings.walk == "rate" else None,
+            "fixed": self.fixed,
+            "jobs": self.launched,
+            "reused": self.reused,
+            "wall_s": time.monotonic() - self.started,
+            "caches": [walk.as_dict() for walk in self.walks.values()],
+        }
+        (self.sweep_dir / RESULT_FILE).write_text(json.dumps(found, indent=2) + "\n")
+
+
+def targets_of(settings) -> Targets:
+    """The rate search's targets from the sweeper's settings, checked (one line naming the field)."""
+    return Targets(settings.max_ttft_ms, settings.max_tpot_ms, settings.percentile,
+                   settings.min_goodput).check("hydra.sweeper.")  # fmt: skip
+
+
+def memory_bounds(spec, fixed: list[str], caches: list[str], budget: str | None) -> dict[str, int | None]:
+    """Per cache, plan's memory-bound capacity (kvpipe.predict.capacity): the most requests of the
+    workload's longest context that fit `budget` (default: the device's whole memory) beside the weights."""
+    from kvpipe import model
+    from kvpipe.jobspec import spec_from
+    from kvpipe.predict.capacity import capacity
+    from kvpipe.units import parse_bytes
+    from kvpipe.workload import longest_prompt_of
+
+    device = model.resolve_device(spec.model.device)
+    dtype = model.dtype_name(spec.model.dtype, device)
+    memory = parse_bytes(budget, "--memory-budget") if budget is not None else machine_memory(device)
+    new_tokens = spec.workload.max_new_tokens
+    batches = spec.bound_workload.batches(model.load_tokenizer(spec.model), "cpu")
+    context = longest_prompt_of(batches, new_tokens) + new_tokens
+    bounds = {}
+    for cache in caches:
+        one = spec_from([*fixed, f"cache={cache}", "load=rate"])
+        bounds[cache] = capacity(one, one.strategy, device, dtype, context, memory).requests
+    return bounds
+
+
+def machine_memory(device: str) -> int:
+    """The device's whole memory: the GPU's, or all of RAM."""
+    if device == "cuda":
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def _numbers(metrics: dict) -> dict[str, float]:
+    return {name: float("nan") if value is None else float(value) for name, value in metrics.items()}
+
+
+def _next_job_index(sweep_dir: Path) -> int:
+    numbers = [int(p.name) for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+    return max(numbers, default=-1) + 1

@@ -1,0 +1,91 @@
+"""The capacity sweeper's batches without a model: each cache's walk proposes its next load, the caches
+still walking are launched together, and what a launched job recorded is told back. Jobs are faked by
+writing the result.json a real one would, with figures from a table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from kvpipe.decide.capacity import Targets
+from kvpipe.decide.limits import Limits
+from kvpipe.orchestrate.capacity.sweeper import CapacitySettings
+from kvpipe.orchestrate.capacity.walker import Walker
+from kvpipe.orchestrate.capacity.walks import ConcurrencyWalk, RateWalk
+from kvpipe.record.result import Result
+
+
+def fake_launch(sweep_dir: Path, figures_of, batches: list):
+    """A launcher whose jobs record figures_of(overrides as a dict) in their result.json."""
+
+    def launch(jobs, first_index):
+        batches.append([dict(o.split("=", 1) for o in job) for job in jobs])
+        returns = []
+        for index, job in enumerate(jobs, start=first_index):
+            run_dir = sweep_dir / str(index)
+            Result("FINISHED", {}, metrics=figures_of(dict(o.split("=", 1) for o in job))).save(run_dir)
+            returns.append(SimpleNamespace(hydra_cfg=SimpleNamespace(hydra=SimpleNamespace(
+                runtime=SimpleNamespace(output_dir=str(run_dir))))))  # fmt: skip
+        return returns
+
+    return launch
+
+
+def walked(tmp_path, settings, walks, figures_of) -> tuple[dict, list]:
+    batches: list = []
+    walker = Walker(settings, list(walks), [], None, walks, tmp_path, tmp_path)
+    walker.run(fake_launch(tmp_path, figures_of, batches))
+    return json.loads((tmp_path / "capacity.json").read_text()), batches
+
+
+THROUGHPUT = {"dynamic": {1: 10.0, 4: 10.2, 16: 30.0}, "paged": {1: 12.0, 4: 30.0, 16: 29.0}}
+
+
+def test_the_walk_stops_a_cache_at_the_first_level_that_adds_no_throughput(tmp_path):
+    walks = {c: ConcurrencyWalk(c, [1, 4, 16], Limits(), "output_tokens_per_s") for c in THROUGHPUT}
+    found, batches = walked(tmp_path, CapacitySettings(walk="concurrency"), walks, lambda job: {
+        "output_tokens_per_s": THROUGHPUT[job["cache"]][int(job["load.concurrency"])], "tpot_ms": 20.0})  # fmt: skip
+    assert found["jobs"] == 5 < 2 * 3  # the grid's six, less dynamic at 16: its walk stopped at 4
+    levels = {c["cache"]: c["levels"] for c in found["caches"]}
+    assert levels == {"dynamic": [1, 4], "paged": [1, 4, 16]}
+    assert "adds no output_tokens_per_s beyond 5%" in found["caches"][0]["stopped"]
+    # the caches take turns: each level's batch holds every cache still walking
+    assert [[(j["cache"], j["load.concurrency"]) for j in batch] for batch in batches] == [
+        [("dynamic", "1"), ("paged", "1")], [("dynamic", "4"), ("paged", "4")], [("paged", "16")]]  # fmt: skip
+
+
+def test_the_walk_stops_a_cache_at_the_first_level_that_misses_a_limit(tmp_path):
+    walks = {"dynamic": ConcurrencyWalk("dynamic", [1, 2, 4, 8], Limits(tpot_ms=50.0), "output_tokens_per_s")}
+    found, _ = walked(tmp_path, CapacitySettings(walk="concurrency"), walks, lambda job: {
+        "output_tokens_per_s": 10.0 * int(job["load.concurrency"]), "tpot_ms": 20.0 * int(job["load.concurrency"])})  # fmt: skip
+    assert found["caches"][0]["levels"] == [1, 2, 4]
+    assert found["caches"][0]["stopped"] == "concurrency 4 misses TPOT"
+
+
+def test_the_rate_search_runs_in_batches_and_finds_each_caches_rate(tmp_path):
+    carries = {"dynamic": 2.0, "paged": 5.0}  # requests/s each meets its TTFT target up to
+    targets = Targets(max_ttft_ms=1000)
+    walks = {c: RateWalk(c, targets, 0.1, 16, 100) for c in carries}
+
+    def figures_of(job):
+        if job["load"] == "offline":
+            return {"requests_per_s": 8.0}
+        rate = float(job["load.rate"])
+        return {"ttft_p90_ms": 500.0 if rate <= carries[job["cache"]] else 1500.0, "max_in_flight": 4.0,
+                "within_targets": 1.0, "goodput_requests_per_s": rate}  # fmt: skip
+
+    found, batches = walked(tmp_path, CapacitySettings(max_ttft_ms=1000), walks, figures_of)
+    for cache in found["caches"]:
+        assert cache["rate"] <= carries[cache["cache"]] < cache["failing_rate"] <= cache["rate"] * 1.1
+        assert cache["binds"] == "TTFT" and cache["max_throughput"] == 8.0
+    assert [j["load"] for j in batches[0]] == ["offline", "offline"]  # each ceiling first, together
+    assert all(j.get("resume") == "true" for batch in batches for j in batch)  # a repeated search reuses them
+    assert found["jobs"] == sum(len(batch) for batch in batches)
+
+
+def test_the_rate_search_stops_at_its_job_budget(tmp_path):
+    walks = {"dynamic": RateWalk("dynamic", Targets(max_ttft_ms=1000), 0.01, 16, None)}
+    found, batches = walked(tmp_path, CapacitySettings(max_ttft_ms=1000, trials=3), walks,
+                            lambda job: {"requests_per_s": 8.0, "ttft_p90_ms": 5000.0})  # fmt: skip
+    assert found["jobs"] == 3 and len(batches) == 3

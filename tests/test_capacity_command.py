@@ -1,0 +1,67 @@
+"""`kvpipe capacity` as a user runs it: bad input refused in one line before anything loads, and a
+search on the tiny model that answers per cache, then reuses its points when asked again."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import TINY, run_cli
+
+JOB = [o for o in TINY if o != "tracking=off"] + ["workload.repeats=1"]
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--max-ttft-ms", "0"], "--max-ttft-ms=0.0 is not valid: expected a positive number of milliseconds"),
+        (["--max-tpot-ms", "-5"], "--max-tpot-ms=-5.0 is not valid: expected a positive number of milliseconds"),
+        ([], "expected a target: --max-ttft-ms and/or --max-tpot-ms"),
+        (["--max-tpot-ms", "80", "--percentile", "95"], "--percentile=95 is not valid: expected one of 50, 90, 99"),
+        (["--max-tpot-ms", "80", "--min-goodput", "2"], "--min-goodput=2.0 is not valid: expected the share"),
+        (["--max-tpot-ms", "80", "--resolution", "0"], "--resolution=0.0 is not valid"),
+        (["--max-tpot-ms", "abc"], "argument --max-tpot-ms: invalid float value: 'abc'"),
+        (["--max-tpot-ms", "80", "load=concurrency"], "load='concurrency' is not valid: the walk sets the load"),
+        (["--max-tpot-ms", "80", "--memory-budget", "lots"], "--memory-budget='lots' is not valid"),
+        (["--max-tpot-ms", "80", "cache=nope"], "cache=nope is not a known option"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(tmp_path, flags, says):
+    said = run_cli(["capacity", *JOB, *flags], cwd=tmp_path)
+    assert said.returncode == 2, said.stderr[-2000:]
+    assert said.stderr.startswith("kvpipe: error:") and said.stderr.count("\n") == 1 and says in said.stderr
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_tracking_off_is_refused_as_capacity_reuses_its_points_from_the_store(tmp_path):
+    said = run_cli(["capacity", *TINY, "--max-tpot-ms", "80"], cwd=tmp_path)
+    assert said.returncode == 2 and "tracking='off' is not valid" in said.stderr
+
+
+@pytest.mark.slow  # two tiny caches' searches (about 10 served jobs) recorded in MLflow, then asked again
+def test_capacity_answers_per_cache_and_reuses_its_points_when_asked_again(tmp_path, existing_store):
+    existing_store(tmp_path)
+    args = ["capacity", *JOB, "cache=dynamic,paged", "--max-ttft-ms", "2000", "--max-tpot-ms", "0.5",
+            "--requests", "4", "--resolution", "0.3"]  # fmt: skip
+    first = run_cli(args, cwd=tmp_path)
+    assert first.returncode == 1, first.stderr[-3000:]  # no CPU decodes a token in half a millisecond
+    for cache in ("dynamic", "paged"):
+        row = next(line for line in first.stdout.splitlines() if line.startswith(f"{cache} "))
+        assert " none " in row and " TPOT " in row  # nothing carried; TPOT binds
+        assert f"{cache}: TPOT binds: misses even at " in first.stdout
+    assert "capacity: batch 1: dynamic at every request at once, paged at every request at once" in first.stderr
+    assert "no cache meets TTFT p90 ≤ 2000 ms · TPOT p90 ≤ 0.5 ms at any rate tried" in first.stdout
+    jobs = int(first.stdout.split("capacity: done in ")[1].split(": ")[1].split(" jobs")[0])
+    again = run_cli(args, cwd=tmp_path)
+    assert f": {jobs} jobs ({jobs} reused)" in again.stdout, again.stdout[-2000:]
+
+
+@pytest.mark.slow  # two tiny caches' searches, served jobs recorded in MLflow
+def test_capacity_within_targets_the_tiny_model_meets_names_the_cache_that_carries_most(tmp_path, existing_store):
+    existing_store(tmp_path)
+    said = run_cli(["capacity", *JOB, "cache=dynamic,paged", "--max-ttft-ms", "60000", "--max-tpot-ms", "60000",
+                    "--requests", "4"], cwd=tmp_path)  # fmt: skip
+    assert said.returncode == 0, said.stderr[-3000:]
+    assert said.stdout.count(" throughput binds: meets the targets at ") == 2  # each met at its ceiling
+    use = said.stdout.split("use: kvpipe ")[1].splitlines()[0]
+    assert "load=rate load.rate=" in use and "load.max_ttft_ms=60000" in use
+    assert "carries the most:" in said.stdout
