@@ -65,7 +65,7 @@ class Scheduled:
             taken.append(Arrival(index, self.requests[index], due))
         return taken
 
-    def answered(self, index: int, at_s: float) -> None:
-        """Request `index` answered at at_s: in a closed loop its client sends the next then."""
+    def answered(self, index: int, at_s: float, tokens: list[int]) -> None:
+        """Request `index` answered (with `tokens`) at at_s: in a closed loop its client sends the next then."""
         if self.closed:
             self.freed.append(at_s)

@@ -113,7 +113,7 @@ def serve_static_batches(spec, loaded, setup, queue, cap: int, kept=None) -> Out
         if kept is not None:
             kept.keep(rows[0], cache, served[taken[0].index].tokens)
         for arrival in taken:
-            queue.answered(arrival.index, finished)
+            queue.answered(arrival.index, finished, served[arrival.index].tokens)
     held = None if kept is None else kept.held_peak_bytes
     hits = None if kept is None else kept.reused_tokens
     return Outcome([served[i] for i in sorted(served)], most, kv_peak, None, hits, held)
@@ -167,7 +167,7 @@ def serve_continuously(spec, loaded, queue, cap: int) -> Outcome:
                 prompt_tokens=len(arrival.request.ids),
                 tokens=list(answer.generated_tokens),
             )
-            queue.answered(arrival.index, time.perf_counter())
+            queue.answered(arrival.index, time.perf_counter(), served[arrival.index].tokens)
     finally:
         strategy.stop_manager(manager)
     hits = sum(matches.get(f"request_{index}", 0) for index in served)

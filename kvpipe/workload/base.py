@@ -211,6 +211,11 @@ class Workload(Registered):
             raise ConfigError("workload.max_measure_s", self.common.max_measure_s, "expected seconds above 0")
 
     @property
+    def keeps_session_cache(self) -> bool:
+        """A workload in sessions that keeps each session's cache between its turns (workload.keep_session_cache)."""
+        return self.in_sessions and bool(getattr(self.settings, "keep_session_cache", False))
+
+    @property
     def auto_repeats(self) -> bool:
         return self.common.repeats == "auto"
 
