@@ -129,3 +129,10 @@ class Conversation(Workload):
     def windows(self, tokenizer, count: int, scored_tokens: int) -> list[Window]:
         """Its sessions' first turns as the model sees them; the reference writes what follows."""
         return [Window(self.turn_ids(tokenizer, session, 0, []), None) for session in self.sessions()[:count]]
+
+
+def plain_text(messages: list[dict]) -> str:
+    """Messages as plain paragraphs for a tokenizer without a chat template, `Role: content` each,
+    ending with `Assistant:` for the model to go on from."""
+    said = [f"{PLAIN_ROLES.get(m['role'], m['role'].capitalize())}: {m['content']}" for m in messages]
+    return "\n\n".join([*said, "Assistant:"])
