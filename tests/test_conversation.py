@@ -9,13 +9,13 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from test_prompts_as_the_model_expects import BOS, PLAIN_TEMPLATE, build_tokenizer, leading_bos
 
 from kvpipe.errors import ConfigError
 from kvpipe.job.session_turns import SessionTurns
 from kvpipe.workload.conversation.sessions import Session
 
 from conftest import TINY, run_cli, spec_for
-from test_prompts_as_the_model_expects import BOS, PLAIN_TEMPLATE, build_tokenizer, leading_bos
 
 SESSIONS = (*TINY, "workload=conversation", "load=concurrency")
 

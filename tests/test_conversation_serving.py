@@ -31,7 +31,7 @@ def served_job(*overrides: str):
 def by_session(job) -> dict[int, list]:
     """Each session position's turns as served, in turn order: (request, served)."""
     turns: dict[int, list] = {}
-    for position, turn, request, served in sorted(job.turns_served(), key=lambda item: item[:2]):
+    for position, _turn, request, served in sorted(job.turns_served(), key=lambda item: item[:2]):
         turns.setdefault(position, []).append((request, served))
     return turns
 

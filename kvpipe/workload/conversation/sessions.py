@@ -83,7 +83,9 @@ def _session(path: str, number: int, value, turns: int, system: str) -> Session:
     questions = [m["content"] for m in value if m.get("role") == "user" and m["content"].strip()]
     if len(questions) < 2:
         raise ConfigError(
-            "workload.path", path, f"row {number} has {len(questions)} user message(s), not a conversation; {EXPECTED_ROW}"
+            "workload.path",
+            path,
+            f"row {number} has {len(questions)} user message(s), not a conversation; {EXPECTED_ROW}",
         )
     own_system = [m["content"] for m in value if m.get("role") == "system"]
     return Session(number, own_system[0] if own_system else system, tuple(questions[:turns]))
