@@ -13,7 +13,8 @@ shuffled order (kvpipe.job.runner.measured_together), so a busy machine slows th
 Per configuration: the prefix hit rate (prompt tokens served from cache over prompt tokens), TTFT
 p50/p90 over every turn and p50 of first and of later turns, the KV bytes its requests held at peak
 in flight (paged: the pool's blocks; dynamic: its largest call's cache) and the bytes kept sessions
-held while their users thought.
+held while their users thought; the queueing (a turn's wait for the server, inside its TTFT) and
+whether the machine was contended while it ran.
 
     OMP_NUM_THREADS=2 python benchmarks/conversation.py                         # embedded model
     OMP_NUM_THREADS=1 python benchmarks/conversation.py --threads 1 --model tiny_random --rounds 1
@@ -35,7 +36,8 @@ CONFIGURATIONS = {
     "dynamic, kept session caches": ["cache=dynamic", "workload.keep_session_cache=true"],
 }
 COLUMNS = ("configuration", "prefix hit rate", "TTFT p50 ms", "TTFT p90 ms", "first turns p50 ms",
-           "later turns p50 ms", "KV in flight, peak", "KV kept while thinking, peak")  # fmt: skip
+           "later turns p50 ms", "queueing p50 ms", "KV in flight, peak", "KV kept while thinking, peak",
+           "contended")  # fmt: skip
 
 
 def overrides(args, configuration: list[str]) -> list[str]:
@@ -48,13 +50,15 @@ def overrides(args, configuration: list[str]) -> list[str]:
     ]  # fmt: skip
 
 
-def row(label: str, metrics: dict) -> list[str]:
+def row(label: str, result) -> list[str]:
+    metrics = result.metrics
     in_flight = metrics.get("kv_held_bytes", metrics["kv_cache_bytes"])
     hit_rate = metrics.get("prefix_hit_rate", 0.0)  # recomputing: nothing served from a cache
     return [
         label, f"{hit_rate:.0%}", f"{metrics['ttft_p50_ms']:.0f}", f"{metrics['ttft_p90_ms']:.0f}",
         f"{metrics['ttft_first_turn_p50_ms']:.0f}", f"{metrics['ttft_later_turns_p50_ms']:.0f}",
-        human_bytes(in_flight), human_bytes(metrics.get("session_kv_held_bytes", 0.0)),
+        f"{metrics['queue_p50_ms']:.0f}", human_bytes(in_flight), human_bytes(metrics.get("session_kv_held_bytes", 0.0)),
+        result.tags["contended"],
     ]  # fmt: skip
 
 
@@ -77,7 +81,7 @@ def main() -> None:
     args = parser.parse_args()
     specs = [(label, spec_from(overrides(args, configuration))) for label, configuration in CONFIGURATIONS.items()]
     jobs = measured_together(specs, on_prepared=lambda label: print(f"prepared {label}", flush=True))
-    rows = [row(job.label, job.result({}).metrics) for job in jobs]
+    rows = [row(job.label, job.result({})) for job in jobs]
     text = markdown(rows) + (
         f"\n\n{args.sessions} sessions of {args.turns} turns, {args.concurrency} in flight, "
         f"{args.think_time_s:g} s think time, {args.max_new_tokens} new tokens a turn, {args.rounds} rounds, "
