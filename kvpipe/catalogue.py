@@ -126,6 +126,11 @@ CORE = (
     # the offered load as scheduled (an open loop's arrivals): the gaps' spread, and the rate they realise
     _m("arrival_gap_cv", "arrival gaps' CV", "", ".2f", in_run_table=True),
     _m("arrival_rate_per_s", "offered rate", "req/s", ".2f", in_run_table=True),
+    # sessions of turns (a workload in sessions: kvpipe.job.served_sessions)
+    _m("prefix_hit_rate", "prefix hit rate", "", ".0%", HIGHER, in_run_table=True),
+    _m("session_kv_held_bytes", "KV kept between turns at peak", value_format="bytes", lower=LOWER, in_run_table=True),
+    _m("ttft_first_turn_p50_ms", "TTFT p50, first turns", "ms", lower=LOWER, in_run_table=True),
+    _m("ttft_later_turns_p50_ms", "TTFT p50, later turns", "ms", lower=LOWER, in_run_table=True),
     _m("serve_span_ms", "first arrival to last token", "ms"),
     _m("peak_memory_bytes", "peak memory", value_format="bytes", lower=LOWER, in_run_table=True, compare=True),
     _m("peak_over_baseline_bytes", "peak over baseline", value_format="bytes", lower=LOWER, in_run_table=True),

@@ -145,6 +145,9 @@ class CacheStrategy(Registered):
     # The layers a press (kvpipe.cache.presses) may evict from: "dense", "quantized", or None where
     # evicting would free nothing (a preallocated, offloaded or paged cache)
     press_layers: ClassVar[str | None] = None
+    # generate() can continue from a cache it returned, given the whole sequence (its cached tokens a
+    # prefix): what workload.keep_session_cache needs to keep a conversation's cache between its turns
+    continues_cache: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         if "name" in cls.__dict__:
@@ -323,6 +326,11 @@ class CacheStrategy(Registered):
     def held_bytes(cls, manager) -> int:
         """Bytes the requests in flight hold now."""
         raise NotImplementedError(cls._not_serving("held_bytes"))
+
+    @classmethod
+    def prefix_matches(cls, manager) -> dict[str, int]:
+        """Per request id, the prompt tokens served from shared blocks, filled in as the manager admits them."""
+        raise NotImplementedError(cls._not_serving("prefix_matches"))
 
     @classmethod
     def _not_serving(cls, hook: str) -> str:

@@ -10,6 +10,7 @@ class Dynamic(CacheStrategy):
     family = "dynamic"
     order = 10
     press_layers = "dense"
+    continues_cache = True  # a DynamicCache grows from where it stopped
 
     def build(self, loaded, longest_prompt: int) -> CacheSetup:
         from transformers import DynamicCache

@@ -15,6 +15,7 @@ class Offloaded(Dynamic):
     offloading = True
     runs_as_without_cuda = "dynamic"  # transformers' offloading asserts CUDA
     press_layers = None  # its layers move between host and device: kvpipe does not evict from them
+    continues_cache = False  # a kept cache between turns is unmeasured where its layers move to the host
     late_defaults = {"offload_only_non_sliding": False}  # DynamicCache's own default
 
     @dataclass

@@ -225,6 +225,23 @@ class Paged(CacheStrategy):
         return sum(_storage_bytes(value, seen) for holder in holders for value in vars(holder).values())
 
     @classmethod
+    def prefix_matches(cls, manager) -> dict[str, int]:
+        """Per request id, the prompt tokens its scheduler served from shared blocks: what transformers'
+        `search_prefix_match` returned for it (0 with allow_block_sharing off), read by wrapping it on this
+        manager's cache. Call it before adding requests; the dict fills in as they are admitted. The
+        scheduler asks again while a request waits unmatched, so a request's last answer is the one kept."""
+        cache = cls.paged_cache(manager)
+        matches: dict[str, int] = {}
+        search = cache.search_prefix_match
+
+        def observed(request_id: str, prompt_ids: list[int]) -> int:
+            matches[request_id] = matched = search(request_id, prompt_ids)
+            return matched
+
+        cache.search_prefix_match = observed
+        return matches
+
+    @classmethod
     def block_bytes(cls, manager) -> int:
         """One block of every layer (cache.num_blocks' unit): one page per layer, each allocator's block."""
         return sum(allocator.bytes_per_block for allocator in cls.paged_cache(manager).cache_allocators.values())

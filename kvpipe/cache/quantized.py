@@ -28,6 +28,7 @@ class Quantized(CacheStrategy):
     in_label = ("backend.name", "backend.nbits", "axis.layout")
     late_defaults = {"quantize_sliding": False}
     press_layers = "quantized"  # a press evicts from the prompt, then the layer quantizes what is kept
+    continues_cache = True  # its layers keep appending (never cropped back: kvpipe.job.kept_caches)
 
     @dataclass
     class Settings:

@@ -20,7 +20,7 @@ from kvpipe.measure.environment import environment, load_average
 from kvpipe.measure.memory import freeze_long_lived_objects
 from kvpipe.measure.metrics import prompt_lengths
 from kvpipe.measure.round_figures import over_rounds, round_tags
-from kvpipe.workload import Scored, longest_prompt_of, shortest_and_padded
+from kvpipe.workload import Scored, shortest_and_padded
 
 
 class Job(RoundTaker):
@@ -83,7 +83,7 @@ class Job(RoundTaker):
         self.workload = spec.bound_workload
         self.batches = self.workload.batches(tokenizer, model.resolve_device(spec.model.device))
         self.workload.check_fits(shape, self.batches)
-        longest_prompt = longest_prompt_of(self.batches, spec.workload.max_new_tokens)
+        longest_prompt = self.workload.longest_prompt(tokenizer, self.batches)
         spec.strategy.check_for_model(shape, longest_prompt)
         spec.strategy.check_prompts(*shortest_and_padded(self.batches))
         self.plan()

@@ -13,6 +13,7 @@ from kvpipe.job.fallback import with_fallback
 from kvpipe.job.generate import Call, measured_generate
 from kvpipe.job.phases import Job, eos_ids
 from kvpipe.job.served import ServedJob
+from kvpipe.job.served_sessions import SessionsJob
 from kvpipe.job.shared_rounds import run_rounds
 from kvpipe.jobspec import Spec
 from kvpipe.measure.metrics import summarise
@@ -32,7 +33,9 @@ def run_job(spec: Spec, tags: dict[str, str] | None = None):
 
 def job_for(spec: Spec) -> Job:
     """The job a spec makes: its requests served under its load, or its batches one after another."""
-    return BatchJob(spec) if spec.load is None else ServedJob(spec)
+    if spec.load is None:
+        return BatchJob(spec)
+    return SessionsJob(spec) if spec.bound_workload.in_sessions else ServedJob(spec)
 
 
 def measured_together(labelled: list[tuple[str, Spec]], seed: int = 0, on_prepared=lambda label: None) -> list[Job]:

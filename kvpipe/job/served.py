@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 import time
 
+from kvpipe.job.arrivals import Scheduled
 from kvpipe.job.phases import Job
 from kvpipe.job.servers import Outcome, requests_of, serve_continuously, serve_static_batches
 from kvpipe.measure.memory import PeakMemory, release_freed_memory
@@ -45,7 +46,7 @@ class ServedJob(Job):
         first = self.requests[: self.cap]  # what a warm-up pays once (allocation, kernels), at the largest batch
         for _ in range(self.spec.workload.warmup):
             started = time.perf_counter()
-            self._serve(first, [0.0] * len(first), len(first), closed=False)
+            self._serve(Scheduled(first, [0.0] * len(first), len(first), closed=False), len(first))
             self.warmup_ms.append((time.perf_counter() - started) * 1e3)
 
     def round(self, advance) -> dict[str, float]:
@@ -54,17 +55,21 @@ class ServedJob(Job):
         release_freed_memory(self.loaded.device)
         torch.manual_seed(self.spec.workload.seed)
         with PeakMemory(self.loaded.device) as peak:
-            outcome = self._serve(self.requests, self.arrivals, self.cap, self.load.closed)
+            outcome = self._serve(self.queue(), self.cap)
         self.passes.append(outcome)
         self.peaks.append(peak)
         for _ in outcome.served:
             advance()
         return pass_figures(outcome.served)
 
-    def _serve(self, requests, arrivals: list[float], cap: int, closed: bool) -> Outcome:
+    def queue(self):
+        """A round's requests as they arrive (kvpipe.job.arrivals)."""
+        return Scheduled(self.requests, self.arrivals, self.cap, self.load.closed)
+
+    def _serve(self, queue, cap: int, kept=None) -> Outcome:
         if self.setup is None:  # a continuous server builds its own cache
-            return serve_continuously(self.spec, self.loaded, requests, arrivals, cap, closed)
-        return serve_static_batches(self.spec, self.loaded, self.setup, requests, arrivals, cap, closed)
+            return serve_continuously(self.spec, self.loaded, queue, cap)
+        return serve_static_batches(self.spec, self.loaded, self.setup, queue, cap, kept)
 
     def summary(self) -> tuple[dict[str, float], list[str], dict[str, str]]:
         passes, common = self.passes, self.load.config

@@ -9,14 +9,16 @@ honest baseline continuous batching is measured against.
 
 A closed loop (load=concurrency) lets the next request in when one is answered: its arrival is
 then. An open loop (load=rate, load=replay, load=offline) has its arrivals fixed in advance; a request that
-arrives while the server is busy waits, and that wait counts in its TTFT.
+arrives while the server is busy waits, and that wait counts in its TTFT. Sessions of turns
+(kvpipe.job.session_turns) arrive as their own clients send them: a turn a think time after the
+previous turn's answer. The servers take whatever has arrived from a queue (kvpipe.job.arrivals) and
+tell it when each request is answered.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from kvpipe.cache.accounting import kv_cache_bytes
@@ -37,18 +39,24 @@ class Request:
     new_tokens: int
     text: str
     arrival_s: float | None = None  # when the workload says it arrived (a dataset's timestamps), if it does
+    session: int | None = None  # the session it is a turn of (kvpipe.job.session_turns), if any
+    last_turn: bool = True  # a session's last turn: nothing to keep for it after
 
 
 @dataclass
 class Outcome:
     """What serving a list of requests gave: each request as served, the most in flight at once,
     the KV cache's bytes (a static batch's largest cache; a paged cache's whole pool, which it
-    reserves), and for a paged cache the most its requests held at once."""
+    reserves), and for a paged cache the most its requests held at once. Where prompts can be served
+    from cache (a paged pool's shared blocks, a session's kept cache): the prompt tokens that were;
+    with kept session caches, the most bytes they held at once between turns."""
 
     served: list[Served]
     max_in_flight: int
     kv_bytes: int
     kv_held_bytes: int | None = None
+    prefix_hit_tokens: int | None = None
+    session_kv_held_bytes: int | None = None
 
 
 def requests_of(batches, new_tokens: int) -> list[Request]:
@@ -62,102 +70,105 @@ def requests_of(batches, new_tokens: int) -> list[Request]:
     return prompts
 
 
-def serve_static_batches(spec, loaded, setup, requests: list[Request], arrivals: list[float], cap: int,
-                         closed: bool) -> Outcome:  # fmt: skip
-    """Static batches of up to `cap` arrived requests, each one generate() call held to its longest."""
+def serve_static_batches(spec, loaded, setup, queue, cap: int, kept=None) -> Outcome:
+    """Static batches of up to `cap` arrived requests (from `queue`: kvpipe.job.arrivals), each one
+    generate() call held to its longest. With `kept` (kvpipe.job.kept_caches), a session's turn
+    continues from the cache its previous turn left, one request per call: caches of different
+    lengths do not batch."""
     import torch
 
     from kvpipe.workload.base import padded_batch
 
     workload = spec.workload
-    served: list[Served | None] = [None] * len(requests)
-    waiting = deque(range(len(requests)))
-    start, free_at, kv_peak, most = time.perf_counter(), 0.0, 0, 0
-    while waiting:
+    served: dict[int, Served] = {}
+    start, kv_peak, most = time.perf_counter(), 0, 0
+    queue.begin(start)
+    while queue.untaken:
         now = time.perf_counter()
-        due = free_at if closed else start + arrivals[waiting[0]]
-        if due > now:
-            time.sleep(due - now)
+        taken = queue.take(now, 1 if kept is not None else cap)
+        if not taken:  # nothing in flight here between calls: the next arrival is known
+            time.sleep(max(queue.next_s() - now, 0.0))
             continue
-        taken = []
-        while waiting and len(taken) < cap and (closed or start + arrivals[waiting[0]] <= now):
-            taken.append(waiting.popleft())
-        batch = padded_batch(loaded.tokenizer, [requests[i].ids for i in taken], loaded.device)
-        longest = max(requests[i].new_tokens for i in taken)
-        clock, cache = TokenClock(sync_cuda=loaded.device == "cuda"), setup.make_cache()
+        rows = [arrival.request for arrival in taken]
+        batch = padded_batch(loaded.tokenizer, [request.ids for request in rows], loaded.device)
+        longest = max(request.new_tokens for request in rows)
+        cache = setup.make_cache() if kept is None else kept.resume(rows[0], setup.make_cache)
+        clock = TokenClock(sync_cuda=loaded.device == "cuda")
         torch.manual_seed(workload.seed)
         with torch.inference_mode():
             output = clocked_generate(workload, loaded, setup, batch, cache, clock, longest)
         finished = time.perf_counter()
         kv_peak, most = max(kv_peak, kv_cache_bytes(cache)), max(most, len(taken))
         prompt = batch.input_ids.shape[1]
-        for row, index in enumerate(taken):
-            wanted = requests[index].new_tokens
-            arrival = (free_at or start) if closed else start + arrivals[index]
-            served[index] = Served(
-                arrival_s=arrival,
+        for row, arrival in enumerate(taken):
+            wanted = arrival.request.new_tokens
+            served[arrival.index] = Served(
+                arrival_s=arrival.arrival_s,
                 started_s=clock.start_s,
                 token_s=clock.step_s[:wanted],
                 finished_s=finished,
-                prompt_tokens=len(requests[index].ids),
+                prompt_tokens=len(arrival.request.ids),
                 tokens=output[row, prompt : prompt + wanted].tolist(),
             )
-        free_at = finished
-    return Outcome([s for s in served if s is not None], most, kv_peak)
+        if kept is not None:
+            kept.keep(rows[0], cache, served[taken[0].index].tokens)
+        for arrival in taken:
+            queue.answered(arrival.index, finished, served[arrival.index].tokens)
+    held = None if kept is None else kept.held_peak_bytes
+    hits = None if kept is None else kept.reused_tokens
+    return Outcome([served[i] for i in sorted(served)], most, kv_peak, None, hits, held)
 
 
-def serve_continuously(spec, loaded, requests: list[Request], arrivals: list[float], cap: int,
-                       closed: bool) -> Outcome:  # fmt: skip
-    """Requests added to transformers' continuous batching manager as they arrive (at most `cap` in
-    flight), answers taken as they finish."""
+def serve_continuously(spec, loaded, queue, cap: int) -> Outcome:
+    """Requests added to transformers' continuous batching manager as they arrive (from `queue`:
+    kvpipe.job.arrivals; at most `cap` in flight), answers taken as they finish."""
     strategy = spec.strategy
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)  # its start and stop lines, per run
     manager = strategy.start_manager(
         loaded,
-        max_prompt_tokens=max(len(r.ids) for r in requests),
-        max_new_tokens=max(r.new_tokens for r in requests),
-        num_requests=min(cap, len(requests)),  # what is in flight at once: off CUDA, the pool's size
+        max_prompt_tokens=queue.max_prompt_tokens,
+        max_new_tokens=queue.max_new_tokens,
+        num_requests=min(cap, queue.total),  # what is in flight at once: off CUDA, the pool's size
         seed=spec.workload.seed,
         ignore_eos=spec.workload.ignore_eos,
         do_sample=spec.workload.do_sample,
     )
-    served: list[Served | None] = [None] * len(requests)
-    in_flight: dict[str, tuple[int, float]] = {}
-    start, next_index, done, most, held_peak = time.perf_counter(), 0, 0, 0, 0
+    served: dict[int, Served] = {}
+    in_flight: dict[str, object] = {}  # request id -> its kvpipe.job.arrivals.Arrival
+    start, most, held_peak = time.perf_counter(), 0, 0
+    queue.begin(start)
     try:
+        matches = strategy.prefix_matches(manager)
         pool = strategy.pool_bytes(manager)
-        while done < len(requests):
-            now = time.perf_counter()
-            while (
-                next_index < len(requests) and len(in_flight) < cap and (closed or start + arrivals[next_index] <= now)
-            ):
-                request = requests[next_index]
-                request_id = f"request_{next_index}"
+        while len(served) < queue.total:
+            for arrival in queue.take(time.perf_counter(), cap - len(in_flight)):
+                request_id = f"request_{arrival.index}"
                 manager.add_request(
-                    request.ids, request_id=request_id, max_new_tokens=request.new_tokens, record_timestamps=True
-                )
-                in_flight[request_id] = (next_index, now if closed else start + arrivals[next_index])
-                next_index += 1
+                    arrival.request.ids, request_id=request_id, max_new_tokens=arrival.request.new_tokens,
+                    record_timestamps=True,
+                )  # fmt: skip
+                in_flight[request_id] = arrival
             most = max(most, len(in_flight))
             held_peak = max(held_peak, strategy.held_bytes(manager))
-            wait = POLL_S
-            if not closed and next_index < len(requests) and len(in_flight) < cap:
-                wait = min(POLL_S, max(start + arrivals[next_index] - time.perf_counter(), 0.001))
+            wait, due = POLL_S, queue.next_s()
+            if due is not None and len(in_flight) < cap:
+                wait = min(POLL_S, max(due - time.perf_counter(), 0.001))
             answer = manager.get_result(timeout=wait)
             if answer is None:
                 continue
             if answer.error:
                 raise RuntimeError(f"continuous batching failed on {answer.request_id}: {answer.error}")
-            index, arrival = in_flight.pop(answer.request_id)
-            served[index] = Served(
-                arrival_s=arrival,
+            arrival = in_flight.pop(answer.request_id)
+            served[arrival.index] = Served(
+                arrival_s=arrival.arrival_s,
                 started_s=answer.lifespan[0],
                 token_s=list(answer.timestamps or []),
                 finished_s=answer.lifespan[1],
-                prompt_tokens=len(requests[index].ids),
+                prompt_tokens=len(arrival.request.ids),
                 tokens=list(answer.generated_tokens),
             )
-            done += 1
+            queue.answered(arrival.index, time.perf_counter(), served[arrival.index].tokens)
     finally:
         strategy.stop_manager(manager)
-    return Outcome([s for s in served if s is not None], most, pool, held_peak)
+    hits = sum(matches.get(f"request_{index}", 0) for index in served)
+    return Outcome([served[i] for i in sorted(served)], most, pool, held_peak, hits)

@@ -196,6 +196,7 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
     press = presses.get(typed.press.name)
     warnings += press.check_protocol(typed.press.protocol, spec.bound_workload, naming)
     _check_questions_after_context(spec)
+    _check_sessions(spec)
     return replace(spec, warnings=tuple(warnings), overrides=tuple(overrides))
 
 
@@ -355,6 +356,27 @@ def _check_questions_after_context(spec: Spec) -> None:
             "cache.strategy", strategy.name,
             f"workload={workload.name} answers each question from a fork of the context's cache, whose layers "
             f"cache={strategy.name} preallocates or moves; expected {' or '.join(f'cache={n}' for n in growing)}",
+        )  # fmt: skip
+
+
+def _check_sessions(spec: Spec) -> None:
+    """A workload of sessions is served under a load that starts them (one that replays the workload's
+    own arrival times has none to read); a kept session cache needs a strategy that can continue one."""
+    workload, strategy = spec.bound_workload, spec.strategy
+    if not workload.in_sessions:
+        return
+    starting = ", ".join(f"load={load.name}" for load in loads.registered() if load.any_workload)
+    if spec.load is None or not loads.get(spec.load.kind).any_workload:
+        raise ConfigError(
+            "load.kind", None if spec.load is None else spec.load.kind,
+            f"workload={workload.name} serves sessions turn by turn; choose how sessions start: {starting}",
+        )  # fmt: skip
+    if workload.keeps_session_cache and not strategy.continues_cache:
+        able = " or ".join(f"cache={s.name}" for s in cache_strategies.registered() if s.continues_cache)
+        raise ConfigError(
+            "workload.keep_session_cache", True,
+            f"cache={strategy.name} cannot continue from a cache it returned; expected {able}, or "
+            "workload.keep_session_cache=false (cache=paged shares prefixes through cache.allow_block_sharing)",
         )  # fmt: skip
 
 

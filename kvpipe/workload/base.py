@@ -124,6 +124,9 @@ class Workload(Registered):
     quality: ClassVar[Quality | None] = None  # the one of its metrics that judges its answers (quality_metrics())
     names_question: ClassVar[bool] = False  # its batches set `question_tokens` (press.protocol=query_agnostic)
     questions_after_context: ClassVar[bool] = False  # its batches set `questions`: a press sees the context alone
+    # its prompts are turns of sessions (`sessions()`), each turn re-sending the history with the model's
+    # answers: a served job sends a session's next turn after its previous answer (kvpipe.job.served_sessions)
+    in_sessions: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         quality = cls.__dict__.get("quality")
@@ -208,6 +211,11 @@ class Workload(Registered):
             raise ConfigError("workload.max_measure_s", self.common.max_measure_s, "expected seconds above 0")
 
     @property
+    def keeps_session_cache(self) -> bool:
+        """A workload in sessions that keeps each session's cache between its turns (workload.keep_session_cache)."""
+        return self.in_sessions and bool(getattr(self.settings, "keep_session_cache", False))
+
+    @property
     def auto_repeats(self) -> bool:
         return self.common.repeats == "auto"
 
@@ -225,6 +233,11 @@ class Workload(Registered):
                     f"expected {expected}: prompt ({batch.prompt_tokens}) + new tokens ({new}) exceed the "
                     f"model's {positions} positions",
                 )
+
+    def longest_prompt(self, tokenizer, batches: list[Batch]) -> int:
+        """The prompt length caches are sized for (longest_prompt_of its batches); a workload whose
+        prompts grow while it runs says how long they may grow."""
+        return longest_prompt_of(batches, self.common.max_new_tokens)
 
     def too_long(self, prompt_tokens: int, new_tokens: int, positions: int) -> tuple[str, Any, str]:
         """(field, value, what would fit) for a prompt that does not fit: by default the prompts
