@@ -16,6 +16,7 @@ from kvpipe.job import kill_points
 from kvpipe.record import recorder
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.result import Result, iter_results, new_job_id
+from kvpipe.record.store import ARTIFACT_DIR
 from kvpipe.record.sync import target
 
 from conftest import TINY, run_cli, spec_for
@@ -36,7 +37,9 @@ def job_runs(launch_dir: Path) -> list:
 
 
 def results_on_disk(launch_dir: Path) -> list[Result]:
-    return [result for _, result in iter_results(launch_dir / "outputs", recursive=True)]
+    """The jobs' result.json files (not MLflow's copies of them among its artifacts)."""
+    found = iter_results(launch_dir / "outputs", recursive=True)
+    return [result for path, result in found if ARTIFACT_DIR not in path.parts]
 
 
 # --- the upload, keyed by the record's own id ------------------------------------------------------------
