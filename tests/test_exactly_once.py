@@ -1,4 +1,4 @@
-"""Exactly once, through every kill: a sweep SIGKILLed at any stage of a job (kvpipe.job.kill_points),
+"""Exactly once, through every kill: a sweep SIGKILLed at any stage of a job (kvpipe.kill_points),
 then resumed and synced, leaves each job in MLflow once, FINISHED; and `kvpipe sync` never uploads a
 record the store holds already (kvpipe.record.exactly_once)."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpipe.job import kill_points
+from kvpipe import kill_points
 from kvpipe.record import recorder
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.result import Result, iter_results, new_job_id
@@ -130,7 +130,7 @@ def test_an_unknown_kill_point_names_the_valid_ones():
 
 
 def test_a_kill_point_kills_its_process_the_nth_time_it_is_reached():
-    code = "from kvpipe.job import kill_points as k; k.reached('after_result'); print('once', flush=True); " + (
+    code = "from kvpipe import kill_points as k; k.reached('after_result'); print('once', flush=True); " + (
         "k.reached('before_rounds'); k.reached('after_result'); print('twice')"
     )
     env = {**os.environ, kill_points.ENV: "after_result@2"}

@@ -18,7 +18,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from kvpipe.job import kill_points
+from kvpipe import kill_points
 from kvpipe.job.progress_bar import progress_bar
 from kvpipe.measure.round_figures import STOPPING_FIGURE, converged, relative_half_width, rounds_of
 from kvpipe.units import duration_text

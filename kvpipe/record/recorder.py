@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from kvpipe.job import kill_points
+from kvpipe import kill_points
 from kvpipe.record import tracking
 from kvpipe.record.result import RESULT_FILE, Result, new_job_id
 from kvpipe.record.scored import write_files

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvpipe import kill_points
 from kvpipe.config import TrackingConfig
-from kvpipe.job import kill_points
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record import worker
 from kvpipe.record.auth import check_at_door, recording, refusals
