@@ -113,6 +113,38 @@ def test_a_job_a_resumed_sweep_measured_again_is_not_synced_beside_it(tmp_path, 
     assert Result.load(killed / "result.json").mlflow_run_id == again.run_id
 
 
+def test_a_sync_beside_the_writer_logging_the_record_waits_for_it_and_uploads_nothing(
+    tmp_path, existing_store, monkeypatch
+):
+    import threading
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    from kvpipe.record.store import writer_lock
+    from kvpipe.record.sync import sync_one
+
+    existing_store(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "outputs" / "runs" / "job"
+    result = kept_on_disk(folder)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    experiment_id = client.create_experiment("kvpipe")
+    synced = []
+    with writer_lock(target(result, None).tracking, tmp_path):  # a sweep's worker, logging this very record
+        logged = client.create_run(experiment_id, tags={mlflow_tags.JOB_ID: result.job_id}).info.run_id
+        syncing = threading.Thread(target=lambda: synced.append(sync_one(folder / "result.json", result, None)))
+        syncing.start()
+        # time for a sync that did not wait to find the half-logged run (its verdict needs no timing)
+        time.sleep(1)
+        client.set_tag(logged, mlflow_tags.STATUS, "FINISHED")
+        client.set_terminated(logged, "FINISHED")
+        assert syncing.is_alive()  # waiting for the writer lock
+    syncing.join(timeout=120)
+    assert (synced[0].run_id, synced[0].new) == (logged, False)
+    assert [run.info.run_id for run in store_runs(tmp_path)] == [logged]
+
+
 def test_a_record_outside_a_sweep_measured_again_is_its_own_run(tmp_path, existing_store):
     existing_store(tmp_path)
     first, second = (tmp_path / "outputs" / "runs" / name for name in ("first", "second"))
