@@ -203,8 +203,8 @@ def left_by_the_kill(point: str, kind: str) -> tuple[int, int, int, int]:
 
 
 # One sweep per kill point by default, each kind among them; every kind at every point with
-# KVPIPE_TEST_KILL_MATRIX=full (15 sweeps: 337 s on the 2-core VM beside other work, too long for every
-# `make test`)
+# KVPIPE_TEST_KILL_MATRIX=full (15 sweeps: 183-337 s on the 2-core VM beside other work, too long for
+# every `make test`)
 SHOWN = {("before_rounds", "batch"), ("between_rounds", "served"), ("after_result", "interleaved"),
          ("after_run_created", "served"), ("after_run_logged", "batch")}  # fmt: skip
 FULL_MATRIX = os.environ.get("KVPIPE_TEST_KILL_MATRIX") == "full"
