@@ -15,8 +15,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Bottom to top: each floor is one or more siblings, each sibling a set of packages or modules
 # (a name covers what lies under it). Siblings on one floor never import each other.
+FOUNDATION = ("kvpipe", "kvpipe.errors", "kvpipe.units", "kvpipe.registry", "kvpipe._startup", "kvpipe.disk_cache",
+              "kvpipe.kill_points")  # fmt: skip
 FLOORS: tuple[tuple[tuple[str, ...], ...], ...] = (
-    (("kvpipe", "kvpipe.errors", "kvpipe.units", "kvpipe.registry", "kvpipe._startup", "kvpipe.disk_cache"),),
+    (FOUNDATION,),
     (("kvpipe.config",),),
     (("kvpipe.catalogue",),),
     (("kvpipe.model",),),

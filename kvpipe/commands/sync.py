@@ -25,7 +25,16 @@ def run(args: argparse.Namespace) -> int:
     sync.check_stores(pending, args.tracking_uri)
     failed = 0
     for path, result in pending:
-        run_id = sync.sync_one(path, result, args.tracking_uri)
-        failed += not run_id
-        print(f"{path}: " + (f"MLflow run {run_id}" if run_id else "still unreachable, kept on disk"))
+        logged = sync.sync_one(path, result, args.tracking_uri)
+        failed += logged is None
+        print(f"{path}: {said(logged)}")
     return 1 if failed else 0
+
+
+def said(logged) -> str:
+    """What became of one result: uploaded, found in MLflow already, or kept on disk."""
+    if logged is None:
+        return "still unreachable, kept on disk"
+    if logged.new:
+        return f"MLflow run {logged.run_id}"
+    return f"in MLflow already as run {logged.run_id}: not uploaded again"

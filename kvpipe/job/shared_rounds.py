@@ -18,6 +18,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from kvpipe import kill_points
 from kvpipe.job.progress_bar import progress_bar
 from kvpipe.measure.round_figures import STOPPING_FIGURE, converged, relative_half_width, rounds_of
 from kvpipe.units import duration_text
@@ -105,11 +106,14 @@ def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool) -> Rounds:
     known = all(job.fixed_rounds is not None for job in jobs)
     total = sum(job.fixed_rounds * job.calls_per_round for job in jobs) if known else None
     label = jobs[0].label if len(jobs) == 1 else f"{len(jobs)} jobs, interleaved"
+    kill_points.reached("before_rounds")
     with progress_bar(label, total) as advance:
         while True:
             wanted = _wanting(jobs, measured_s)
             if not wanted:
                 break
+            if any(job.rounds_done() for job in jobs):
+                kill_points.reached("between_rounds")
             order = list(wanted)
             if shuffle:
                 draw.shuffle(order)

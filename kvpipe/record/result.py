@@ -13,6 +13,7 @@ import os
 import shlex
 import sys
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,6 +52,8 @@ class Result:
     texts: list[dict[str, str]] = field(default_factory=list)
     answers: Optional[list[dict]] = None  # the workload's own scoring, a row per answer (passkey: per key asked)
     measurement_key: Optional[str] = None
+    # this record's own id, its MLflow run's tag: an upload looks for it first, so no record is in MLflow twice
+    job_id: Optional[str] = None
     command: Optional[str] = None  # the command line that produced it, as typed
     overrides: list[str] = field(default_factory=list)  # this job's Hydra overrides (a sweep's: one job's)
     reason: Optional[str] = None
@@ -74,6 +77,7 @@ class Result:
             overrides=list(spec.overrides),
             command=command_line(),
             measurement_key=spec.measurement_key(),
+            job_id=new_job_id(),
             metrics={name: _json_number(value) for name, value in job.metrics.items()},
             tags=job.tags,
             notes=job.notes,
@@ -106,6 +110,7 @@ class Result:
             reason=reason,
             traceback=traceback or None,
             measurement_key=measurement_key,
+            job_id=new_job_id(),
         )
 
     def workload(self):
@@ -150,6 +155,12 @@ class Result:
             handle.write("\n")
         os.replace(handle.name, path)
         return path
+
+
+def new_job_id() -> str:
+    """A record's id: random, not derived from its folder or key, so that measuring the same again
+    (a rerun into the same folder, a second sweep) is a new record, never mistaken for this one."""
+    return uuid.uuid4().hex
 
 
 COMMAND_ENV = "KVPIPE_COMMAND"  # set by the CLI; inherited by launcher processes, whose own argv differs

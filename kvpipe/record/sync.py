@@ -1,7 +1,9 @@
 """Uploading results that were kept on disk while MLflow was unreachable (`kvpipe sync PATH...`).
 
-Each result.json records its MLflow run id once uploaded, so syncing twice uploads nothing twice.
-Reads and writes results and MLflow only: the measuring engine is never imported.
+Each result.json records its MLflow run id once uploaded, so syncing twice uploads nothing twice; and
+an upload looks for the record's own run first (kvpipe.record.exactly_once), so a result whose id a
+kill kept from being written back is not uploaded again either. Reads and writes results and MLflow
+only: the measuring engine is never imported.
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ def target(result: Result, tracking_uri: str | None):
     return replace(spec, tracking=replace(spec.tracking, enabled=True, uri=uri))
 
 
-def sync_one(result_path: Path, result: Result, tracking_uri: str | None) -> str:
-    upload(target(result, tracking_uri), result, result_path.parent, Path.cwd())
-    return result.mlflow_run_id or ""
+def sync_one(result_path: Path, result: Result, tracking_uri: str | None):
+    """The result's run (a tracking.Logged: uploaded now, or found there already), or None where the
+    store is still unreachable."""
+    return upload(target(result, tracking_uri), result, result_path.parent, Path.cwd())
 
 
 def check_stores(pending: list[tuple[Path, Result]], tracking_uri: str | None) -> None:

@@ -21,6 +21,7 @@ ERROR = "kvpipe.error"
 SKIPPED = "kvpipe.skipped"  # why a sweep skipped the job
 COMMAND = "kvpipe.command"  # what the user typed
 OVERRIDES = "kvpipe.overrides"  # the job's own Hydra overrides: what measures it again
+JOB_ID = "kvpipe.job_id"  # its result.json's job_id: an upload (live or `kvpipe sync`) looks for it first
 
 # a sweep's parent run (its description, NOTE: the compare table)
 SWEEP = "kvpipe.sweep"  # "true" on a sweep's parent

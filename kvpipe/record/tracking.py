@@ -11,11 +11,15 @@ import json
 import logging
 import shlex
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from kvpipe import kill_points
 from kvpipe.config import TrackingConfig
 from kvpipe.record import tags as mlflow_tags
+from kvpipe.record import worker
 from kvpipe.record.auth import check_at_door, recording, refusals
+from kvpipe.record.exactly_once import run_holding
 from kvpipe.record.result import RESULT_FILE, Result
 from kvpipe.record.scored import log_scored
 from kvpipe.record.traces import log_answers
@@ -33,13 +37,27 @@ def log_job(
     result: Result,
     config_yaml: str,
     parent_run_id: str | None = None,
-) -> str:
-    """One MLflow run: params, metrics, tags, and the config, texts and result.json as artifacts.
+) -> Logged:
+    """One MLflow run: params, metrics, tags, and the config, texts and result.json as artifacts;
+    none where a run holds the job already (kvpipe.record.exactly_once).
 
     A FAILED result becomes a FAILED run with its error and traceback; the context manager
     also marks the run FAILED if logging itself breaks, so no run is left RUNNING."""
+    from mlflow.tracking import MlflowClient
+
     with recording(tracking, launch_dir) as experiment_id:
-        return _log_job(tracking, experiment_id, run_dir, params, result, config_yaml, parent_run_id)
+        held = run_holding(MlflowClient(), experiment_id, result, parent_run_id)
+        if held:
+            return Logged(held, new=False)
+        return Logged(_log_job(tracking, experiment_id, run_dir, params, result, config_yaml, parent_run_id), new=True)
+
+
+@dataclass
+class Logged:
+    """A job's run: its id, and whether this call logged it (False: the store held it already)."""
+
+    run_id: str
+    new: bool
 
 
 def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_yaml, parent_run_id) -> str:
@@ -53,6 +71,7 @@ def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_ya
         tags[mlflow_tags.PARENT] = parent_run_id
     if result.measurement_key:
         tags[mlflow_tags.KEY] = result.measurement_key
+    tags[mlflow_tags.JOB_ID] = result.job_id
     if result.reason:
         tags[mlflow_tags.ERROR] = result.reason[:5000]
     tags.update(origin_tags(result))
@@ -69,6 +88,7 @@ def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_ya
     else:
         opened = mlflow.start_run(experiment_id=experiment_id, run_name=name, tags=tags)
     with opened as run:
+        kill_points.reached("after_run_created", writer=worker.caller())
         mlflow.log_params(params)
         mlflow.log_metrics(metrics)
         mlflow.log_text(config_yaml, "config.yaml")
@@ -87,6 +107,7 @@ def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_ya
         run_id = run.info.run_id
     if span or result.status != "FINISHED":  # kvpipe's FAILED and KILLED are MLflow's own terminal statuses
         client.set_terminated(run_id, status=result.status, end_time=span[1] if span else None)
+    kill_points.reached("after_run_logged", writer=worker.caller())
     return run_id
 
 

@@ -59,6 +59,7 @@ class _Worker:
 
 
 _worker: _Worker | None = None
+_caller: int | None = None  # in a worker: the sweep's process, which writes back what the calls return
 
 
 def start() -> None:
@@ -88,6 +89,11 @@ def stop() -> None:
 
 def active() -> bool:
     return _worker is not None
+
+
+def caller() -> int | None:
+    """In a tracking worker, the process whose calls it runs; elsewhere None."""
+    return _caller
 
 
 def submit(module: str, name: str, *args, **kwargs) -> None:
@@ -212,6 +218,8 @@ def _pickles(exc: BaseException) -> bool:
 
 def _serve(receive: Connection, send: Connection) -> None:
     """The worker's loop: a call, its reply, until the sweep closes the pipe."""
+    global _caller
+    _caller = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.getLogger().setLevel(logging.INFO)
     while True:
