@@ -45,12 +45,23 @@ def test_describe_reads_the_shape_without_weights():
     assert shape.has_sliding_layers is False
 
 
-@pytest.mark.slow  # loads the embedded model once more, uncached, to time the load
-def test_embedded_model_loads_from_the_converted_safetensors_folder():
+@pytest.mark.slow  # loads the embedded model once more, uncached
+def test_embedded_model_loads_from_the_converted_safetensors_folder(monkeypatch):
+    from transformers import AutoModelForCausalLM
+
     folder = models.embedded_folder()
     assert (folder / "model.safetensors").is_file()
+    read = []  # where each from_pretrained read its weights: the folder, never the GGUF (~20 s against ~1 s)
+    real = AutoModelForCausalLM.from_pretrained.__func__
+    monkeypatch.setattr(
+        AutoModelForCausalLM,
+        "from_pretrained",
+        classmethod(
+            lambda cls, location, *a, **k: read.append((location, k.get("gguf_file"))) or real(cls, location, *a, **k)
+        ),
+    )
     loaded = loading._load_uncached(ModelConfig())
-    assert loaded.load_s < 15  # the GGUF path takes ~20 s; safetensors ~1 s
+    assert read == [(str(folder), None)]
     assert loaded.weights_bytes > 100_000_000
 
 
