@@ -24,8 +24,8 @@ from kvpipe.job.generate import clocked_generate
 from kvpipe.measure.clock import TokenClock
 from kvpipe.measure.request_figures import Served
 
-# How long the continuous server's client waits for an answer before it looks at the clock (and samples
-# the blocks its requests hold) again: short enough to see a request's blocks before it finishes.
+# How long the continuous server's client waits for an answer before it looks at the clock again (to let
+# in a request that has arrived meanwhile)
 POLL_S = 0.01
 
 
@@ -123,7 +123,7 @@ def serve_continuously(spec, loaded, requests: list[Request], arrivals: list[flo
     )
     served: list[Served | None] = [None] * len(requests)
     in_flight: dict[str, tuple[int, float]] = {}
-    start, next_index, done, most, held_peak = time.perf_counter(), 0, 0, 0, 0
+    start, next_index, done, most = time.perf_counter(), 0, 0, 0
     try:
         pool = strategy.pool_bytes(manager)
         while done < len(requests):
@@ -139,7 +139,6 @@ def serve_continuously(spec, loaded, requests: list[Request], arrivals: list[flo
                 in_flight[request_id] = (next_index, now if closed else start + arrivals[next_index])
                 next_index += 1
             most = max(most, len(in_flight))
-            held_peak = max(held_peak, strategy.held_bytes(manager))
             wait = POLL_S
             if not closed and next_index < len(requests) and len(in_flight) < cap:
                 wait = min(POLL_S, max(start + arrivals[next_index] - time.perf_counter(), 0.001))
@@ -158,6 +157,7 @@ def serve_continuously(spec, loaded, requests: list[Request], arrivals: list[flo
                 tokens=list(answer.generated_tokens),
             )
             done += 1
+        _, held_peak = strategy.peak_held(manager)
     finally:
         strategy.stop_manager(manager)
     return Outcome([s for s in served if s is not None], most, pool, held_peak)
