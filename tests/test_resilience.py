@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from kill_points import kvpipe_paused_at
+from kill_points import kvpipe_paused_at, wait_until_paused
 
 from kvpipe import cli
 from kvpipe.job import runner
@@ -131,17 +131,11 @@ def wait_for(predicate, timeout_s: float = 120) -> None:
         time.sleep(0.2)
 
 
-def wait_until_paused(proc: subprocess.Popen, cwd: Path) -> None:
-    """Until a process started with pause_at waits at its kill point (its output, should it end first)."""
-    wait_for(lambda: paused(cwd).exists() or proc.poll() is not None)
-    assert paused(cwd).exists(), (proc.communicate()[0] or "")[-3000:]
-
-
 @pytest.mark.slow  # a kvpipe process, interrupted
 def test_ctrl_c_marks_the_run_killed(tmp_path, existing_store):
     existing_store(tmp_path)
     proc = start_cli(TINY, tmp_path, pause_at=IN_A_MEASURED_CALL)
-    wait_until_paused(proc, tmp_path)
+    wait_until_paused(proc, paused(tmp_path))
     proc.send_signal(signal.SIGINT)
     try:
         output, _ = proc.communicate(timeout=120)
@@ -188,7 +182,7 @@ def test_sigkilled_sweep_resumes_only_the_missing_jobs(tmp_path, existing_store)
     # killed once the first job is recorded and before the second is: the jobs, measured in shared rounds,
     # are recorded back to back, and a kill that lands after a poll saw the first could find all four done
     proc = start_cli(sweep, tmp_path, pause_at=BEFORE_THE_SECOND_RECORD)
-    wait_until_paused(proc, tmp_path)
+    wait_until_paused(proc, paused(tmp_path))
     assert len(list(tmp_path.glob("outputs/multiruns/*/*/*/result.json"))) == 1
     # The sweep's tracking worker outlives the kill until the call it is in ends: a job it was logging turns
     # FINISHED after the kill, and resume skips it. Counted only once the worker is gone, as resume sees it.

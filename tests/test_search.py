@@ -9,7 +9,8 @@ import sqlite3
 import subprocess
 
 import pytest
-from test_resilience import start_cli, wait_until_paused
+from kill_points import wait_until_paused
+from test_resilience import paused, start_cli
 
 from kvpipe.errors import ConfigError
 from kvpipe.orchestrate.search import objectives
@@ -196,7 +197,7 @@ def test_a_killed_search_resumes_where_it_stopped(tmp_path, existing_store):
     second_job = ("kvpipe.orchestrate.task:run_sweep_job", 2)
     search = ["-m", "hydra/sweeper=search", "hydra.sweeper.trials=3", *JOB, *SPACE]
     proc = start_cli(search, tmp_path, pause_at=second_job, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_until_paused(proc, tmp_path)
+    wait_until_paused(proc, paused(tmp_path))
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     done_before = len(mlflow_children(tmp_path))

@@ -8,7 +8,8 @@ import os
 import signal
 
 import pytest
-from test_resilience import IN_A_MEASURED_CALL, mlflow_runs, start_cli, wait_until_paused
+from kill_points import wait_until_paused
+from test_resilience import IN_A_MEASURED_CALL, mlflow_runs, paused, start_cli
 
 from kvpipe.errors import ConfigError, KvpipeError
 from kvpipe.orchestrate import sweep
@@ -134,7 +135,7 @@ def test_ctrl_c_at_a_terminal_closes_the_sweep_through_its_worker(tmp_path, exis
     # stopped in the first job's first measured call, before the second job is prepared
     proc = start_cli(TRACKED_SWEEP, tmp_path, pause_at=IN_A_MEASURED_CALL, start_new_session=True)
     try:
-        wait_until_paused(proc, tmp_path)
+        wait_until_paused(proc, paused(tmp_path))
         os.killpg(proc.pid, signal.SIGINT)
         output, _ = proc.communicate(timeout=120)
     finally:
