@@ -65,6 +65,37 @@ def test_embedded_model_loads_from_the_converted_safetensors_folder(monkeypatch)
     assert loaded.weights_bytes > 100_000_000
 
 
+def test_what_the_conversion_prints_goes_to_its_log_and_not_the_terminal(tmp_path, capfd):
+    import os
+
+    from tqdm import tqdm
+
+    log = tmp_path / "conversion.log"
+    with embedded.output_to(log):
+        print("a line of Python's")
+        for _ in tqdm(range(3), desc="tensors"):  # as the GGUF reader's per-tensor bar
+            pass
+        os.write(2, b"a line written to file descriptor 2\n")  # as a C library or an early-bound handler
+    print("after")
+    out, err = capfd.readouterr()
+    assert (out, err) == ("after\n", "")
+    written = log.read_text()
+    assert "a line of Python's" in written and "tensors: 100%" in written and "file descriptor 2" in written
+    assert embedded.last_lines(log, 2).splitlines()[-1] == "a line written to file descriptor 2"
+
+
+def test_a_failed_conversion_names_its_log_shows_its_tail_and_leaves_no_folder(tmp_path, caplog, capfd):
+    gguf = tmp_path / "broken.gguf"
+    gguf.write_bytes(b"not a GGUF file")
+    folder = tmp_path / "converted"
+    with caplog.at_level("INFO", logger=embedded.__name__), pytest.raises(Exception):
+        embedded._convert_gguf(gguf, folder)
+    assert not folder.exists()
+    log = embedded.conversion_log(folder)
+    assert f"its output: {log}" in caplog.text and f"the conversion stopped; the last lines of {log}" in caplog.text
+    assert capfd.readouterr() == ("", "")  # nothing of the conversion's own reached the terminal
+
+
 def test_device_map_places_an_hf_model_through_accelerate(tmp_path):
     from dataclasses import replace
 
