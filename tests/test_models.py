@@ -88,7 +88,7 @@ def test_a_failed_conversion_names_its_log_shows_its_tail_and_leaves_no_folder(t
     gguf = tmp_path / "broken.gguf"
     gguf.write_bytes(b"not a GGUF file")
     folder = tmp_path / "converted"
-    with caplog.at_level("INFO", logger=embedded.__name__), pytest.raises(Exception):
+    with caplog.at_level("INFO", logger=embedded.__name__), pytest.raises(ValueError):  # what the GGUF reader raises
         embedded._convert_gguf(gguf, folder)
     assert not folder.exists()
     log = embedded.conversion_log(folder)
