@@ -79,11 +79,11 @@ def test_a_job_beside_busy_processes_is_tagged_contended_marked_noisy_and_says_s
     before = _background_cores()
     idle = run_job(spec_for(*TINY))
     after = _background_cores()
-    assert idle.params["model.threads"] == "1" and _agrees_with_its_figures(idle)
+    assert idle.params["model.threads"] == "1" and _agrees_with_its_figures(idle), idle.metrics
     # the machine to itself just before and just after the job: the job must not count its own thread as
     # another's. A neighbour busy on either side says nothing of an absolute figure; the relation below holds.
     if max(before, after) < QUIET_CORES:
-        assert idle.tags["contended"] == "false" and idle.metrics["other_cpu_cores"] < 1
+        assert idle.tags["contended"] == "false" and idle.metrics["other_cpu_cores"] < 1, (before, after, idle.metrics)
     # two spinning processes per core: the scheduler cannot then leave the job most of a core (with one
     # per core it sometimes did, and the job was rightly not contended)
     hogs = _spinning(2 * contention.cores())
@@ -93,9 +93,13 @@ def test_a_job_beside_busy_processes_is_tagged_contended_marked_noisy_and_says_s
         for hog in hogs:
             hog.kill()
         psutil.wait_procs(hogs, timeout=10)
-    assert busy.tags["contended"] == "true" and busy.tags["noisy"] == "true" and _agrees_with_its_figures(busy)
-    # the test's own spinners are counted as others' work, on top of whatever ran beside the idle job
-    assert busy.metrics["other_cpu_cores"] > max(1.0, idle.metrics["other_cpu_cores"] + 0.25)
+    figures = {name: (idle.metrics[name], busy.metrics[name]) for name in ("other_cpu_cores", "job_cpu_cores")}
+    assert busy.tags["contended"] == "true" and busy.tags["noisy"] == "true", figures
+    assert _agrees_with_its_figures(busy), figures
+    # the test's own spinners are counted as others' work: with the job they fill the cores (two a core
+    # beside its one thread), and they add to whatever ran beside the idle job. By how much depends
+    # on that background: where it already fills the cores, only by the share the spinners take from it.
+    assert busy.metrics["other_cpu_cores"] > max(1.0, idle.metrics["other_cpu_cores"]), figures
     (note,) = [n for n in busy.notes if n.startswith("contended:")]
     assert "\n" not in note and "torch thread" in note
 
