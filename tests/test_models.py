@@ -45,13 +45,55 @@ def test_describe_reads_the_shape_without_weights():
     assert shape.has_sliding_layers is False
 
 
-@pytest.mark.slow  # loads the embedded model once more, uncached, to time the load
-def test_embedded_model_loads_from_the_converted_safetensors_folder():
+@pytest.mark.slow  # loads the embedded model once more, uncached
+def test_embedded_model_loads_from_the_converted_safetensors_folder(monkeypatch):
+    from transformers import AutoModelForCausalLM
+
     folder = models.embedded_folder()
     assert (folder / "model.safetensors").is_file()
+    read = []  # where each from_pretrained read its weights: the folder, never the GGUF (~20 s against ~1 s)
+    real = AutoModelForCausalLM.from_pretrained.__func__
+    monkeypatch.setattr(
+        AutoModelForCausalLM,
+        "from_pretrained",
+        classmethod(
+            lambda cls, location, *a, **k: read.append((location, k.get("gguf_file"))) or real(cls, location, *a, **k)
+        ),
+    )
     loaded = loading._load_uncached(ModelConfig())
-    assert loaded.load_s < 15  # the GGUF path takes ~20 s; safetensors ~1 s
+    assert read == [(str(folder), None)]
     assert loaded.weights_bytes > 100_000_000
+
+
+def test_what_the_conversion_prints_goes_to_its_log_and_not_the_terminal(tmp_path, capfd):
+    import os
+
+    from tqdm import tqdm
+
+    log = tmp_path / "conversion.log"
+    with embedded.output_to(log):
+        print("a line of Python's")
+        for _ in tqdm(range(3), desc="tensors"):  # as the GGUF reader's per-tensor bar
+            pass
+        os.write(2, b"a line written to file descriptor 2\n")  # as a C library or an early-bound handler
+    print("after")
+    out, err = capfd.readouterr()
+    assert (out, err) == ("after\n", "")
+    written = log.read_text()
+    assert "a line of Python's" in written and "tensors: 100%" in written and "file descriptor 2" in written
+    assert embedded.last_lines(log, 2).splitlines()[-1] == "a line written to file descriptor 2"
+
+
+def test_a_failed_conversion_names_its_log_shows_its_tail_and_leaves_no_folder(tmp_path, caplog, capfd):
+    gguf = tmp_path / "broken.gguf"
+    gguf.write_bytes(b"not a GGUF file")
+    folder = tmp_path / "converted"
+    with caplog.at_level("INFO", logger=embedded.__name__), pytest.raises(ValueError):  # what the GGUF reader raises
+        embedded._convert_gguf(gguf, folder)
+    assert not folder.exists()
+    log = embedded.conversion_log(folder)
+    assert f"its output: {log}" in caplog.text and f"the conversion stopped; the last lines of {log}" in caplog.text
+    assert capfd.readouterr() == ("", "")  # nothing of the conversion's own reached the terminal
 
 
 def test_device_map_places_an_hf_model_through_accelerate(tmp_path):

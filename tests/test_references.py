@@ -89,7 +89,8 @@ def test_two_processes_writing_one_entry_leave_it_whole(tmp_path, monkeypatch):
     for writer in writers:
         writer.start()
     for writer in writers:
-        writer.join(timeout=120)
+        writer.join(timeout=120)  # a guard against a hang; both are done, however long they took
+    assert [writer.exitcode for writer in writers] == [0, 0]
     value = disk_cache.load("same key")
     assert value is not None and value[0].unique().numel() == 1  # one writer's tensor, whole
     assert not list((tmp_path / "references").glob(".writing-*"))

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from kill_points import kvpipe_paused_at, wait_until_paused
 
 from kvpipe import cli
 from kvpipe.job import runner
@@ -98,16 +99,28 @@ def test_unreachable_server_keeps_the_result_and_sync_uploads_it_once(
     assert json.loads(result.read_text())["mlflow_run_id"] == run.info.run_id
 
 
-def start_cli(args: list[str], cwd: Path) -> subprocess.Popen:
-    # A shell that started us in the background may have set SIGINT to "ignore", which children inherit;
-    # restore the default so that the child's Python turns SIGINT into KeyboardInterrupt, as at a terminal.
+# Where a test stops a kvpipe process (kill_points): its first measured call, or a sweep's second record
+IN_A_MEASURED_CALL = ("kvpipe.job.runner:measured_generate", 1)
+BEFORE_THE_SECOND_RECORD = ("kvpipe.orchestrate.sweep:record_measured", 2)
+
+
+def paused(cwd: Path) -> Path:
+    """The file a kvpipe process started with `pause_at` writes once it waits at its kill point."""
+    return cwd / "paused_at_kill_point"
+
+
+def start_cli(args: list[str], cwd: Path, pause_at: tuple[str, int] | None = None, **popen) -> subprocess.Popen:
+    """`kvpipe ARGS` in a process of its own; with pause_at, waiting at that kill point once paused(cwd)
+    exists. A shell that started us in the background may have set SIGINT to "ignore", which children
+    inherit: the default is restored, so that the child's Python turns SIGINT into KeyboardInterrupt, as
+    at a terminal."""
+    command = [sys.executable, "-m", "kvpipe", *args]
+    if pause_at is not None:
+        command = kvpipe_paused_at(*pause_at, paused(cwd), args)
+    # stdout and stderr together by default; **popen may say otherwise
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, **popen}
     return subprocess.Popen(
-        [sys.executable, "-m", "kvpipe", *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        command, cwd=cwd, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **streams
     )
 
 
@@ -121,25 +134,8 @@ def wait_for(predicate, timeout_s: float = 120) -> None:
 @pytest.mark.slow  # a kvpipe process, interrupted
 def test_ctrl_c_marks_the_run_killed(tmp_path, existing_store):
     existing_store(tmp_path)
-    proc = start_cli(
-        [
-            "model=tiny_random",
-            "workload.max_new_tokens=4000",
-            "workload.repeats=50",
-            "quality=off",
-            "workload.warmup=0",
-            "workload.prompts=[Hi.]",
-            "model.max_position_embeddings=8192",
-        ],
-        tmp_path,
-    )
-    wait_for(
-        lambda: (
-            list(tmp_path.glob("outputs/runs/*/*/*.log"))
-            and "loaded tiny_random" in next(tmp_path.glob("outputs/runs/*/*/*.log")).read_text()
-        )
-    )
-    time.sleep(1)
+    proc = start_cli(TINY, tmp_path, pause_at=IN_A_MEASURED_CALL)
+    wait_until_paused(proc, paused(tmp_path))
     proc.send_signal(signal.SIGINT)
     try:
         output, _ = proc.communicate(timeout=120)
@@ -183,8 +179,11 @@ def test_sigkilled_sweep_resumes_only_the_missing_jobs(tmp_path, existing_store)
     existing_store(tmp_path)
     # hqq: quanto would JIT-load its C++ extension under a lock file that a SIGKILL can leave behind
     sweep = ["-m", *TINY, "cache=dynamic,static,offloaded_static,quantized", "backend=hqq"]
-    proc = start_cli(sweep, tmp_path)
-    wait_for(lambda: len(list(tmp_path.glob("outputs/multiruns/*/*/*/result.json"))) >= 1)
+    # killed once the first job is recorded and before the second is: the jobs, measured in shared rounds,
+    # are recorded back to back, and a kill that lands after a poll saw the first could find all four done
+    proc = start_cli(sweep, tmp_path, pause_at=BEFORE_THE_SECOND_RECORD)
+    wait_until_paused(proc, paused(tmp_path))
+    assert len(list(tmp_path.glob("outputs/multiruns/*/*/*/result.json"))) == 1
     # The sweep's tracking worker outlives the kill until the call it is in ends: a job it was logging turns
     # FINISHED after the kill, and resume skips it. Counted only once the worker is gone, as resume sees it.
     (tracking_worker,) = tracking_workers(proc.pid)
@@ -192,7 +191,7 @@ def test_sigkilled_sweep_resumes_only_the_missing_jobs(tmp_path, existing_store)
     proc.wait(timeout=30)
     wait_for(lambda: gone(tracking_worker), timeout_s=60)
     done_before = len(finished_runs(tmp_path))  # recorded by the killed sweep, its worker included
-    assert done_before < 4
+    assert done_before <= 1
     resumed = run_cli([*sweep[1:], "-m", "resume=true"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert len(finished_runs(tmp_path)) == 4  # each job exactly once

@@ -7,10 +7,10 @@ import math
 import signal
 import sqlite3
 import subprocess
-import sys
-import time
 
 import pytest
+from kill_points import wait_until_paused
+from test_resilience import paused, start_cli
 
 from kvpipe.errors import ConfigError
 from kvpipe.orchestrate.search import objectives
@@ -193,16 +193,15 @@ def test_a_second_advise_measures_nothing_again_and_without_an_answer_exits_1_na
 @pytest.mark.slow  # a search killed after its first job, then run again
 def test_a_killed_search_resumes_where_it_stopped(tmp_path, existing_store):
     existing_store(tmp_path)
-    command = [sys.executable, "-m", "kvpipe", "-m", "hydra/sweeper=search", "hydra.sweeper.trials=3", *JOB, *SPACE]
-    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 240
-    # the second job started: the first is recorded in MLflow and told to the study
-    while not list(tmp_path.glob("outputs/multiruns/*/*/1")) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    # stopped as its second job begins: the first is recorded in MLflow and told to the study by then
+    second_job = ("kvpipe.orchestrate.task:run_sweep_job", 2)
+    search = ["-m", "hydra/sweeper=search", "hydra.sweeper.trials=3", *JOB, *SPACE]
+    proc = start_cli(search, tmp_path, pause_at=second_job, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until_paused(proc, paused(tmp_path))
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     done_before = len(mlflow_children(tmp_path))
-    assert 1 <= done_before < 3
+    assert done_before == 1
     resumed = run_cli(["-m", "hydra/sweeper=search", "hydra.sweeper.trials=3", *JOB, *SPACE], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert len(mlflow_children(tmp_path)) == 3  # each point measured once over both attempts

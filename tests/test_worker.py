@@ -6,12 +6,10 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
-from test_resilience import mlflow_runs, wait_for
+from kill_points import wait_until_paused
+from test_resilience import IN_A_MEASURED_CALL, mlflow_runs, paused, start_cli
 
 from kvpipe.errors import ConfigError, KvpipeError
 from kvpipe.orchestrate import sweep
@@ -133,21 +131,11 @@ def mlflow_client(launch_dir):
 @pytest.mark.slow  # a kvpipe sweep in a process of its own, interrupted from its terminal
 def test_ctrl_c_at_a_terminal_closes_the_sweep_through_its_worker(tmp_path, existing_store):
     existing_store(tmp_path)
-    long_job = ["workload.max_new_tokens=4000", "workload.repeats=50", "model.max_position_embeddings=8192"]
-    # A session of its own, so that the signal reaches the sweep and its worker as Ctrl-C at a terminal would
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvpipe", *TRACKED_SWEEP, *long_job],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    # A session of its own, so that the signal reaches the sweep and its worker as Ctrl-C at a terminal would;
+    # stopped in the first job's first measured call, before the second job is prepared
+    proc = start_cli(TRACKED_SWEEP, tmp_path, pause_at=IN_A_MEASURED_CALL, start_new_session=True)
     try:
-        logs = lambda: list(tmp_path.glob("outputs/multiruns/*/*/0/*.log"))  # noqa: E731
-        wait_for(lambda: logs() and "loaded tiny_random" in logs()[0].read_text())
-        time.sleep(1)
+        wait_until_paused(proc, paused(tmp_path))
         os.killpg(proc.pid, signal.SIGINT)
         output, _ = proc.communicate(timeout=120)
     finally:

@@ -333,6 +333,11 @@ class CacheStrategy(Registered):
         raise NotImplementedError(cls._not_serving("prefix_matches"))
 
     @classmethod
+    def peak_held(cls, manager) -> tuple[int, int]:
+        """The most blocks and bytes the manager's requests held at once since it started."""
+        raise NotImplementedError(cls._not_serving("peak_held"))
+
+    @classmethod
     def _not_serving(cls, hook: str) -> str:
         return f"cache={cls.name} does not serve requests by continuous batching (continuous=False): no {hook}"
 

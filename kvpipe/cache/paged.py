@@ -9,8 +9,8 @@ than its window's); full blocks of identical prompt prefixes are shared when all
 on. The tensor's first two sectors are trash that padding tokens read and write, never a request's.
 
 It serves many requests at once, so it runs only under a load (load=offline, concurrency or rate):
-the serving job calls `start_manager`, adds requests, samples `blocks_in_use` and stops it with
-`stop_manager`; the one-batch-at-a-time path (`build`) refuses it. Pure Python at import.
+the serving job calls `start_manager`, adds requests, reads `peak_held` (the most its requests held
+at once, kvpipe.cache.paged_held) and stops it with `stop_manager`; the one-batch-at-a-time path (`build`) refuses it. Pure Python at import.
 
 What transformers 5.24's continuous batching does on CPU, as read and checked here:
 - attention: sdpa stays sdpa, eager becomes paged|eager while the manager runs (stop puts it back),
@@ -32,6 +32,7 @@ from typing import Optional
 
 from kvpipe.cache import accounting
 from kvpipe.cache.base import CacheSetup, CacheStrategy
+from kvpipe.cache.paged_held import HeldPeak
 from kvpipe.cache.paged_pool import CHECKED_DTYPE, PAGED_TYPES, SMALLEST_BLOCK, PoolLayout
 from kvpipe.errors import ConfigError, KvpipeError, first_line
 
@@ -176,6 +177,9 @@ class Paged(CacheStrategy):
         except BaseException:
             self.stop_manager(manager, hard=True)
             raise
+        # before any request is added: the generation thread reads what they hold before every release
+        manager._kvpipe_held = HeldPeak(lambda: (self.blocks_in_use(manager), self.held_bytes(manager)))
+        manager._kvpipe_held.watch(self.paged_cache(manager))
         return manager
 
     def pool_blocks(self, loaded, tokens: int, num_requests: int) -> int | None:
@@ -253,10 +257,15 @@ class Paged(CacheStrategy):
         return sum(len(blocks) * allocator.bytes_per_block for allocator, blocks in cls._held(manager))
 
     @classmethod
+    def peak_held(cls, manager) -> tuple[int, int]:
+        """The most blocks (as blocks_in_use counts them) and bytes (as held_bytes) the manager's requests
+        held at once since it started, however briefly: read before each release, not polled."""
+        return manager._kvpipe_held.peak()
+
+    @classmethod
     def blocks_in_use(cls, manager) -> int:
         """The blocks the requests in flight hold now, in blocks of every layer (exact for a model of one
-        attention type; rounded up where full and sliding allocators hold blocks of their own): sample
-        it as results arrive, its largest value is the peak blocks held."""
+        attention type; rounded up where full and sliding allocators hold blocks of their own)."""
         held = cls._held(manager)
         pages = sum(len(blocks) * allocator.pages_per_block for allocator, blocks in held)
         return math.ceil(pages / sum(allocator.pages_per_block for allocator, _ in held))

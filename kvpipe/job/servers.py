@@ -26,8 +26,8 @@ from kvpipe.job.generate import clocked_generate
 from kvpipe.measure.clock import TokenClock
 from kvpipe.measure.request_figures import Served
 
-# How long the continuous server's client waits for an answer before it looks at the clock (and samples
-# the blocks its requests hold) again: short enough to see a request's blocks before it finishes.
+# How long the continuous server's client waits for an answer before it looks at the clock again (to let
+# in a request that has arrived meanwhile)
 POLL_S = 0.01
 
 
@@ -135,7 +135,7 @@ def serve_continuously(spec, loaded, queue, cap: int) -> Outcome:
     )
     served: dict[int, Served] = {}
     in_flight: dict[str, object] = {}  # request id -> its kvpipe.job.arrivals.Arrival
-    start, most, held_peak = time.perf_counter(), 0, 0
+    start, most = time.perf_counter(), 0
     queue.begin(start)
     try:
         matches = strategy.prefix_matches(manager)
@@ -149,7 +149,6 @@ def serve_continuously(spec, loaded, queue, cap: int) -> Outcome:
                 )  # fmt: skip
                 in_flight[request_id] = arrival
             most = max(most, len(in_flight))
-            held_peak = max(held_peak, strategy.held_bytes(manager))
             wait, due = POLL_S, queue.next_s()
             if due is not None and len(in_flight) < cap:
                 wait = min(POLL_S, max(due - time.perf_counter(), 0.001))
@@ -168,6 +167,7 @@ def serve_continuously(spec, loaded, queue, cap: int) -> Outcome:
                 tokens=list(answer.generated_tokens),
             )
             queue.answered(arrival.index, time.perf_counter(), served[arrival.index].tokens)
+        _, held_peak = strategy.peak_held(manager)
     finally:
         strategy.stop_manager(manager)
     hits = sum(matches.get(f"request_{index}", 0) for index in served)

@@ -5,6 +5,7 @@ from kvpipe.model.loading import (
     LoadedModel,
     dtype_name,
     import_libraries,
+    is_loaded,
     load,
     load_tokenizer,
     resolve_device,
@@ -14,6 +15,6 @@ from kvpipe.model.shape import ModelShape, architecture_params, local_folder, ra
 
 __all__ = [
     "LoadedModel", "ModelShape", "architecture_params", "cache_dir", "dtype_name", "embedded_folder",
-    "embedded_gguf", "import_libraries", "load", "load_tokenizer", "local_folder", "random_config_dict", "read_shape",
+    "embedded_gguf", "import_libraries", "is_loaded", "load", "load_tokenizer", "local_folder", "random_config_dict", "read_shape",
     "resolve_device", "resolve_dtype",
 ]  # fmt: skip

@@ -95,6 +95,11 @@ def import_libraries() -> float:
     return time.perf_counter() - started
 
 
+def is_loaded(model_cfg: ModelConfig) -> bool:
+    """Whether load(model_cfg) would hand back the model an earlier call loaded, paying nothing."""
+    return config_key(model_cfg) in _LOADED
+
+
 def load(model_cfg: ModelConfig) -> LoadedModel:
     """Load (or reuse) the model and tokenizer described by model_cfg."""
     key = config_key(model_cfg)
