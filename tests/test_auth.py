@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from kill_points import kvpipe_paused_at, wait_until_paused
+from paused_at import kvpipe_paused_at, wait_until_paused
 
 from kvpipe import cli
 from kvpipe.errors import KvpipeError

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from kill_points import kvpipe_paused_at, wait_until_paused
+from paused_at import kvpipe_paused_at, wait_until_paused
 
 from kvpipe import cli
 from kvpipe.job import runner

@@ -9,7 +9,7 @@ import sqlite3
 import subprocess
 
 import pytest
-from kill_points import wait_until_paused
+from paused_at import wait_until_paused
 from test_resilience import paused, start_cli
 
 from kvpipe.errors import ConfigError

@@ -8,7 +8,7 @@ import os
 import signal
 
 import pytest
-from kill_points import wait_until_paused
+from paused_at import wait_until_paused
 from test_resilience import IN_A_MEASURED_CALL, mlflow_runs, paused, start_cli
 
 from kvpipe.errors import ConfigError, KvpipeError
