@@ -28,7 +28,8 @@ def test_every_group_option_composes_into_a_plan(group, option):
         overrides.append(f"workload.path={REPO}/examples/prompts.jsonl")
     if option == "lm_eval":  # names its tasks: the example's, from its own folder
         overrides += [f"workload.include_path={REPO}/examples/lm_eval", "workload.tasks=[kvpipe_questions]"]
-    if group == "cache" and option == "paged":  # it serves requests under a load, never batch by batch
+    # served under a load, never batch by batch: paged serves requests, a conversation's turns wait on answers
+    if (group, option) in (("cache", "paged"), ("workload", "conversation")):
         overrides.append("load=concurrency")
     spec = spec_for(*overrides)
     assert spec.workload.max_new_tokens > 0
