@@ -35,6 +35,12 @@ def test_a_cache_that_misses_everywhere_stops_after_halving_down_to_a_sixteenth(
     assert visited == [16.0, 8.0, 4.0, 2.0, 1.0]
 
 
+@pytest.mark.parametrize("ceiling", [3.25, 2.24, 2.59, 16.0, 0.7])
+def test_a_cache_that_misses_everywhere_is_measured_at_its_ceiling_and_four_halvings_whatever_the_rounding(ceiling):
+    _, _, visited = highest_meeting(lambda rate: False, ceiling=ceiling, resolution=0.1)
+    assert len(visited) == 1 + MOST_HALVINGS  # 3.25 / 16 = 0.203 while the rounded halvings reach 0.202
+
+
 def test_rates_are_rounded_to_three_figures_so_a_repeated_search_asks_the_same_ones():
     assert rounded(1.23456) == 1.23 and rounded(123.456) == 123.0 and rounded(0.012345) == 0.0123
     assert next_rate(None, None, 3.14159, 0.1) == 3.14

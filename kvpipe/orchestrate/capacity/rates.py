@@ -26,9 +26,11 @@ def next_rate(met: float | None, missed: float | None, ceiling: float, resolutio
     ceiling = rounded(ceiling)
     if missed is None:
         return ceiling if met is None else None  # met at the ceiling: nothing above it to search
-    if met is None:
+    if met is None:  # halvings counted, not compared: a rounded rate may fall just below ceiling / 16
+        if round(math.log2(ceiling / missed)) >= MOST_HALVINGS:
+            return None
         lower = rounded(missed / 2)
-        return lower if lower >= ceiling / 2**MOST_HALVINGS and lower > 0 else None
+        return lower if lower > 0 else None
     if missed - met <= resolution * met:
         return None
     middle = rounded((met + missed) / 2)
