@@ -6,14 +6,10 @@ reuses the points it measured. What it found is written to capacity.json in the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, make_dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hydra.plugins.sweeper import Sweeper
-from omegaconf import DictConfig, OmegaConf
-
-from kvpipe.decide.limits import LIMITS
+from kvpipe.orchestrate.batched_sweeper import BatchedSweeper, with_limits
 
 
 @dataclass
@@ -31,34 +27,14 @@ class _Settings:
 
 # the settings above and every limit of kvpipe.decide.limits (max_tpot_ms is the rate search's TPOT
 # target as well; memory_budget bounds plan's memory-bound capacity beside it)
-CapacitySettings = make_dataclass(
-    "CapacitySettings", [(limit.setting, Optional[limit.given_as], None) for limit in LIMITS], bases=(_Settings,)
-)
-CapacitySettings.__module__ = __name__
+CapacitySettings = with_limits("CapacitySettings", _Settings, __name__)
 
 
-class CapacitySweeper(Sweeper):
-    def __init__(self, **settings: Any) -> None:
-        settings = {k: (OmegaConf.to_object(v) if isinstance(v, DictConfig) or OmegaConf.is_list(v) else v)
-                    for k, v in settings.items()}  # fmt: skip
-        self.settings = CapacitySettings(**settings)
-        self.config: DictConfig | None = None
-        self.launcher = None
-
-    def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
-        from hydra.core.plugins import Plugins
-
-        self.config = config
-        self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
-        )
+class CapacitySweeper(BatchedSweeper):
+    Settings = CapacitySettings
 
     def sweep(self, arguments: list[str]) -> Any:
         from kvpipe.orchestrate.capacity.walker import Walker
 
-        assert self.config is not None and self.launcher is not None
-        sweep_dir = Path(self.config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        walker = Walker.start(self.settings, arguments, Path(self.config.hydra.runtime.cwd), sweep_dir)
-        return walker.run(lambda batch, first: self.launcher.launch(batch, initial_job_idx=first))
+        sweep_dir = self.sweep_dir()
+        return Walker.start(self.settings, arguments, self.cwd(), sweep_dir).run(self.launch)

@@ -19,14 +19,10 @@ search resumes where it stopped.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, make_dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hydra.plugins.sweeper import Sweeper
-from omegaconf import DictConfig, OmegaConf
-
-from kvpipe.decide.limits import LIMITS
+from kvpipe.orchestrate.batched_sweeper import BatchedSweeper, with_limits
 from kvpipe.orchestrate.search import space as spaces
 
 log = logging.getLogger(__name__)
@@ -48,43 +44,21 @@ class _Settings:
 
 # hydra.sweeper.* (conf/hydra/sweeper/search.yaml): the settings above and every limit of
 # kvpipe.decide.limits (memory_budget, max_tpot_ms, ...: constraints; the memory budget also bounds the plan's pruning)
-SearchSettings = make_dataclass(
-    "SearchSettings", [(limit.setting, Optional[limit.given_as], None) for limit in LIMITS], bases=(_Settings,)
-)
-SearchSettings.__module__ = __name__
+SearchSettings = with_limits("SearchSettings", _Settings, __name__)
 
 
-class SearchSweeper(Sweeper):
-    def __init__(self, **settings: Any) -> None:
-        settings = {k: (OmegaConf.to_object(v) if isinstance(v, DictConfig) or OmegaConf.is_list(v) else v)
-                    for k, v in settings.items()}  # fmt: skip
-        self.settings = SearchSettings(**settings)
-        self.config: DictConfig | None = None
-        self.launcher = None
-
-    def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
-        from hydra.core.plugins import Plugins
-
-        self.hydra_context, self.config = hydra_context, config
-        self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
-        )
+class SearchSweeper(BatchedSweeper):
+    Settings = SearchSettings
 
     def sweep(self, arguments: list[str]) -> Any:
         from kvpipe.orchestrate.search.trials import Search
 
-        assert self.config is not None and self.launcher is not None
-        sweep_dir = Path(self.config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        search = Search.start(self.settings, arguments, Path(self.config.hydra.runtime.cwd), sweep_dir)
-        return search.run(self._launch, self._batch_size())
+        sweep_dir = self.sweep_dir()
+        search = Search.start(self.settings, arguments, self.cwd(), sweep_dir)
+        return search.run(self.launch, self._batch_size())
 
     def _batch_size(self) -> int:
         if self.settings.max_batch_size:
             return max(1, int(self.settings.max_batch_size))
         jobs = self.config.hydra.launcher.get("n_jobs") if "launcher" in self.config.hydra else None
         return max(1, int(jobs)) if isinstance(jobs, int) and jobs > 0 else 1
-
-    def _launch(self, batch: list[list[str]], first_index: int):
-        return self.launcher.launch(batch, initial_job_idx=first_index)
