@@ -32,6 +32,7 @@ from kvpipe.record import worker
 from kvpipe.record.result import COMMAND_ENV
 
 log = logging.getLogger("kvpipe")
+INTERRUPTED = "kvpipe: interrupted; the current run is recorded as KILLED"
 
 register_schemas()
 
@@ -125,6 +126,9 @@ def subcommand(argv: list[str]) -> int:
     except KvpipeError as exc:
         print(f"kvpipe: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:  # capacity, advise: their sweep closed what it had begun as KILLED
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
 
 
 def run() -> None:
@@ -219,7 +223,7 @@ def main() -> None:
             register_search_sweeper()
         _hydra_app()
     except KeyboardInterrupt:
-        print("kvpipe: interrupted; the current run is recorded as KILLED", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         sys.exit(130)
     except KvpipeError as exc:
         fail(str(exc))

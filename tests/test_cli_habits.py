@@ -120,3 +120,15 @@ def test_a_prefix_shorter_than_8_characters_is_no_run(tiny_sweep):
     _, parent = recorded.load_runs("kvpipe", None, store)
     line = one_error_line(run_cli(["compare", "--parent", parent.info.run_id[:7]], cwd=tiny_sweep.launch_dir))
     assert "no such run in" in line
+
+
+def test_ctrl_c_in_a_subcommand_is_one_line_and_status_130(monkeypatch, capsys):
+    from kvpipe import cli
+    from kvpipe.commands import capacity
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(capacity, "run", interrupted)  # as Ctrl-C in capacity's shared rounds
+    assert cli.subcommand(["capacity", "--max-tpot-ms", "150"]) == 130
+    assert capsys.readouterr().err == cli.INTERRUPTED + "\n"
