@@ -119,23 +119,32 @@ def _read(name: str) -> Hardware:
     )
 
 
+def device_memory(device: str) -> tuple[int, str]:
+    """The device's whole memory in bytes, and where it was read: the GPU's, or all of RAM."""
+    if device == "cuda":
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory), "torch.cuda.get_device_properties(0).total_memory"
+    import psutil
+
+    return int(psutil.virtual_memory().total), "psutil.virtual_memory().total (all of RAM)"
+
+
 def local(device: str, dtype: str) -> Hardware:
     """This machine, measured now with torch's threads as they are set (set them as a run would
     first: kvpipe.job.threads.use_threads)."""
     import socket
 
-    import psutil
     import torch
 
     from kvpipe.measure.roofline import matmul_flops_per_s, memory_bandwidth_bytes_per_s
 
-    ram, ram_source = psutil.virtual_memory().total, "psutil.virtual_memory().total (all of RAM)"
+    memory, memory_source = device_memory(device)
+    ram, ram_source = device_memory("cpu")  # the host's, which an offloaded cache fills
     if device == "cuda":
-        title, memory = torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory
-        memory_source = "torch.cuda.get_device_properties(0).total_memory"
+        title = torch.cuda.get_device_name()
     else:
         title = f"{socket.gethostname()}, cpu, {torch.get_num_threads()} torch threads"
-        memory, memory_source = ram, ram_source
     bandwidth = memory_bandwidth_bytes_per_s(device)
     flops = matmul_flops_per_s(device, dtype)
     return Hardware(

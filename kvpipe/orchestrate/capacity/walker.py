@@ -189,12 +189,13 @@ def memory_bounds(spec, fixed: list[str], caches: list[str], budget: str | None)
     from kvpipe import model
     from kvpipe.jobspec import spec_from
     from kvpipe.predict.capacity import capacity
+    from kvpipe.predict.hardware import device_memory
     from kvpipe.units import parse_bytes
     from kvpipe.workload import longest_prompt_of
 
     device = model.resolve_device(spec.model.device)
     dtype = model.dtype_name(spec.model.dtype, device)
-    memory = parse_bytes(budget, "--memory-budget") if budget is not None else machine_memory(device)
+    memory = parse_bytes(budget, "--memory-budget") if budget is not None else device_memory(device)[0]
     new_tokens = spec.workload.max_new_tokens
     batches = spec.bound_workload.batches(model.load_tokenizer(spec.model), "cpu")
     context = longest_prompt_of(batches, new_tokens) + new_tokens
@@ -203,17 +204,6 @@ def memory_bounds(spec, fixed: list[str], caches: list[str], budget: str | None)
         one = spec_from([*fixed, f"cache={cache}", "load=rate"])
         bounds[cache] = capacity(one, one.strategy, device, dtype, context, memory).requests
     return bounds
-
-
-def machine_memory(device: str) -> int:
-    """The device's whole memory: the GPU's, or all of RAM."""
-    if device == "cuda":
-        import torch
-
-        return int(torch.cuda.get_device_properties(0).total_memory)
-    import psutil
-
-    return int(psutil.virtual_memory().total)
 
 
 def _numbers(metrics: dict) -> dict[str, float]:
