@@ -16,6 +16,7 @@ from kvpipe.decide.capacity import Point, Targets
 from kvpipe.decide.limits import limits_of
 from kvpipe.errors import ConfigError
 from kvpipe.orchestrate.capacity.walks import ConcurrencyWalk, Figures, RateWalk
+from kvpipe.orchestrate.launched import read_back
 from kvpipe.record.result import Result
 from kvpipe.units import duration_text
 
@@ -115,26 +116,17 @@ class Walker:
     # ---- reading a job back ----------------------------------------------------------------------
 
     def _figures(self, job) -> Figures:
-        run_dir = Path(job.hydra_cfg.hydra.runtime.output_dir)
-        try:
-            result = Result.load(run_dir / "result.json")
-        except (OSError, ValueError) as exc:
-            return Figures(None, f"no result.json in {run_dir}: {exc}", f"job {run_dir.name}")
-        if result.status == "FINISHED":
-            return Figures(_numbers(result.metrics), where=f"job {run_dir.name}")
-        reason = result.reason or ""
-        if result.status == "SKIPPED" and "already FINISHED" in reason and self.spec.tracking.enabled:
-            from kvpipe.record import tracking
-
-            run = tracking.finished_run_with_key(self.spec.tracking, self.launch_dir, result.measurement_key)
-            if run is not None:
-                self.reused += 1
-                return Figures(_numbers(run.data.metrics), where=f"run {run.info.run_id[:8]}, reused")
-        if result.status == "SKIPPED" and reason.startswith("measures the same as job "):
+        measured, result, why_not = read_back(job, self.spec, self.launch_dir)
+        if measured is not None:
+            self.reused += measured.reused
+            return Figures(_numbers(measured.metrics), where=measured.where)
+        where = f"job {Path(job.hydra_cfg.hydra.runtime.output_dir).name}"
+        reason = (result.reason or "") if result is not None else ""
+        if result is not None and result.status == "SKIPPED" and reason.startswith("measures the same as job "):
             earlier = reason.removeprefix("measures the same as job ").split(" ")[0]
             return Figures(_numbers(Result.load(self.sweep_dir / earlier / "result.json").metrics),
                            where=f"job {earlier}")  # fmt: skip
-        return Figures(None, f"{result.status}: {reason}".strip(), f"job {run_dir.name}")
+        return Figures(None, why_not, where)
 
     # ---- what it says ----------------------------------------------------------------------------
 

@@ -10,9 +10,9 @@ import logging
 import math
 import random
 import time
-from pathlib import Path
 from typing import Callable
 
+from kvpipe.orchestrate.launched import read_back
 from kvpipe.orchestrate.search import objectives, trial_log
 from kvpipe.orchestrate.search.space import Point
 from kvpipe.orchestrate.search.study import (
@@ -28,7 +28,6 @@ from kvpipe.orchestrate.search.study import (
     SearchStudy,
     Seen,
 )
-from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.result import Result
 from kvpipe.units import human_bytes
 
@@ -127,20 +126,11 @@ class Search(SearchStudy):
 
     def _outcome(self, point: Point, job) -> Seen:
         """What the launched job measured, or the record it was skipped for."""
-        run_dir = Path(job.hydra_cfg.hydra.runtime.output_dir)
-        try:
-            result = Result.load(run_dir / "result.json")
-        except (OSError, ValueError) as exc:
-            return Seen(FAILED, detail=f"no result.json in {run_dir}: {exc}")
-        if result.status == "FINISHED":
-            tags = {mlflow_tags.of(k): v for k, v in result.tags.items()}
-            return self._seen_from(MEASURED, result.metrics, result.params, tags, f"job {run_dir.name}")
-        if result.status == "SKIPPED" and result.measurement_key and "already FINISHED" in (result.reason or ""):
-            run = self._finished_run(result.measurement_key)
-            if run is not None:
-                data = run.data
-                return self._seen_from(REUSED, data.metrics, data.params, data.tags, f"run {run.info.run_id[:8]}")
-        return Seen(FAILED, detail=f"{result.status}: {result.reason or ''}".strip())
+        measured, _, why_not = read_back(job, self.spec, self.launch_dir)
+        if measured is None:
+            return Seen(FAILED, detail=why_not)
+        outcome = REUSED if measured.reused else MEASURED
+        return self._seen_from(outcome, measured.metrics, measured.params, measured.tags, measured.where)
 
     def _seen_from(self, outcome: str, metrics, params, tags, where: str) -> Seen:
         run = objectives.row(metrics, params, tags)
@@ -149,11 +139,6 @@ class Search(SearchStudy):
             missing = [n for n, v in zip(objectives.axis_names(self.device, self.quality), values) if math.isnan(v)]
             return Seen(FAILED, detail=f"{where} has no {', '.join(missing)} (run it with quality=on)")
         return Seen(outcome, values, objectives.constraints(run, self.limits), where, run["label"])
-
-    def _finished_run(self, key: str):
-        from kvpipe.record import tracking
-
-        return tracking.finished_run_with_key(self.spec.tracking, self.launch_dir, key)
 
     def _pruned(self, point: Point) -> Seen | None:
         """Pruned where the plan's exact prediction of weights plus KV cache exceeds the budget."""
