@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import re
 import time
-from datetime import datetime
 from pathlib import Path
 
 from kvpipe.decide.limits import add_limit_arguments, limits_of, settings
@@ -28,7 +27,6 @@ from kvpipe.units import duration_text, human_bytes
 
 HELP = "plan, search the cache space under your limits, and recommend, in one command"
 DEFAULT_TRIALS = SearchSettings.trials
-ADVISE_DIR = "outputs/advise"
 
 
 def parse_duration(text: str) -> float:
@@ -68,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvpipe.commands.plan import show
     from kvpipe.jobspec import spec_from
-    from kvpipe.orchestrate.search.launch import launch_search
+    from kvpipe.orchestrate.search.launch import launch_search, sweep_dir_of
     from kvpipe.orchestrate.search.study import split_arguments
     from kvpipe.predict.bytes_plan import make_plan
     from kvpipe.record import auth
@@ -84,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
     fixed, _ = split_arguments(args.overrides)  # the plan shows every strategy: the model and workload matter
     spec = spec_from(fixed)
     auth.check_credentials(spec.tracking, Path.cwd())  # a refusal: one line, before the plan and the search
+    sweep_dir = sweep_dir_of(args.overrides, "advise")
     show(make_plan(spec, limits.memory_bytes))
-    sweep_dir = Path(ADVISE_DIR) / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     timeout_s = parse_duration(args.timeout) if args.timeout else None
     within = f" for at most {duration_text(timeout_s)}" if timeout_s else ""
     print(f"\nadvise: searching at most {args.trials} jobs{within}; trials in {sweep_dir}", flush=True)
@@ -160,6 +158,7 @@ def _advise_service(args, limits, started: float) -> int:
     from kvpipe.jobspec import spec_from
     from kvpipe.orchestrate.capacity.launch import launch_capacity
     from kvpipe.orchestrate.capacity.walker import split_arguments
+    from kvpipe.orchestrate.search.launch import sweep_dir_of
     from kvpipe.record import auth
 
     levels = _concurrencies(args.concurrency)
@@ -173,7 +172,7 @@ def _advise_service(args, limits, started: float) -> int:
     targets = [f"load.max_tpot_ms={args.max_tpot_ms}"] if args.max_tpot_ms is not None else []
     spec = spec_from([*fixed, f"cache={caches[0]}", "load=concurrency", f"load.concurrency={levels[0]}", *targets])
     auth.check_credentials(spec.tracking, Path.cwd())
-    sweep_dir = Path(ADVISE_DIR) / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    sweep_dir = sweep_dir_of(args.overrides, "advise")
     print(f"advise: the most {args.objective} within {limits.describe()}: at most {grid} jobs ({', '.join(caches)} "
           f"at concurrency {', '.join(map(str, levels))}), each cache walked upward while it gains; trials in "
           f"{sweep_dir}", flush=True)  # fmt: skip

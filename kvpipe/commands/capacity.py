@@ -20,7 +20,6 @@ import argparse
 import math
 import shlex
 import time
-from datetime import datetime
 from pathlib import Path
 
 from kvpipe.decide.capacity import PERCENTILES, THROUGHPUT, Targets
@@ -29,7 +28,6 @@ from kvpipe.orchestrate.capacity.sweeper import CapacitySettings
 from kvpipe.units import duration_text, parse_bytes
 
 HELP = "the highest request rate each cache carries within TTFT/TPOT targets, and what binds"
-CAPACITY_DIR = "outputs/capacity"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from kvpipe.jobspec import spec_from
     from kvpipe.orchestrate.capacity.launch import launch_capacity
     from kvpipe.orchestrate.capacity.walker import split_arguments
+    from kvpipe.orchestrate.search.launch import sweep_dir_of
     from kvpipe.record import auth
 
     started = time.monotonic()
@@ -81,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     for cache in caches:  # every cache's config checked (one line) before any model loads
         spec = spec_from([*fixed, f"cache={cache}", "load=rate"])
     auth.check_credentials(spec.tracking, Path.cwd())
-    sweep_dir = Path(CAPACITY_DIR) / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    sweep_dir = sweep_dir_of(args.overrides, "capacity")
     print(f"capacity: {', '.join(caches)} within {targets.describe()}; points in {sweep_dir}", flush=True)
     name = f"capacity within {targets.describe()}"
     parent, found = launch_capacity(

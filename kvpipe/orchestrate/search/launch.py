@@ -4,10 +4,46 @@ the search sweeper (hydra/sweeper=search: `launch_search`) or the grid (`launch_
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from pathlib import Path
 
-from kvpipe.errors import KvpipeError
+from kvpipe.errors import ConfigError, KvpipeError
 from kvpipe.orchestrate.sweep import SweepState
+
+SWEEP_DIR = "hydra.sweep.dir"
+
+
+def sweep_dir_of(overrides: list[str], command: str) -> Path:
+    """Where the command's sweep goes: the last hydra.sweep.dir the overrides give, its interpolations
+    (${now:...}) resolved once so the folder announced is the one used; else outputs/COMMAND/DATE/TIME."""
+    from hydra.core.utils import setup_globals
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    given = [o.value() for o in _parsed(overrides) if o.key_or_group == SWEEP_DIR and not o.is_delete()]
+    if not given:
+        return Path("outputs", command, datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
+    setup_globals()  # Hydra's own resolvers (now:), as a sweep it launched would read the value
+    try:
+        return Path(str(OmegaConf.create({"dir": given[-1]}).dir))
+    except OmegaConfBaseException:
+        raise ConfigError(SWEEP_DIR, given[-1], "expected a folder: a path, which may use ${now:FORMAT}") from None
+
+
+def _parsed(overrides: list[str]) -> list:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_overrides(overrides)
+
+
+def _hydra_quoted(path: Path) -> str:
+    """A path as one override value: quoted where Hydra's grammar would read it otherwise (a comma
+    sweeps, a space or an = breaks the override)."""
+    text = str(path)
+    if re.fullmatch(r"[\w./:-]+", text):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def launch_search(overrides: list[str], sweep_dir: Path, **settings) -> str:
@@ -25,7 +61,8 @@ def launch_search(overrides: list[str], sweep_dir: Path, **settings) -> str:
 
 def launch_sweep(overrides: list[str], sweep_dir: Path) -> str:
     """Run the sweep the overrides describe (`cache=dynamic,paged load.concurrency=1,4`: every
-    combination, with the default grid sweeper) in sweep_dir; returns its MLflow parent run id."""
+    combination, with the default grid sweeper) in sweep_dir (sweep_dir_of: the user's hydra.sweep.dir,
+    where given); returns its MLflow parent run id."""
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
@@ -35,10 +72,12 @@ def launch_sweep(overrides: list[str], sweep_dir: Path) -> str:
 
     register_schemas()
     register_grid_sweeper()
-    # hydra.mode: what `-m` sets on the command line, which each job reads to run as a sweep's
-    words = ["hydra.mode=MULTIRUN", f"hydra.sweep.dir={sweep_dir}", *overrides]
     GlobalHydra.instance().clear()
     try:
+        # hydra.mode: what `-m` sets on the command line, which each job reads to run as a sweep's. The
+        # user's hydra.sweep.dir gives way to sweep_dir (sweep_dir_of read it), where the state is read.
+        given = [o.input_line for o in _parsed(overrides) if o.key_or_group != SWEEP_DIR]
+        words = ["hydra.mode=MULTIRUN", *given, f"{SWEEP_DIR}={_hydra_quoted(sweep_dir)}"]
         with initialize_config_module(config_module="kvpipe.conf", version_base="1.3", job_name="kvpipe"):
             GlobalHydra.instance().hydra.multirun(
                 config_name="config", task_function=run_task, overrides=words, with_log_configuration=True
