@@ -179,7 +179,8 @@ def _advise_service(args, limits, started: float) -> int:
     limits_given = {name: getattr(args, name) for name in settings()}
     parent, found = launch_capacity([*fixed, f"cache={','.join(caches)}"], sweep_dir, walk="concurrency",
                                     levels=levels, objective=args.objective, trials=grid, **limits_given)  # fmt: skip
-    print(f"advise: the walk measured {found['jobs']} jobs of the grid's {grid} ({found['reused']} reused)")
+    print(f"advise: the walk took {found['jobs']} jobs of the grid's {grid}: {found['jobs'] - found['reused']} "
+          f"measured, {found['reused']} reused")  # fmt: skip
     for cache in found["caches"]:
         print(f"  {cache['cache']}: concurrency {', '.join(map(str, cache['levels']))}"
               + (f"; stopped: {cache['stopped']}" if cache["stopped"] else ""))  # fmt: skip

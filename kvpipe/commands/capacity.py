@@ -122,11 +122,22 @@ def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
         return 1
     best = max(carrying, key=lambda c: c["rate"])
     print(f"\ncapacity: {best['cache']} carries the most: {best['rate']:.3g} requests/s within {targets.describe()}")
-    again = [*fixed, f"cache={best['cache']}", "load=rate", f"load.rate={best['rate']:g}", f"load.requests={requests}"]
+    print(f"  use: kvpipe {shlex.join(_again(best, targets, fixed, requests))}")
+    return 0
+
+
+def _again(best: dict, targets: Targets, fixed: list[str], requests: int) -> list[str]:
+    """The overrides that measure the cache that carries the most at its rate: the user's, less the
+    settings that cache does not read (a backend beside cache=dynamic) and the sweep's own."""
+    from kvpipe.decide.recommend import reproducing
+    from kvpipe.jobspec import spec_from
+
+    chosen = [*fixed, f"cache={best['cache']}"]
+    again = reproducing(chosen, spec_from([*chosen, "load=rate"]).read_fields())
+    again += ["load=rate", f"load.rate={best['rate']:g}", f"load.requests={requests}"]
     again += [f"load.{name}={value:g}" for name, value in (("max_ttft_ms", targets.max_ttft_ms),
               ("max_tpot_ms", targets.max_tpot_ms)) if value is not None]  # fmt: skip
-    print(f"  use: kvpipe {shlex.join(again)}")
-    return 0
+    return again
 
 
 def _rate(value: float | None) -> str:

@@ -209,25 +209,59 @@ NOT_REPRODUCED = ("resume=", "sweep_name=", "interleave=", "hydra/", "hydra.", "
 
 def use_command(run) -> str:
     """The command that measures this run again: its own recorded Hydra overrides (model, workload
-    and strategy settings as given), or, for runs recorded before kvpipe kept them, the strategy's
-    overrides from the registry."""
+    and the settings its cache reads, as given), or, for runs recorded before kvpipe kept them, the
+    strategy's overrides from the registry."""
     recorded = run.get(mlflow_tags.column(mlflow_tags.OVERRIDES))
     if isinstance(recorded, str):
         words = [] if recorded == "(defaults)" else shlex.split(recorded)
-        return shlex.join(["python", "-m", "kvpipe", *(w for w in words if not w.startswith(NOT_REPRODUCED))])
+        return shlex.join(["python", "-m", "kvpipe", *reproducing(words, read_by(run))])
     return "python -m kvpipe " + " ".join(cache_overrides(run))
+
+
+def reproducing(words: list[str], read: tuple[str, ...]) -> list[str]:
+    """Of the overrides a job ran with, those that measure it again: none that shapes only how a sweep
+    ran, and of the groups a cache may read (cache, backend, axis, press) only what this one reads
+    (`read`: its fields, from the registry), so that a sweep's backend=quanto never follows cache=dynamic."""
+    kept = []
+    for word in words:
+        name = word.split("=", 1)[0].lstrip("+~")
+        group, _, key = name.partition(".")
+        if word.startswith(NOT_REPRODUCED):
+            continue
+        if group in cache.CacheChoice.GROUPS and not _reads(read, group, key):
+            continue
+        kept.append(word)
+    return kept
+
+
+def _reads(read: tuple[str, ...], group: str, key: str) -> bool:
+    if not key:  # the group's option (backend=quanto): read where any of its fields is
+        return any(field.startswith(f"{group}.") for field in read)
+    return f"{group}.{key}" in read or f"{group}.*" in read
+
+
+def read_by(run) -> tuple[str, ...]:
+    """The cache, backend, axis and press fields the run's cache reads, as the registry says."""
+    params, strategy, press = _cache_of(run)
+    return (*strategy.read_fields(params.get("backend.name")), *press.read_fields(),
+            *(("press.protocol",) if press.evicts else ()))  # fmt: skip
 
 
 def cache_overrides(run) -> list[str]:
     """The strategy, backend and axis settings of a run, as overrides (from the registry)."""
+    params, strategy, press = _cache_of(run)
+    return [*strategy.command_overrides(params), *press.command_overrides(params)]
+
+
+def _cache_of(run) -> tuple[dict[str, str], type, type]:
+    """(the run's logged params, its strategy's class, its press's class)."""
     params = {
         name.removeprefix("params."): str(value)
         for name, value in run.items()
         if name.startswith("params.") and isinstance(value, str)
     }
     strategy = cache.get(params.get("cache.strategy") or run["strategy"])
-    press = cache.presses.get(params.get("press.name") or "none")
-    return [*strategy.command_overrides(params), *press.command_overrides(params)]
+    return params, strategy, cache.presses.get(params.get("press.name") or "none")
 
 
 def snippet(run) -> str:

@@ -90,7 +90,8 @@ class ServedJob(Job):
             # between rounds: a round's mean TTFT and TPOT, as a batch job's calls of one shape
             timing_noise_cv=repeat_noise(self.per_round, [()] * self.rounds_done()),
         )
-        return metrics, [], {"load": self.load.label(), "peak_memory_source": self.peaks[0].source}
+        tags = {"load": self.load.label(self.requests), "peak_memory_source": self.peaks[0].source}
+        return metrics, self.load.notes(self.requests), tags
 
     def prompt_tokens(self) -> list[int]:
         return [len(request.ids) for request in self.requests]

@@ -84,9 +84,14 @@ class Load(Registered):
         """The most requests served at once: all of them unless the kind says."""
         return len(requests)
 
-    def label(self) -> str:
-        """How the run's title names it: load=concurrency(4)."""
+    def label(self, requests: Sequence | None = None) -> str:
+        """How the run's title names it, as served to `requests` where given: load=concurrency(4)."""
         return self.name
+
+    def notes(self, requests: Sequence) -> list[str]:
+        """What a run serving these requests should say of its load where a setting could not act as
+        given (more in flight asked for than there are requests)."""
+        return []
 
 
 def cycled(prompts: Sequence, count: int) -> list:

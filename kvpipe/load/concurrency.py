@@ -27,5 +27,16 @@ class Concurrency(Load):
     def in_flight(self, requests) -> int:
         return min(self.settings.concurrency, len(requests))
 
-    def label(self) -> str:
-        return f"concurrency({self.settings.concurrency})"
+    def label(self, requests=None) -> str:
+        """concurrency(4); concurrency(4; asked 16) where only 4 requests were there to keep in flight."""
+        asked = self.settings.concurrency
+        if requests is None or len(requests) >= asked:
+            return f"concurrency({asked})"
+        return f"concurrency({len(requests)}; asked {asked})"
+
+    def notes(self, requests) -> list[str]:
+        asked, served = self.settings.concurrency, len(requests)
+        if served >= asked:
+            return []
+        return [f"load.concurrency={asked} but only {served} requests: at most {served} in flight "
+                "(load.requests sets how many)"]  # fmt: skip

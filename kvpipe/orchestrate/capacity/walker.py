@@ -123,6 +123,8 @@ class Walker:
         where = f"job {Path(job.hydra_cfg.hydra.runtime.output_dir).name}"
         reason = (result.reason or "") if result is not None else ""
         if result is not None and result.status == "SKIPPED" and reason.startswith("measures the same as job "):
+            # an earlier job of this folder (the same walk asked again in it) measured it: reused
+            self.reused += 1
             earlier = reason.removeprefix("measures the same as job ").split(" ")[0]
             return Figures(_numbers(Result.load(self.sweep_dir / earlier / "result.json").metrics),
                            where=f"job {earlier}")  # fmt: skip
