@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from kvpipe import catalogue
+from kvpipe.decide import paired
 from kvpipe.decide.limits import Limits
 from kvpipe.decide.recommend import closest
 from kvpipe.record import tags as mlflow_tags
@@ -51,11 +52,73 @@ def choose_for_service(runs, limits: Limits, objective: str):
         return None, ("no serving run meets the limits", f"closest: {_describe(run)} misses {' and '.join(missed)}")
     measured = ok[column(ok, figure).notna()]
     ranked = measured.iloc[(-column(measured, figure)).argsort(kind="stable").to_numpy()]  # the most first
-    best = ranked.iloc[0]
-    why = f"the most {objective} of the {len(ranked)} serving runs within limits" + (
-        f"; the next: {_describe(ranked.iloc[1])}" if len(ranked) > 1 else ""
-    )
+    best, tie = cheapest_within_noise(ranked, figure)
+    within = f"of the {len(ranked)} serving runs within limits"
+    why = f"as much {objective} as its runs can tell {within}: {tie}" if tie else f"the most {objective} {within}"
+    others = [run for _, run in ranked.iterrows() if run["run_id"] != best["run_id"]]
+    if others:
+        why += f"; the next: {_describe(others[0])}"
     return best, (_describe(best), why)
+
+
+def cheapest_within_noise(ranked, figure: str) -> tuple[object, str]:
+    """The run to take of `ranked` (the most `figure` first), and why where it is not the first: runs
+    whose figure is not clearly below the first's (kvpipe.decide.paired: their intervals cannot tell
+    them apart; without intervals, within 2%) tie with it, and the tie goes to the cheaper setup:
+    fewer requests in flight, then less concurrency asked for, less KV cache, a lower peak."""
+    first = ranked.iloc[0]
+    tied = [(first, "")]
+    for _, run in ranked.iloc[1:].iterrows():
+        verdict = _within_noise(run, first, figure)
+        if verdict is not None:
+            tied.append((run, verdict))
+    chosen, verdict = min(tied, key=lambda pair: _cost(pair[0]))
+    if chosen is first:
+        return first, ""
+    value, top = chosen[figure], first[figure]
+    metric = catalogue.get(figure.removeprefix("metrics."))
+    return chosen, (
+        f"{_setup(chosen)} and {_setup(first)} are within noise ({metric.show(value)} vs {metric.show(top)}, "
+        f"{1 - value / top:.0%}{'; ' + verdict if verdict else ''}): {_setup(chosen)} {_cheaper(chosen, first)}"
+    )
+
+
+def _within_noise(run, first, figure: str) -> str | None:
+    """How run's figure stands against first's where the runs cannot tell them apart, else None."""
+    found = paired.ratio(run, first, figure.removeprefix("metrics."))
+    if found is not None and found.state != paired.NO_INTERVAL:
+        return None if found.clear else found.text()
+    return "no interval" if abs(run[figure] / first[figure] - 1) <= paired.NEGLIGIBLE else None
+
+
+COSTS = (  # what makes a setup cheaper, in order, and how to say so
+    ("keeps fewer requests in flight", lambda run: run.get(catalogue.column("max_in_flight"))),
+    ("asks for less concurrency", lambda run: run.get("params.load.concurrency")),
+    ("holds less KV cache", lambda run: run.get(catalogue.column("kv_cache_bytes"))),
+    ("peaks lower", lambda run: run.get("memory_bytes")),
+)
+
+
+def _cost(run) -> tuple[float, ...]:
+    return tuple(_number(read(run)) for _, read in COSTS)
+
+
+def _number(value) -> float:
+    """A cost as a number: inf where the run has none (a rate load asks for no concurrency)."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return math.inf
+    return math.inf if value != value else value
+
+
+def _cheaper(chosen, other) -> str:
+    return next((says for (says, _), mine, theirs in zip(COSTS, _cost(chosen), _cost(other)) if mine < theirs),
+                "costs no more")  # fmt: skip
+
+
+def _setup(run) -> str:
+    return f"{run['label']} at {run.get(mlflow_tags.column(mlflow_tags.LOAD), '') or 'its load'}"
 
 
 def _describe(run) -> str:
