@@ -4,6 +4,7 @@ a second identical service advise measures nothing; every use: line carries only
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +73,11 @@ def test_capacity_in_a_given_folder_answers_with_a_use_line_of_what_its_cache_re
     assert f"points in {folder}" in said.stdout and (folder / "capacity.json").is_file()
     use = _use(said.stdout)
     assert "cache=dynamic load=rate load.rate=" in use and "backend" not in use and "hydra." not in use
+
+
+def test_a_folder_with_a_comma_space_or_quote_reaches_hydra_as_one_value():
+    from kvpipe.orchestrate.search.launch import _hydra_quoted, _parsed
+
+    for folder in ("/tmp/a b,c", "/tmp/it's", "/tmp/plain-1.2_x"):
+        (override,) = _parsed([f"hydra.sweep.dir={_hydra_quoted(Path(folder))}"])
+        assert override.value() == folder and not override.is_sweep_override()
