@@ -89,3 +89,11 @@ def test_the_rate_search_stops_at_its_job_budget(tmp_path):
     found, batches = walked(tmp_path, CapacitySettings(max_ttft_ms=1000, trials=3), walks,
                             lambda job: {"requests_per_s": 8.0, "ttft_p90_ms": 5000.0})  # fmt: skip
     assert found["jobs"] == 3 and len(batches) == 3
+
+
+def test_the_walk_stops_where_the_workload_has_no_more_requests_than_the_level_keeps_in_flight(tmp_path):
+    walks = {"dynamic": ConcurrencyWalk("dynamic", [1, 4, 16], Limits(), "output_tokens_per_s")}
+    found, batches = walked(tmp_path, CapacitySettings(walk="concurrency"), walks, lambda job: {
+        "output_tokens_per_s": 10.0 * int(job["load.concurrency"]), "served_requests": 4.0, "tpot_ms": 20.0})  # fmt: skip
+    assert found["caches"][0]["levels"] == [1, 4] and len(batches) == 2  # 16 would be 4 in flight again
+    assert found["caches"][0]["stopped"] == "only 4 requests: concurrency 16 would keep at most 4 in flight"

@@ -125,6 +125,15 @@ class ConcurrencyWalk:
             self.stopped = (
                 f"concurrency {level} adds no {self.figure} beyond {MIN_GAIN:.0%} ({value:.3g} vs {best:.3g})"
             )
+        elif (
+            len(self.measured) < len(self.levels)
+            and (requests := figures.metrics.get("served_requests", math.inf)) <= level
+        ):
+            # a higher level would keep no more in flight: the same setup, measured again
+            higher = self.levels[len(self.measured)]
+            self.stopped = (
+                f"only {requests:.0f} requests: concurrency {higher} would keep at most {requests:.0f} in flight"
+            )
 
     def as_dict(self) -> dict:
         return {"cache": self.cache, "levels": [level for level, _ in self.measured], "stopped": self.stopped}
