@@ -126,8 +126,9 @@ def ratio(run, baseline, figure: str = "tpot_ms") -> Ratio | None:
         return None
     paired = same_rounds(run, baseline)
     per_round = max(1, len(mine) // max(1, len(series(run, figure)))) if by_call else 1
-    found = Ratio(*ratio_interval(mine, theirs, paired), paired=paired, rounds=min(len(mine), len(theirs)),
-                  calls_per_round=per_round)  # fmt: skip
+    # paired: the pairs both measured (a call left out as contended is out of both)
+    counted = sum(a == a and b == b for a, b in zip(mine, theirs)) if paired else min(len(mine), len(theirs))
+    found = Ratio(*ratio_interval(mine, theirs, paired), paired=paired, rounds=counted, calls_per_round=per_round)
     return None if math.isnan(found.value) else found  # no round measured the figure in both: no ratio
 
 
