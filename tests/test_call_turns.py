@@ -218,3 +218,13 @@ def test_a_sweeps_jobs_read_their_figures_from_the_turns_no_other_process_slowed
     rows = [{f"tags.kvpipe.{k}": v for k, v in result.tags.items()} for result in results]
     found = paired.ratio(rows[1], rows[0])
     assert found.paired and found.rounds == 6 and found.calls_per_round == 4  # call by call, the 2 left out of both
+
+
+def test_the_sweeps_ratios_are_against_the_job_compare_weighs_them_against():
+    jobs = [CallJob("#0", [], repeats="auto", max_repeats=4, tpot=lambda r, c: 10.0 * (1.3 if c % 2 else 0.75))]
+    jobs += [CallJob(f"#{i}", [], repeats="auto", max_repeats=4) for i in (1, 2)]
+    jobs[1].compare_baseline = True  # the dynamic cache, second in the sweep: #2 against it decides at once
+    rounds = run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=Machine())
+    assert rounds.stopped_by == "max_repeats"  # #0 against #1 never decides
+    steady = run_rounds([CallJob(j.label, [], repeats="auto") for j in jobs], 0, True, turn="call", sampler=Machine())
+    assert steady.stopped_by == "decided" and len(steady.seconds) == 3

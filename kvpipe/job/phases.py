@@ -12,6 +12,7 @@ import time
 from typing import ClassVar
 
 from kvpipe import model
+from kvpipe.cache import Family
 from kvpipe.job.outcome import JobResult, resolved_params
 from kvpipe.job.shared_rounds import RoundTaker
 from kvpipe.job.threads import use_threads
@@ -32,6 +33,7 @@ class Job(RoundTaker):
     def __init__(self, spec):
         super().__init__(spec.strategy.describe(), spec.workload, self.figures)
         self.spec = spec
+        self.compare_baseline = self.label == Family.DYNAMIC  # compare's default baseline (its label)
         self.ran = spec  # what it measured: another strategy's spec after an out-of-memory fallback
         self.setup = None  # the cache it builds (CacheSetup); None where its server builds its own
         self.warmup_ms: list[float] = []

@@ -58,6 +58,7 @@ class RoundTaker:
     threads = 1  # the torch threads a call asks cores for (a job's, once prepared)
     on_cpu = True  # its own cores count in a slot's contention only on CPU
     turn = "pass"  # what its turns were: "call" where a sweep took them call by call
+    compare_baseline = False  # whether compare's default baseline names it (the dynamic cache)
 
     def __init__(self, label: str, timing, figures: tuple[str, ...]):
         self.label = label  # a sweep names its jobs by number instead
@@ -227,8 +228,9 @@ def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool, turn: str = "pa
                 _log_round(jobs, rounds, measured_s, taken)
     if sweep_auto:
         _close_auto(jobs, rounds)
-    for job in jobs[1:] if by_call else []:
-        job.paired_note = firmness_note(job.per_round[STOPPING_FIGURE], paired(job, jobs[0]), jobs[0].label)
+    base = jobs[baseline_of(jobs)]
+    for job in [job for job in jobs if job is not base and job.failed is None] if by_call else []:
+        job.paired_note = firmness_note(job.per_round[STOPPING_FIGURE], paired(job, base), base.label)
     return rounds
 
 
@@ -241,6 +243,12 @@ def paired(job: RoundTaker, baseline: RoundTaker) -> tuple[float, float, float]:
     series = job.per_call if calls_match and job.turn == "call" else job.per_round
     base = baseline.per_call if calls_match and job.turn == "call" else baseline.per_round
     return ratio_interval(series[STOPPING_FIGURE], base[STOPPING_FIGURE], paired=True)
+
+
+def baseline_of(jobs: list[RoundTaker]) -> int:
+    """The job the sweep's paired ratios are against: the first that compare's default baseline
+    names (the dynamic cache), else the first."""
+    return next((i for i, job in enumerate(jobs) if job.compare_baseline), 0)
 
 
 def _take(job: RoundTaker, measure, measured_s: list[float], index: int) -> None:
@@ -284,7 +292,7 @@ def _log_round(jobs: list[RoundTaker], rounds: Rounds, measured_s: list[float], 
     drift = rounds.drift()[-1]
     order = " ".join(jobs[i].label for i in rounds.orders[-1])
     left_out = rounds.excluded[-1] if rounds.excluded else []
-    excluded = f"; {len(left_out)} call(s) left out, taken under other processes' load" if left_out else ""
+    excluded = f"; {len(left_out)} turn(s) of calls left out, taken under other processes' load" if left_out else ""
     log.info(
         "round %d: %.2f s, %+.0f%% on the first; order %s%s%s",
         len(rounds.seconds), rounds.seconds[-1], 100 * drift, order, excluded, _left_text(jobs, measured_s, taken),
@@ -292,16 +300,18 @@ def _log_round(jobs: list[RoundTaker], rounds: Rounds, measured_s: list[float], 
 
 
 def _decided(jobs: list[RoundTaker], measured_s: list[float], rounds: Rounds) -> list[int]:
-    """A sweep on repeats=auto: every live job while a paired TPOT ratio against the first job is
-    not yet decided and the caps allow; [] (with rounds.stopped_by said) once it is or they do not.
-    Without the first job (it failed) there is no baseline: each job's own rule decides."""
+    """A sweep on repeats=auto: every live job while a paired TPOT ratio against the baseline
+    (baseline_of) is not yet decided and the caps allow; [] (with rounds.stopped_by said) once it is
+    or they do not. Without the baseline (it failed) each job's own rule decides."""
     alive = [i for i, job in enumerate(jobs) if job.failed is None]
-    if len(alive) < 2 or alive[0] != 0:
+    base = baseline_of(jobs)
+    if len(alive) < 2 or base not in alive:
         return _wanting(jobs, measured_s)
-    timing = jobs[0].timing
+    timing = jobs[base].timing
     within = getattr(timing, "decide_within", DECIDE_WITHIN)
-    done = jobs[0].rounds_done()
-    if done >= MIN_ROUNDS and all(decided(*paired(jobs[i], jobs[0]), within) for i in alive[1:]):
+    done = jobs[base].rounds_done()
+    others = [i for i in alive if i != base]
+    if done >= MIN_ROUNDS and all(decided(*paired(jobs[i], jobs[base]), within) for i in others):
         rounds.stopped_by = "decided"
     elif done >= timing.max_repeats:
         rounds.stopped_by = "max_repeats"
