@@ -41,7 +41,7 @@ class CallJob(RoundTaker):
         advance()
 
     def close_round(self):  # over the round's calls not left out, as a batch job's
-        self.add_round({"ttft_ms": 1.0, "tpot_ms": mean(self.per_call["tpot_ms"][-len(CALLS) :]),
+        self.add_round({"ttft_ms": 1.0, "tpot_ms": mean(self.paired_calls()["tpot_ms"][-len(CALLS) :]),
                         "decode_tokens_per_s": 100.0})  # fmt: skip
 
     def measure_round(self, advance):  # turn=pass: the whole pass is one turn
@@ -99,17 +99,14 @@ def test_a_turn_under_other_processes_load_is_left_out_of_every_job_alike():
     assert rounds.excluded == [[1], [2]]
     for job in jobs:
         assert job.excluded_calls == 2
-        assert [math.isnan(v) for v in job.per_call["tpot_ms"]] == [
-            False,
-            True,
-            False,
-            False,
-            False,
-            False,
-            True,
-            False,
-        ]
+        assert [math.isnan(v) for v in job.paired_calls()["tpot_ms"]] == [0, 1, 0, 0, 0, 0, 1, 0]
     assert rounds.to_dict(["#0", "#1"])["excluded_calls"] == [[1], [2]]
+
+
+def test_where_every_turn_was_contended_every_call_is_kept_as_it_is():
+    jobs = [CallJob(f"#{i}", [], repeats=1, tpot=lambda r, c: 10.0 + c) for i in range(2)]
+    run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=Machine(busy=range(4)))
+    assert jobs[0].excluded_calls == 4 and jobs[0].paired_calls()["tpot_ms"] == [10.0, 11.0, 12.0, 13.0]
 
 
 def test_a_turn_is_contended_by_judges_rule():

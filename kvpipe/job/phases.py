@@ -20,7 +20,7 @@ from kvpipe.measure import contention, quality
 from kvpipe.measure.environment import environment, load_average
 from kvpipe.measure.memory import freeze_long_lived_objects
 from kvpipe.measure.metrics import prompt_lengths
-from kvpipe.measure.round_figures import STOPPING_FIGURE, call_tags, over_rounds, round_tags
+from kvpipe.measure.round_figures import call_tags, over_rounds, round_tags
 from kvpipe.workload import Scored, shortest_and_padded
 
 
@@ -147,7 +147,7 @@ class Job(RoundTaker):
             **self.workload.tags(loaded.tokenizer),
             **environment(loaded.device),
             **round_tags(self.per_round),
-            **(call_tags(self.per_call, self.call_keys()) if self.turn == "call" else {}),
+            **(call_tags(self.paired_calls(), self.call_keys()) if self.turn == "call" else {}),
             **({"rounds_stopped_by": self.stopped_by} if self.stopped_by else {}),
             **order_tags,
         }
@@ -179,10 +179,16 @@ class Job(RoundTaker):
         notes = []
         if self.turn == "call":
             metrics["calls_excluded"] = float(self.excluded_calls)
-            if self.excluded_calls:
+            calls = len(self.call_kept)
+            if self.excluded_calls == calls:
                 notes.append(
-                    f"{self.excluded_calls} of {len(self.per_call[STOPPING_FIGURE])} calls ran while other processes "
-                    "held a core the turn needed: left out of the paired ratios and of its TPOT and TTFT"
+                    f"all {calls} calls ran while other processes held a core their turn needed: none clean to "
+                    "keep, so its figures and paired ratios are over contended calls"
+                )
+            elif self.excluded_calls:
+                notes.append(
+                    f"{self.excluded_calls} of {calls} calls ran while other processes held a core the turn "
+                    "needed: left out of the paired ratios and of its TPOT and TTFT"
                 )
         if self.stopped_by:  # a sweep on repeats=auto: its paired ratios' rule, not its own interval's
             metrics["rounds_decided"] = float(self.stopped_by == "decided")

@@ -8,7 +8,6 @@ The runner measures; it never records (that is kvpipe.record).
 from __future__ import annotations
 
 import logging
-import math
 
 from kvpipe.job.fallback import with_fallback
 from kvpipe.job.generate import Call, measured_generate
@@ -114,10 +113,11 @@ class BatchJob(Job):
         self.kept[-1] = False
 
     def close_round(self) -> None:
-        """The round's figures over the calls that were not left out (NaN where every one was)."""
+        """The round's figures over the calls that were not left out; over all of them where every
+        one was (a round whose figures are all contended is still a round: its notes say so)."""
         calls = self.calls[self.round_started :]
         kept = [c for c, keep in zip(calls, self.kept[self.round_started :]) if keep]
-        self.add_round(batch_round(kept) if kept else dict.fromkeys(BATCH_FIGURES, math.nan))
+        self.add_round(batch_round(kept or calls))
 
     def kept_timings(self, loaded, strategy) -> dict[str, float]:
         """Its timings over the calls not taken under other processes' load (in a sweep's turns, the

@@ -66,7 +66,8 @@ class RoundTaker:
         self.auto = timing.repeats == "auto"
         self.fixed_rounds: int | None = None if self.auto else int(timing.repeats)
         self.per_round: dict[str, list[float]] = {name: [] for name in figures}
-        self.per_call: dict[str, list[float]] = {name: [] for name in CALL_FIGURES}  # NaN: an excluded call
+        self.per_call: dict[str, list[float]] = {name: [] for name in CALL_FIGURES}  # as measured
+        self.call_kept: list[bool] = []  # per call: False where other processes held a core in its turn
         self.call_first: list[bool] = []  # whether it went first in each call's turn
         self.excluded_calls = 0  # calls taken while other processes held a core: out of every estimate
         self.stopped_by: str | None = None  # a sweep on repeats=auto: why its turns ended
@@ -100,12 +101,20 @@ class RoundTaker:
     def add_call(self, figures: dict[str, float]) -> None:
         for name, values in self.per_call.items():
             values.append(figures.get(name, math.nan))
+        self.call_kept.append(True)
 
     def exclude_last_call(self) -> None:
         """Its last call ran while other processes held a core: out of the paired estimate."""
-        for values in self.per_call.values():
-            values[-1] = math.nan
+        self.call_kept[-1] = False
         self.excluded_calls += 1
+
+    def paired_calls(self) -> dict[str, list[float]]:
+        """Its calls as the paired estimate reads them: NaN where left out as contended; every call
+        where none was kept (every turn contended: no clean call to mix them with, and the run says so)."""
+        if all(self.call_kept) or not any(self.call_kept):
+            return self.per_call
+        return {name: [v if keep else math.nan for v, keep in zip(values, self.call_kept)]
+                for name, values in self.per_call.items()}  # fmt: skip
 
     def rounds_done(self) -> int:
         """Its rounds so far (a job with no warm-up measures its first as it prepares)."""
@@ -240,8 +249,9 @@ def paired(job: RoundTaker, baseline: RoundTaker) -> tuple[float, float, float]:
     calls_match = job.call_keys() == baseline.call_keys() and len(job.per_call[STOPPING_FIGURE]) == len(
         baseline.per_call[STOPPING_FIGURE]
     )
-    series = job.per_call if calls_match and job.turn == "call" else job.per_round
-    base = baseline.per_call if calls_match and job.turn == "call" else baseline.per_round
+    by_call = calls_match and job.turn == "call"
+    series = job.paired_calls() if by_call else job.per_round
+    base = baseline.paired_calls() if by_call else baseline.per_round
     return ratio_interval(series[STOPPING_FIGURE], base[STOPPING_FIGURE], paired=True)
 
 
