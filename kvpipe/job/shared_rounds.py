@@ -1,13 +1,17 @@
 """Measured rounds: each round calls every job once (every batch of a batch job, one pass over a
-served job's requests), in an order shuffled per round from the seed where jobs take turns (a
-sweep's interleaved jobs), so that a machine whose speed drifts slows each job alike instead of the
-one that happened to run late (google-benchmark's random interleaving). A job alone is the same loop
-with one job: its repeats are its rounds.
+served job's requests). Where jobs take turns (a sweep's interleaved jobs), each call is a turn of its
+own, in a counterbalanced order (kvpipe.job.call_turns), or with turn="pass" each job's whole round is
+one, in an order shuffled per round from the seed; so that a machine whose speed drifts slows each job
+alike instead of the one that happened to run late (google-benchmark's random interleaving). A job
+alone is the same loop with one job: its repeats are its rounds.
 
 A job says how many rounds it wants: `workload.repeats` of them, or with repeats=auto at least
 MIN_ROUNDS (kvpipe.measure.round_figures) and then more until its TPOT interval is within
-`workload.target_interval`, or it reaches `workload.max_repeats` rounds or `workload.max_measure_s` seconds of them. Jobs on auto
-keep taking part until every one of them is done, so that each pair shares as many rounds as it can.
+`workload.target_interval`, or it reaches `workload.max_repeats` rounds or `workload.max_measure_s`
+seconds of them. Jobs on auto keep taking part until every one of them is done, so that each pair
+shares as many rounds as it can. A sweep taking turns by call with every job on auto goes on instead
+until every paired TPOT ratio against its baseline is decided (`workload.decide_within`), under the
+same caps.
 """
 
 from __future__ import annotations
@@ -19,128 +23,16 @@ import time
 from dataclasses import dataclass, field
 
 from kvpipe import kill_points
-from kvpipe.errors import require_choice
+from kvpipe.job.call_turns import TURNS, Counterbalanced, baseline_of, call_round, check_turn, paired
 from kvpipe.job.progress_bar import progress_bar
+from kvpipe.job.round_taker import RoundTaker, take_turn
 from kvpipe.measure import contention
-from kvpipe.measure.round_figures import (
-    CALL_FIGURES,
-    DECIDE_WITHIN,
-    MIN_ROUNDS,
-    STOPPING_FIGURE,
-    converged,
-    decided,
-    firmness_note,
-    relative_half_width,
-    rounds_of,
-)
-from kvpipe.measure.uncertainty import ratio_interval
+from kvpipe.measure.round_figures import DECIDE_WITHIN, MIN_ROUNDS, STOPPING_FIGURE, decided, firmness_note
 from kvpipe.units import duration_text
 
 log = logging.getLogger(__name__)
 
-TURNS = ("call", "pass")  # what takes a turn in a sweep: one measured call, or a job's whole pass
-
-
-def check_turn(turn: str) -> str:
-    """hydra.launcher.turn, checked at the sweep's door."""
-    require_choice("hydra.launcher.turn", turn, TURNS)
-    return turn
-
-
-class RoundTaker:
-    """What takes part in rounds: a job, or a test's stand-in. It keeps its figures round by round
-    and call by call, and knows, from its workload's settings (`timing`: repeats, and repeats=auto's
-    target_interval, max_repeats and max_measure_s), whether it wants another; a subclass measures a
-    round (`measure_round`, which calls `add_round`) and, where its round can be cut into calls
-    (`call_keys`), one call of it (`measure_call`)."""
-
-    calls_per_round: int
-    threads = 1  # the torch threads a call asks cores for (a job's, once prepared)
-    on_cpu = True  # its own cores count in a slot's contention only on CPU
-    turn = "pass"  # what its turns were: "call" where a sweep took them call by call
-    compare_baseline = False  # whether compare's default baseline names it (the dynamic cache)
-
-    def __init__(self, label: str, timing, figures: tuple[str, ...]):
-        self.label = label  # a sweep names its jobs by number instead
-        self.timing = timing
-        self.auto = timing.repeats == "auto"
-        self.fixed_rounds: int | None = None if self.auto else int(timing.repeats)
-        self.per_round: dict[str, list[float]] = {name: [] for name in figures}
-        self.per_call: dict[str, list[float]] = {name: [] for name in CALL_FIGURES}  # as measured
-        self.call_kept: list[bool] = []  # per call: False where other processes held a core in its turn
-        self.call_first: list[bool] = []  # whether it went first in each call's turn
-        self.excluded_calls = 0  # calls taken while other processes held a core: out of every estimate
-        self.stopped_by: str | None = None  # a sweep on repeats=auto: why its turns ended
-        self.paired_note: str | None = None  # where its own figure is less firm than its paired ratio
-        self.failed: BaseException | None = None  # what stopped it mid-round: it takes no further part
-
-    def measure_round(self, advance) -> None:
-        raise NotImplementedError
-
-    def call_keys(self) -> list:
-        """What each call of a round is (a batch's shape and prompt): calls of two jobs pair where
-        their keys match. One key by default: a round that cannot be cut into calls is one turn."""
-        return ["pass"]
-
-    def measure_call(self, index: int, advance) -> None:
-        """The round's call `index`, in call order; the last one closes the round (`add_round`)."""
-        self.measure_round(advance)
-        self.call_is_round()
-
-    def call_is_round(self) -> None:
-        """Its last round, one turn, as its call: a pass that cannot be cut into calls pairs pass by pass."""
-        self.add_call({name: self.per_round[name][-1] for name in CALL_FIGURES if name in self.per_round})
-
-    def close_round(self) -> None:
-        """After a round's last call and the verdict on it: a job that keeps its calls sums them up."""
-
-    def add_round(self, figures: dict[str, float]) -> None:
-        for name, values in self.per_round.items():
-            values.append(figures[name])
-
-    def add_call(self, figures: dict[str, float]) -> None:
-        for name, values in self.per_call.items():
-            values.append(figures.get(name, math.nan))
-        self.call_kept.append(True)
-
-    def exclude_last_call(self) -> None:
-        """Its last call ran while other processes held a core: out of the paired estimate."""
-        self.call_kept[-1] = False
-        self.excluded_calls += 1
-
-    def paired_calls(self) -> dict[str, list[float]]:
-        """Its calls as the paired estimate reads them: NaN where left out as contended; every call
-        where none was kept (every turn contended: no clean call to mix them with, and the run says so)."""
-        if all(self.call_kept) or not any(self.call_kept):
-            return self.per_call
-        return {name: [v if keep else math.nan for v, keep in zip(values, self.call_kept)]
-                for name, values in self.per_call.items()}  # fmt: skip
-
-    def rounds_done(self) -> int:
-        """Its rounds so far (a job with no warm-up measures its first as it prepares)."""
-        return rounds_of(self.per_round)
-
-    def wants_more(self, measured_s: float) -> bool:
-        """Whether it needs another round: short of its repeats, or (auto) not yet converged and
-        under its caps."""
-        if not self.auto:
-            return self.rounds_done() < self.fixed_rounds
-        return self.may_go_on(measured_s) and not self.converged()
-
-    def may_go_on(self, measured_s: float) -> bool:
-        """Auto: whether it is under its caps (it takes part while another job on auto is not done)."""
-        return self.rounds_done() < self.timing.max_repeats and measured_s < self.timing.max_measure_s
-
-    def converged(self) -> bool:
-        return converged(self.per_round, self.timing.target_interval)
-
-    def not_converged_note(self) -> str:
-        width = relative_half_width(self.per_round[STOPPING_FIGURE])
-        return (
-            f"repeats=auto stopped after {self.rounds_done()} rounds (workload.max_repeats={self.timing.max_repeats}, "
-            f"workload.max_measure_s={self.timing.max_measure_s:g}) with TPOT within ±{width:.1%}, wider than "
-            f"workload.target_interval={self.timing.target_interval:g}"
-        )
+__all__ = ["TURNS", "RoundTaker", "Rounds", "check_turn", "run_rounds"]
 
 
 @dataclass
@@ -173,25 +65,6 @@ class Rounds:
         return shown
 
 
-class Counterbalanced:
-    """Call turns' orders: a fresh order drawn from the seed, then its reverse (ABBA), so that over
-    each pair of calls every job goes first as often as last and none is systematically first."""
-
-    def __init__(self, seed: int):
-        self.draw = random.Random(seed)
-        self.last: list[int] = []
-        self.taken = 0
-
-    def next(self, taking: list[int]) -> list[int]:
-        if self.taken % 2 == 0 or not self.last:
-            order = list(taking)
-            self.draw.shuffle(order)
-        else:
-            order = [i for i in reversed(self.last) if i in taking] + [i for i in taking if i not in self.last]
-        self.last, self.taken = order, self.taken + 1
-        return order
-
-
 def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool, turn: str = "pass", sampler=None) -> Rounds:
     """Measure rounds until every job has what it wants; shuffle: a fresh order each round.
     turn="call" (several jobs): each call of a round is a turn of its own, every job making that call
@@ -219,7 +92,7 @@ def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool, turn: str = "pa
                 kill_points.reached("between_rounds")
             started = time.perf_counter()
             if by_call:
-                orders, excluded = _call_round(jobs, wanted, balanced, advance, sampler, measured_s)
+                orders, excluded = call_round(jobs, wanted, balanced, advance, sampler, measured_s)
                 order = orders[0] if orders else []
                 rounds.call_orders.append(orders)
                 rounds.excluded.append(excluded)
@@ -228,7 +101,7 @@ def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool, turn: str = "pa
                 if shuffle:
                     draw.shuffle(order)
                 for index in order:
-                    _take(jobs[index], lambda job: job.measure_round(advance), measured_s, index)
+                    take_turn(jobs[index], lambda job: job.measure_round(advance), measured_s, index)
             for index in order:
                 taken[index] += 1
             rounds.seconds.append(time.perf_counter() - started)
@@ -241,61 +114,6 @@ def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool, turn: str = "pa
     for job in [job for job in jobs if job is not base and job.failed is None] if by_call else []:
         job.paired_note = firmness_note(job.per_round[STOPPING_FIGURE], paired(job, base), base.label)
     return rounds
-
-
-def paired(job: RoundTaker, baseline: RoundTaker) -> tuple[float, float, float]:
-    """job's TPOT over baseline's, paired call by call where their calls match (the same keys, as
-    many of them), else round by round: (ratio, low, high)."""
-    calls_match = job.call_keys() == baseline.call_keys() and len(job.per_call[STOPPING_FIGURE]) == len(
-        baseline.per_call[STOPPING_FIGURE]
-    )
-    by_call = calls_match and job.turn == "call"
-    series = job.paired_calls() if by_call else job.per_round
-    base = baseline.paired_calls() if by_call else baseline.per_round
-    return ratio_interval(series[STOPPING_FIGURE], base[STOPPING_FIGURE], paired=True)
-
-
-def baseline_of(jobs: list[RoundTaker]) -> int:
-    """The job the sweep's paired ratios are against: the first that compare's default baseline
-    names (the dynamic cache), else the first."""
-    return next((i for i, job in enumerate(jobs) if job.compare_baseline), 0)
-
-
-def _take(job: RoundTaker, measure, measured_s: list[float], index: int) -> None:
-    """One turn of one job; a failure is its own, and the others go on."""
-    began = time.perf_counter()
-    try:
-        measure(job)
-    except Exception as exc:  # noqa: BLE001 - one job's failure is its own; the others go on
-        log.error("%s failed in round %d: %s", job.label, job.rounds_done() + 1, exc)
-        job.failed = exc
-    measured_s[index] += time.perf_counter() - began
-
-
-def _call_round(jobs, wanted, balanced, advance, sampler, measured_s) -> tuple[list[list[int]], list[int]]:
-    """One round taken call by call: (each call's order, the calls left out as contended)."""
-    keys = {index: jobs[index].call_keys() for index in wanted}
-    orders, excluded = [], []
-    for call in range(max(len(k) for k in keys.values())):
-        taking = [i for i in wanted if call < len(keys[i]) and jobs[i].failed is None]
-        if not taking:
-            continue
-        order = balanced.next(taking)
-        before = sampler()
-        for position, index in enumerate(order):
-            _take(jobs[index], lambda job, call=call: job.measure_call(call, advance), measured_s, index)
-            jobs[index].call_first.append(position == 0)
-        threads = max(jobs[i].threads for i in order)
-        if contention.slot_contended(before, sampler(), threads, all(jobs[i].on_cpu for i in order)):
-            excluded.append(call)
-            for index in order:
-                if jobs[index].failed is None:
-                    jobs[index].exclude_last_call()
-        orders.append(order)
-    for index in wanted:
-        if jobs[index].failed is None:
-            jobs[index].close_round()
-    return orders, excluded
 
 
 def _log_round(jobs: list[RoundTaker], rounds: Rounds, measured_s: list[float], taken: list[int]) -> None:
