@@ -52,9 +52,8 @@ def call_round(jobs, wanted, balanced, advance, sampler, measured_s) -> tuple[li
             continue
         order = balanced.next(taking)
         before = sampler()
-        for position, index in enumerate(order):
+        for index in order:
             take_turn(jobs[index], lambda job, call=call: job.measure_call(call, advance), measured_s, index)
-            jobs[index].call_first.append(position == 0)
         threads = max(jobs[i].threads for i in order)
         if contention.slot_contended(before, sampler(), threads, all(jobs[i].on_cpu for i in order)):
             excluded.append(call)

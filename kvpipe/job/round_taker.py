@@ -34,7 +34,6 @@ class RoundTaker:
         self.per_round: dict[str, list[float]] = {name: [] for name in figures}
         self.per_call: dict[str, list[float]] = {name: [] for name in CALL_FIGURES}  # as measured
         self.call_kept: list[bool] = []  # per call: False where other processes held a core in its turn
-        self.call_first: list[bool] = []  # whether it went first in each call's turn
         self.excluded_calls = 0  # calls taken while other processes held a core: out of every estimate
         self.stopped_by: str | None = None  # a sweep on repeats=auto: why its turns ended
         self.paired_note: str | None = None  # where its own figure is less firm than its paired ratio
