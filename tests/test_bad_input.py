@@ -39,6 +39,16 @@ CATALOGUE = {
     "an unknown press": (["press=h2o"], "press=h2o", "snapkv"),
     "a wrong type for the chosen option": (["press=snapkv", "press.window=abc"], "press.window='abc'", "expected int"),
     "a wrong type for a load": (["load=rate", "load.rate=fast"], "load.rate='fast'", "expected float"),
+    "repeats=auto deciding within a share outside (0, 1)": (
+        ["workload.repeats=auto", "workload.decide_within=0"],
+        "workload.decide_within=0",
+        "fraction in (0, 1)",
+    ),
+    "an unknown turn for interleaved rounds": (
+        ["-m", "cache=dynamic,static", "hydra.launcher.turn=round"],
+        "hydra.launcher.turn='round'",
+        "call, pass",
+    ),
     "an unknown interleave": (
         ["-m", "cache=dynamic,static", "interleave=sometimes"],
         "interleave",

@@ -1,7 +1,8 @@
 """Differences a decision can trust: a run's TPOT or TTFT as a ratio to a baseline run, with a 95%
-interval, paired round by round where the two took turns in the same rounds (an interleaved sweep:
-the same `kvpipe.round_group`), so that the machine's drift, which slows both alike in a round,
-cancels (kvpipe.measure.uncertainty.ratio_interval). Its verdict is one of three, in words its
+interval, paired where the two took turns in the same rounds (an interleaved sweep: the same
+`kvpipe.round_group`): call by call where they took the same calls (`kvpipe.call_keys`), each call's
+turn beside the other's and the turns left out as contended out of both, else round by round; so the
+machine's drift, which slows both alike in a turn, cancels (kvpipe.measure.uncertainty.ratio_interval). Its verdict is one of three, in words its
 interval bears out: clearly slower or faster (the whole interval lies beyond ±2% of 1), the same
 within 2% (the whole interval lies inside that band), or not yet decided (it straddles an edge of
 the band); neither compare nor recommend names a winner on the last two (criterion.rs says "no
@@ -13,14 +14,11 @@ import math
 from dataclasses import dataclass
 
 from kvpipe import cache
-from kvpipe.measure.round_figures import TAG_PREFIX, parse_series
-from kvpipe.measure.uncertainty import ratio_interval
+from kvpipe.measure.round_figures import CALL_KEYS, CALL_PREFIX, TAG_PREFIX, parse_series
+from kvpipe.measure.uncertainty import NEGLIGIBLE, ratio_interval
 from kvpipe.record import tags as mlflow_tags
 
 FIGURES = {"tpot_ms": "TPOT", "ttft_ms": "TTFT"}
-# A difference is clear only where its whole interval lies beyond ±2%: smaller ones are within what
-# no cache choice should turn on (criterion.rs's noise threshold, there 1%, plays the same part)
-NEGLIGIBLE = 0.02
 MOST_ROUNDS_SUGGESTED = 100  # beyond this, "~N rounds might decide it" is not a suggestion worth making
 ROUND_GROUP = mlflow_tags.column(mlflow_tags.ROUND_GROUP)
 SLOWER, FASTER, SAME, UNDECIDED, NO_INTERVAL = "slower", "faster", "same", "undecided", "no interval"
@@ -35,6 +33,7 @@ class Ratio:
     high: float
     paired: bool  # measured in the same rounds, resampled together
     rounds: int = 0  # the rounds its interval is over (paired: the pairs); 0 where not known
+    calls_per_round: int = 1  # paired call by call: each round gave this many of its pairs
 
     @property
     def state(self) -> str:
@@ -76,7 +75,7 @@ class Ratio:
             return None
         centre, half = (math.log(self.high) + math.log(self.low)) / 2, (math.log(self.high) - math.log(self.low)) / 2
         room = min(abs(centre - math.log(1 + NEGLIGIBLE)), abs(centre - math.log(1 - NEGLIGIBLE)))
-        needed = math.ceil(self.rounds * (half / room) ** 2) if room else math.inf
+        needed = math.ceil(self.rounds * (half / room) ** 2 / self.calls_per_round) if room else math.inf
         return int(needed) if needed <= MOST_ROUNDS_SUGGESTED else None
 
 
@@ -101,14 +100,35 @@ def same_rounds(run, baseline) -> bool:
     return isinstance(group, str) and bool(group) and group == baseline.get(ROUND_GROUP)
 
 
+def call_series(run, figure: str) -> list[float]:
+    """The run's figure call by call, round after round (an interleaved sweep that took turns by call)."""
+    return parse_series(run.get(mlflow_tags.column(mlflow_tags.of(CALL_PREFIX + figure))))
+
+
+def same_calls(run, baseline, figure: str) -> bool:
+    """Whether the two took the same calls in the same turns: then they pair call by call."""
+    keys = [r.get(mlflow_tags.column(mlflow_tags.of(CALL_KEYS))) for r in (run, baseline)]
+    mine, theirs = call_series(run, figure), call_series(baseline, figure)
+    return same_rounds(run, baseline) and isinstance(keys[0], str) and keys[0] == keys[1] and len(mine) == len(theirs)
+
+
 def ratio(run, baseline, figure: str = "tpot_ms") -> Ratio | None:
     """run's figure over baseline's, or None where either run recorded no round means (runs made
-    before kvpipe kept them) or none of them measured it (a TPOT of one-token answers)."""
-    mine, theirs = series(run, figure), series(baseline, figure)
+    before kvpipe kept them) or none of them measured it (a TPOT of one-token answers). Paired call
+    by call where the two took the same calls in the same turns (what their calls left out as
+    contended is out of both), else round by round where they shared rounds, else unpaired."""
+    by_call = same_calls(run, baseline, figure)
+    mine, theirs = (
+        (call_series if by_call else series)(run, figure),
+        (call_series if by_call else series)(baseline, figure),
+    )
     if not mine or not theirs:
         return None
     paired = same_rounds(run, baseline)
-    found = Ratio(*ratio_interval(mine, theirs, paired), paired=paired, rounds=min(len(mine), len(theirs)))
+    per_round = max(1, len(mine) // max(1, len(series(run, figure)))) if by_call else 1
+    # paired: the pairs both measured (a call left out as contended is out of both)
+    counted = sum(a == a and b == b for a, b in zip(mine, theirs)) if paired else min(len(mine), len(theirs))
+    found = Ratio(*ratio_interval(mine, theirs, paired), paired=paired, rounds=counted, calls_per_round=per_round)
     return None if math.isnan(found.value) else found  # no round measured the figure in both: no ratio
 
 

@@ -12,6 +12,7 @@ import time
 from typing import ClassVar
 
 from kvpipe import model
+from kvpipe.cache import Family
 from kvpipe.job.outcome import JobResult, resolved_params
 from kvpipe.job.shared_rounds import RoundTaker
 from kvpipe.job.threads import use_threads
@@ -19,7 +20,7 @@ from kvpipe.measure import contention, quality
 from kvpipe.measure.environment import environment, load_average
 from kvpipe.measure.memory import freeze_long_lived_objects
 from kvpipe.measure.metrics import prompt_lengths
-from kvpipe.measure.round_figures import over_rounds, round_tags
+from kvpipe.measure.round_figures import call_tags, over_rounds, round_tags
 from kvpipe.workload import Scored, shortest_and_padded
 
 
@@ -32,6 +33,7 @@ class Job(RoundTaker):
     def __init__(self, spec):
         super().__init__(spec.strategy.describe(), spec.workload, self.figures)
         self.spec = spec
+        self.compare_baseline = self.label == Family.DYNAMIC  # compare's default baseline (its label)
         self.ran = spec  # what it measured: another strategy's spec after an out-of-memory fallback
         self.setup = None  # the cache it builds (CacheSetup); None where its server builds its own
         self.warmup_ms: list[float] = []
@@ -96,6 +98,7 @@ class Job(RoundTaker):
         freeze_long_lived_objects()
         self.load_at_start = load_average()
         self.threads = use_threads(spec.model, loaded.device)
+        self.on_cpu = loaded.device == "cpu"
         self.cpu_before = contention.sample()
         self.warm_up(longest_prompt)
         self.own_s += time.perf_counter() - started
@@ -105,6 +108,17 @@ class Job(RoundTaker):
         use_threads(self.spec.model, self.loaded.device)  # jobs that take turns may each set their own
         self.add_round(self.round(advance))
         self.own_s += time.perf_counter() - started
+
+    def measure_call(self, index: int, advance) -> None:
+        started = time.perf_counter()
+        use_threads(self.spec.model, self.loaded.device)
+        self.call(index, advance)
+        self.own_s += time.perf_counter() - started
+
+    def call(self, index: int, advance) -> None:
+        """One call of a round (kvpipe.job.shared_rounds' turn=call); by default the whole round is one."""
+        self.add_round(self.round(advance))
+        self.call_is_round()
 
     def result(self, order_tags: dict[str, str]) -> JobResult:
         if self.failed is not None:
@@ -117,10 +131,7 @@ class Job(RoundTaker):
         metrics, summary_notes, own_tags = self.summary()
         notes = [*spec.warnings, *(setup.notes if setup else []), *summary_notes]
         metrics.update(over_rounds(self.per_round))
-        if self.auto:
-            metrics["rounds_converged"] = float(self.converged())
-            if not self.converged():
-                notes.append(self.not_converged_note())
+        notes += self._rounds_notes(metrics)
         metrics["warmup_ms"] = sum(self.warmup_ms)
         metrics.update(prompt_lengths(self.prompt_tokens()))
         metrics["load_ms"] = loaded.load_s * 1e3
@@ -136,6 +147,8 @@ class Job(RoundTaker):
             **self.workload.tags(loaded.tokenizer),
             **environment(loaded.device),
             **round_tags(self.per_round),
+            **(call_tags(self.paired_calls(), self.call_keys()) if self.turn == "call" else {}),
+            **({"rounds_stopped_by": self.stopped_by} if self.stopped_by else {}),
             **order_tags,
         }
         metrics.update(verdict.metrics())
@@ -158,6 +171,40 @@ class Job(RoundTaker):
         return JobResult(metrics=metrics, tags=tags, texts=self.texts(), notes=notes, params=params,
                          scored=self.scored_answers, started_epoch_s=self.started_epoch_s, ended_epoch_s=time.time(),
                          process_setup_s=self.process_setup_s)  # fmt: skip
+
+    def _rounds_notes(self, metrics: dict) -> list[str]:
+        """How its rounds ended and what they left out: repeats=auto's verdict (its own, or its
+        sweep's where the paired ratios decided), calls taken under other processes' load, and where
+        its own figure is less firm than its paired ratio."""
+        notes = []
+        if self.turn == "call":
+            metrics["calls_excluded"] = float(self.excluded_calls)
+            calls = len(self.call_kept)
+            if self.excluded_calls == calls:
+                notes.append(
+                    f"all {calls} calls ran while other processes held a core their turn needed: none clean to "
+                    "keep, so its figures and paired ratios are over contended calls"
+                )
+            elif self.excluded_calls:
+                notes.append(
+                    f"{self.excluded_calls} of {calls} calls ran while other processes held a core the turn "
+                    "needed: left out of the paired ratios and of its TPOT and TTFT"
+                )
+        if self.stopped_by:  # a sweep on repeats=auto: its paired ratios' rule, not its own interval's
+            metrics["rounds_decided"] = float(self.stopped_by == "decided")
+            if self.stopped_by != "decided":
+                notes.append(
+                    f"repeats=auto stopped at {self.stopped_by} (workload.max_repeats={self.timing.max_repeats}, "
+                    f"workload.max_measure_s={self.timing.max_measure_s:g}) before every paired TPOT ratio was within "
+                    f"±workload.decide_within={self.timing.decide_within:g} or clearly different"
+                )
+        elif self.auto:
+            metrics["rounds_converged"] = float(self.converged())
+            if not self.converged():
+                notes.append(self.not_converged_note())
+        if self.paired_note:
+            notes.append(self.paired_note)
+        return notes
 
     def _quality(self, metrics: dict, tags: dict, notes: list, params: dict) -> None:
         """The quality pass, lossless caches too (a dense cache's reuses the reference's own scores:

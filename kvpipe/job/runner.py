@@ -16,7 +16,7 @@ from kvpipe.job.served import ServedJob
 from kvpipe.job.served_sessions import SessionsJob
 from kvpipe.job.shared_rounds import run_rounds
 from kvpipe.jobspec import Spec
-from kvpipe.measure.metrics import summarise
+from kvpipe.measure.metrics import TIMINGS, summarise
 from kvpipe.measure.round_figures import BATCH_FIGURES, batch_round
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def job_for(spec: Spec) -> Job:
 
 def measured_together(labelled: list[tuple[str, Spec]], seed: int = 0, on_prepared=lambda label: None) -> list[Job]:
     """Jobs (batch or served) prepared one by one (each named by its label), then measured in shared
-    rounds in a shuffled order, as a sweep's are: how the benchmarks set configurations side by side."""
+    rounds, call by call in a counterbalanced order, as a sweep's are: how the benchmarks set configurations side by side."""
     jobs = []
     for label, spec in labelled:
         job = job_for(spec)
@@ -48,7 +48,7 @@ def measured_together(labelled: list[tuple[str, Spec]], seed: int = 0, on_prepar
         job.prepare()  # loaded, cache built, warmed up
         jobs.append(job)
         on_prepared(label)
-    run_rounds(jobs, seed, shuffle=True)  # each round calls every job once
+    run_rounds(jobs, seed, shuffle=True, turn="call")  # each call a turn, every job taking it
     return jobs
 
 
@@ -62,6 +62,8 @@ class BatchJob(Job):
     def __init__(self, spec: Spec):
         super().__init__(spec)
         self.calls: list[Call] = []
+        self.kept: list[bool] = []  # per call: False where it ran under other processes' load (turn=call)
+        self.round_started = 0  # the index in self.calls of the round's first call (turn=call)
         self.fallback_tags: dict[str, str] = {}
 
     @property
@@ -81,6 +83,7 @@ class BatchJob(Job):
         self.ran, (self.setup, self.warmup_ms, first), self.fallback_tags = with_fallback(self.spec, loaded, warm_up)
         if first:
             self.calls += first
+            self.kept += [True] * len(first)
             self.add_round(batch_round(first))
 
     def round(self, advance) -> dict[str, float]:
@@ -89,7 +92,43 @@ class BatchJob(Job):
             calls.append(measured_generate(self.ran, self.loaded, self.setup, batch))
             advance()
         self.calls += calls
+        self.kept += [True] * len(calls)
         return batch_round(calls)
+
+    def call_keys(self) -> list:
+        """Each batch's shape and prompt: two jobs' calls pair where they run the same tokens."""
+        return [(tuple(b.input_ids.shape), tuple(b.input_ids.flatten().tolist())) for b in self.batches]
+
+    def call(self, index: int, advance) -> None:
+        if index == 0:
+            self.round_started = len(self.calls)
+        made = measured_generate(self.ran, self.loaded, self.setup, self.batches[index])
+        advance()
+        self.calls.append(made)
+        self.kept.append(True)
+        self.add_call({"ttft_ms": made.timing.ttft_ms, "tpot_ms": made.timing.tpot_ms})
+
+    def exclude_last_call(self) -> None:
+        super().exclude_last_call()
+        self.kept[-1] = False
+
+    def close_round(self) -> None:
+        """The round's figures over the calls that were not left out; over all of them where every
+        one was (a round whose figures are all contended is still a round: its notes say so)."""
+        calls = self.calls[self.round_started :]
+        kept = [c for c, keep in zip(calls, self.kept[self.round_started :]) if keep]
+        self.add_round(batch_round(kept or calls))
+
+    def kept_timings(self, loaded, strategy) -> dict[str, float]:
+        """Its timings over the calls not taken under other processes' load (in a sweep's turns, the
+        same turns as every other job's), where some were left out and some kept; else nothing to
+        replace. Its bytes and prompt lengths stay over every call: they do not depend on the load."""
+        kept = [c for c, keep in zip(self.calls, self.kept) if keep]
+        if not kept or len(kept) == len(self.calls):
+            return {}
+        metrics, _ = summarise(kept, loaded, strategy)
+        timed = (*TIMINGS, "itl_", "timing_noise_cv")
+        return {name: value for name, value in metrics.items() if name.startswith(timed)}
 
     def summary(self) -> tuple[dict[str, float], list[str], dict[str, str]]:
         spec, loaded, setup, ran, calls = self.spec, self.loaded, self.setup, self.ran, self.calls
@@ -100,6 +139,7 @@ class BatchJob(Job):
             )
             setup.requested = spec.cache.strategy
         metrics, metric_notes = summarise(calls, loaded, ran.strategy)
+        metrics.update(self.kept_timings(loaded, ran.strategy))
         # The workload's own scoring (passkey: its keys), on the measured calls themselves
         self.scored_answers = workload.score(loaded.tokenizer, eos_ids(loaded.model), batches, calls)
         metrics.update(self.scored_answers.values())

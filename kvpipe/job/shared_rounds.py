@@ -1,13 +1,17 @@
 """Measured rounds: each round calls every job once (every batch of a batch job, one pass over a
-served job's requests), in an order shuffled per round from the seed where jobs take turns (a
-sweep's interleaved jobs), so that a machine whose speed drifts slows each job alike instead of the
-one that happened to run late (google-benchmark's random interleaving). A job alone is the same loop
-with one job: its repeats are its rounds.
+served job's requests). Where jobs take turns (a sweep's interleaved jobs), each call is a turn of its
+own, in a counterbalanced order (kvpipe.job.call_turns), or with turn="pass" each job's whole round is
+one, in an order shuffled per round from the seed; so that a machine whose speed drifts slows each job
+alike instead of the one that happened to run late (google-benchmark's random interleaving). A job
+alone is the same loop with one job: its repeats are its rounds.
 
 A job says how many rounds it wants: `workload.repeats` of them, or with repeats=auto at least
 MIN_ROUNDS (kvpipe.measure.round_figures) and then more until its TPOT interval is within
-`workload.target_interval`, or it reaches `workload.max_repeats` rounds or `workload.max_measure_s` seconds of them. Jobs on auto
-keep taking part until every one of them is done, so that each pair shares as many rounds as it can.
+`workload.target_interval`, or it reaches `workload.max_repeats` rounds or `workload.max_measure_s`
+seconds of them. Jobs on auto keep taking part until every one of them is done, so that each pair
+shares as many rounds as it can. A sweep taking turns by call with every job on auto goes on instead
+until every paired TPOT ratio against its baseline is decided (`workload.decide_within`), under the
+same caps.
 """
 
 from __future__ import annotations
@@ -19,69 +23,28 @@ import time
 from dataclasses import dataclass, field
 
 from kvpipe import kill_points
+from kvpipe.job.call_turns import TURNS, Counterbalanced, baseline_of, call_round, check_turn, paired
 from kvpipe.job.progress_bar import progress_bar
-from kvpipe.measure.round_figures import STOPPING_FIGURE, converged, relative_half_width, rounds_of
+from kvpipe.job.round_taker import RoundTaker, take_turn
+from kvpipe.measure import contention
+from kvpipe.measure.round_figures import DECIDE_WITHIN, MIN_ROUNDS, STOPPING_FIGURE, decided, firmness_note
 from kvpipe.units import duration_text
 
 log = logging.getLogger(__name__)
 
-
-class RoundTaker:
-    """What takes part in rounds: a job, or a test's stand-in. It keeps its figures round by round
-    and knows, from its workload's settings (`timing`: repeats, and repeats=auto's target_interval,
-    max_repeats and max_measure_s), whether it wants another; a subclass measures a round
-    (`measure_round`, which calls `add_round`) and says how many calls a round makes."""
-
-    calls_per_round: int
-
-    def __init__(self, label: str, timing, figures: tuple[str, ...]):
-        self.label = label  # a sweep names its jobs by number instead
-        self.timing = timing
-        self.auto = timing.repeats == "auto"
-        self.fixed_rounds: int | None = None if self.auto else int(timing.repeats)
-        self.per_round: dict[str, list[float]] = {name: [] for name in figures}
-        self.failed: BaseException | None = None  # what stopped it mid-round: it takes no further part
-
-    def measure_round(self, advance) -> None:
-        raise NotImplementedError
-
-    def add_round(self, figures: dict[str, float]) -> None:
-        for name, values in self.per_round.items():
-            values.append(figures[name])
-
-    def rounds_done(self) -> int:
-        """Its rounds so far (a job with no warm-up measures its first as it prepares)."""
-        return rounds_of(self.per_round)
-
-    def wants_more(self, measured_s: float) -> bool:
-        """Whether it needs another round: short of its repeats, or (auto) not yet converged and
-        under its caps."""
-        if not self.auto:
-            return self.rounds_done() < self.fixed_rounds
-        return self.may_go_on(measured_s) and not self.converged()
-
-    def may_go_on(self, measured_s: float) -> bool:
-        """Auto: whether it is under its caps (it takes part while another job on auto is not done)."""
-        return self.rounds_done() < self.timing.max_repeats and measured_s < self.timing.max_measure_s
-
-    def converged(self) -> bool:
-        return converged(self.per_round, self.timing.target_interval)
-
-    def not_converged_note(self) -> str:
-        width = relative_half_width(self.per_round[STOPPING_FIGURE])
-        return (
-            f"repeats=auto stopped after {self.rounds_done()} rounds (workload.max_repeats={self.timing.max_repeats}, "
-            f"workload.max_measure_s={self.timing.max_measure_s:g}) with TPOT within ±{width:.1%}, wider than "
-            f"workload.target_interval={self.timing.target_interval:g}"
-        )
+__all__ = ["TURNS", "RoundTaker", "Rounds", "check_turn", "run_rounds"]
 
 
 @dataclass
 class Rounds:
-    """What ran: each round's order (indices into the jobs) and wall seconds."""
+    """What ran: each round's order (indices into the jobs; turn=call: its first call's), wall
+    seconds, each call's order (turn=call), the calls left out as contended, and why it stopped."""
 
     orders: list[list[int]] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
+    call_orders: list[list[list[int]]] = field(default_factory=list)
+    excluded: list[list[int]] = field(default_factory=list)  # per round, the calls taken under others' load
+    stopped_by: str | None = None
 
     def drift(self) -> list[float]:
         """Each round's time against the first's, as a fraction (+0.3: 30% slower)."""
@@ -89,17 +52,30 @@ class Rounds:
         return [s / first - 1 if first else float("nan") for s in self.seconds]
 
     def to_dict(self, labels: list[str]) -> dict:
-        return {
+        shown = {
             "jobs": labels,
             "orders": self.orders,
             "seconds": [round(s, 4) for s in self.seconds],
             "drift": [round(d, 4) for d in self.drift()],
         }
+        if self.call_orders:
+            shown.update(turn="call", call_orders=self.call_orders, excluded_calls=self.excluded)
+        if self.stopped_by:
+            shown["stopped_by"] = self.stopped_by
+        return shown
 
 
-def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool) -> Rounds:
-    """Measure rounds until every job has what it wants; shuffle: a fresh order each round."""
-    draw = random.Random(seed)
+def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool, turn: str = "pass", sampler=None) -> Rounds:
+    """Measure rounds until every job has what it wants; shuffle: a fresh order each round.
+    turn="call" (several jobs): each call of a round is a turn of its own, every job making that call
+    in a counterbalanced order, with the machine sampled around it (`sampler`: kvpipe.measure.contention's
+    by default) and the call left out of the paired estimate where other processes held a core."""
+    draw, balanced = random.Random(seed), Counterbalanced(seed)
+    by_call = turn == "call" and len(jobs) > 1
+    sampler = sampler or contention.sample
+    for job in jobs:
+        job.turn = "call" if by_call else "pass"
+    sweep_auto = by_call and all(job.auto for job in jobs)  # the sweep measures until its ratios decide
     rounds = Rounds()
     measured_s = [0.0] * len(jobs)
     taken = [0] * len(jobs)  # the rounds each took part in here: measured_s over them is its round's cost
@@ -109,34 +85,78 @@ def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool) -> Rounds:
     kill_points.reached("before_rounds")
     with progress_bar(label, total) as advance:
         while True:
-            wanted = _wanting(jobs, measured_s)
+            wanted = _decided(jobs, measured_s, rounds) if sweep_auto else _wanting(jobs, measured_s)
             if not wanted:
                 break
             if any(job.rounds_done() for job in jobs):
                 kill_points.reached("between_rounds")
-            order = list(wanted)
-            if shuffle:
-                draw.shuffle(order)
             started = time.perf_counter()
+            if by_call:
+                orders, excluded = call_round(jobs, wanted, balanced, advance, sampler, measured_s)
+                order = orders[0] if orders else []
+                rounds.call_orders.append(orders)
+                rounds.excluded.append(excluded)
+            else:
+                order = list(wanted)
+                if shuffle:
+                    draw.shuffle(order)
+                for index in order:
+                    take_turn(jobs[index], lambda job: job.measure_round(advance), measured_s, index)
             for index in order:
-                began = time.perf_counter()
-                try:
-                    jobs[index].measure_round(advance)
-                except Exception as exc:  # noqa: BLE001 - one job's failure is its own; the others go on
-                    log.error("%s failed in round %d: %s", jobs[index].label, len(rounds.seconds) + 1, exc)
-                    jobs[index].failed = exc
-                measured_s[index] += time.perf_counter() - began
                 taken[index] += 1
             rounds.seconds.append(time.perf_counter() - started)
             rounds.orders.append(order)
             if len(jobs) > 1:
-                drift = rounds.drift()[-1]
-                log.info(
-                    "round %d: %.2f s, %+.0f%% on the first; order %s%s",
-                    len(rounds.seconds), rounds.seconds[-1], 100 * drift,
-                    " ".join(jobs[i].label for i in order), _left_text(jobs, measured_s, taken),
-                )  # fmt: skip
+                _log_round(jobs, rounds, measured_s, taken)
+    if sweep_auto:
+        _close_auto(jobs, rounds)
+    base = jobs[baseline_of(jobs)]
+    for job in [job for job in jobs if job is not base and job.failed is None] if by_call else []:
+        job.paired_note = firmness_note(job.per_round[STOPPING_FIGURE], paired(job, base), base.label)
     return rounds
+
+
+def _log_round(jobs: list[RoundTaker], rounds: Rounds, measured_s: list[float], taken: list[int]) -> None:
+    drift = rounds.drift()[-1]
+    order = " ".join(jobs[i].label for i in rounds.orders[-1])
+    left_out = rounds.excluded[-1] if rounds.excluded else []
+    excluded = f"; {len(left_out)} turn(s) of calls left out, taken under other processes' load" if left_out else ""
+    log.info(
+        "round %d: %.2f s, %+.0f%% on the first; order %s%s%s",
+        len(rounds.seconds), rounds.seconds[-1], 100 * drift, order, excluded, _left_text(jobs, measured_s, taken),
+    )  # fmt: skip
+
+
+def _decided(jobs: list[RoundTaker], measured_s: list[float], rounds: Rounds) -> list[int]:
+    """A sweep on repeats=auto: every live job while a paired TPOT ratio against the baseline
+    (baseline_of) is not yet decided and the caps allow; [] (with rounds.stopped_by said) once it is
+    or they do not. Without the baseline (it failed) each job's own rule decides."""
+    alive = [i for i, job in enumerate(jobs) if job.failed is None]
+    base = baseline_of(jobs)
+    if len(alive) < 2 or base not in alive:
+        return _wanting(jobs, measured_s)
+    timing = jobs[base].timing
+    within = getattr(timing, "decide_within", DECIDE_WITHIN)
+    done = jobs[base].rounds_done()
+    others = [i for i in alive if i != base]
+    if done >= MIN_ROUNDS and all(decided(*paired(jobs[i], jobs[base]), within) for i in others):
+        rounds.stopped_by = "decided"
+    elif done >= timing.max_repeats:
+        rounds.stopped_by = "max_repeats"
+    elif sum(measured_s) >= timing.max_measure_s:
+        rounds.stopped_by = "max_measure_s"
+    return [] if rounds.stopped_by else alive
+
+
+def _close_auto(jobs: list[RoundTaker], rounds: Rounds) -> None:
+    timing = jobs[0].timing
+    cap = {"max_repeats": f"workload.max_repeats={timing.max_repeats}",
+           "max_measure_s": f"workload.max_measure_s={timing.max_measure_s:g}"}  # fmt: skip
+    reason = rounds.stopped_by or "decided"
+    for job in jobs:
+        job.stopped_by = reason
+    said = "every paired TPOT ratio decided" if reason == "decided" else f"reached {cap.get(reason, reason)}"
+    log.info("repeats=auto: %d rounds, stopped: %s", len(rounds.seconds), said)
 
 
 def _left_text(jobs: list[RoundTaker], measured_s: list[float], taken: list[int]) -> str:

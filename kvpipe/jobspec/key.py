@@ -35,6 +35,8 @@ def measurement_key(spec) -> str:
     if data["workload"]["repeats"] != "auto":  # how repeats=auto stops: nothing to a fixed count
         for name in workloads.AUTO_REPEATS:
             data["workload"].pop(name, None)
+    elif data["workload"].get("decide_within") == workloads.Common.decide_within:
+        data["workload"].pop("decide_within")  # added later: its default keys as runs made before it did
     # quality.scored_tokens set to what it defaults to measures what unset does (a search sets it)
     if data["quality"]["scored_tokens"] == config.QualityConfig.default_scored_tokens(spec.residual_length):
         data["quality"]["scored_tokens"] = None

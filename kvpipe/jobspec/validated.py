@@ -132,6 +132,8 @@ class Spec:
                     continue
                 if group == "workload" and key in workloads.AUTO_REPEATS and self.workload.repeats != "auto":
                     continue
+                if group == "workload" and key == "decide_within" and value == workloads.Common.decide_within:
+                    continue  # added later: at its default, params stay as runs made before it had them
                 if group == "quality" and key != "enabled" and not self.quality.enabled:
                     continue
                 if group == "load" and f"load.{key}" not in self.bound_load.read_fields():

@@ -122,3 +122,10 @@ def judge(before: CpuSample, after: CpuSample, threads: int, load_average: float
     others, own = other_cores(before, after), own_cores(before, after)
     busy = contended(others, threads, cores(), load_average, own if device == "cpu" else math.nan)
     return Verdict(others, own, busy, threads, load_average)
+
+
+def slot_contended(before: CpuSample, after: CpuSample, threads: int, on_cpu: bool) -> bool:
+    """Whether one turn of calls between two samples ran while other processes held a core that its
+    `threads` needed: judge's rule, on the turn's own samples (no load average: a minute's, not a call's)."""
+    own = own_cores(before, after) if on_cpu else math.nan
+    return contended(other_cores(before, after), threads, cores(), math.nan, own)

@@ -9,17 +9,23 @@ can be compared round by round, each round's drift cancelling in their ratio."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import statistics
 
 from kvpipe.measure.metrics import per_call_figures
-from kvpipe.measure.uncertainty import mean_interval
+from kvpipe.measure.uncertainty import NEGLIGIBLE, mean_interval
 
 BATCH_FIGURES = ("ttft_ms", "tpot_ms", "decode_tokens_per_s")
 STOPPING_FIGURE = "tpot_ms"  # every job has it: repeats=auto stops on its interval, and rounds are counted in it
 MIN_ROUNDS = 3  # the fewest an interval is read from over rounds (fewer: over calls)
 TAG_PREFIX = "round_"  # round_tpot_ms: a JSON list, one value per round
+CALL_PREFIX = "call_"  # call_tpot_ms: one value per call, round after round (null: left out as contended)
+CALL_KEYS = "call_keys"  # a digest of what each call of a round is: two runs' calls pair where it matches
+CALL_FIGURES = ("ttft_ms", "tpot_ms")  # what paired ratios are read from
+DECIDE_WITHIN = 0.03  # workload.decide_within's default: a sweep on repeats=auto stops at ±3%
+LONGEST_TAG = 5000  # characters: MLflow keeps 8000 of a tag; a longer call series is left to the rounds'
 
 
 def batch_round(calls: list) -> dict[str, float]:
@@ -56,6 +62,41 @@ def round_tags(per_round: dict[str, list[float]]) -> dict[str, str]:
     tags = {TAG_PREFIX + name: json.dumps([_short(v) for v in values]) for name, values in per_round.items()}
     tags["interval_over"] = "rounds" if rounds_of(per_round) >= MIN_ROUNDS else "calls"
     return tags
+
+
+def call_tags(per_call: dict[str, list[float]], keys: list) -> dict[str, str]:
+    """Each figure's calls as tags, and the digest of the calls' keys; none where a series would be
+    longer than a tag holds (the runs then pair round by round)."""
+    tags = {CALL_PREFIX + name: json.dumps([_short(v) for v in per_call[name]]) for name in CALL_FIGURES}
+    if max(len(text) for text in tags.values()) > LONGEST_TAG:
+        return {}
+    tags[CALL_KEYS] = hashlib.sha256(json.dumps(keys, default=str).encode()).hexdigest()[:12]
+    return tags
+
+
+def decided(ratio: float, low: float, high: float, within: float) -> bool:
+    """Whether a paired ratio's interval settles its verdict: within ±`within` of its ratio, or
+    clear of the ±NEGLIGIBLE band about 1 on either side (kvpipe.decide.paired's "clearly")."""
+    if math.isnan(low) or math.isnan(high) or not low > 0:
+        return False
+    return math.log(high / low) / 2 <= math.log(1 + within) or low > 1 + NEGLIGIBLE or high < 1 - NEGLIGIBLE
+
+
+def firmness_note(own_rounds: list[float], ratio: tuple[float, float, float], baseline: str) -> str | None:
+    """Where a job's own TPOT interval over rounds is wider than its paired ratio's against the
+    baseline: the words that say so, since its figure beside the baseline's tells less than the ratio."""
+    value, low, high = ratio
+    own = relative_half_width(own_rounds)
+    if math.isnan(low) or not low > 0:
+        return None
+    paired_half = math.log(high / low) / 2
+    if own <= paired_half:
+        return None
+    own_text = "no interval of its own" if math.isinf(own) else f"its own TPOT ±{math.expm1(own):.1%} over rounds"
+    return (
+        f"TPOT against {baseline}, paired call by call in the same turns: {value:.3f}× ({low:.3f}–{high:.3f}), "
+        f"firmer than {own_text}: read the ratio, not the two figures side by side"
+    )
 
 
 def parse_series(text) -> list[float]:

@@ -28,6 +28,9 @@ LEVEL = 0.95  # the share of resampled means the interval holds
 RESAMPLES = 2000
 CELLS = 1_000_000  # indices drawn at once (8 MB): a run's thousands of inter-token gaps stay cheap
 BOOTSTRAP_FROM = 30  # values; below, Student's t
+# A difference is clear only where its whole interval lies beyond ±2%: smaller ones are within what
+# no cache choice should turn on (criterion.rs's noise threshold, there 1%, plays the same part)
+NEGLIGIBLE = 0.02
 
 
 def mean_interval(values: list[float], level: float = LEVEL) -> tuple[float, float]:

@@ -4,8 +4,9 @@ in shared rounds instead of one after another.
 Hydra's basic launcher runs each job to its end before the next starts, so a machine that slows
 down halfway through a sweep makes the later jobs look slower. Here each job is first prepared in
 its own Hydra job context (its folder, its log, its skips: kvpipe.orchestrate.sweep hands it back
-loaded and warmed up), then the jobs take turns in rounds whose order is shuffled from the sweep's
-seed (kvpipe.job.shared_rounds), then each is summarised and recorded. Jobs on different models form
+loaded and warmed up), then the jobs take turns in rounds (kvpipe.job.shared_rounds): call by call,
+each call's order counterbalanced from the sweep's seed (hydra.launcher.turn=call, the default), or a
+job's whole pass a turn (turn=pass), then each is summarised and recorded. Jobs on different models form
 groups that run one after another, so only one model is resident at a time. What the rounds took
 is written to the sweep folder (rounds.json) and to the parent run (round_s, round_drift).
 """
@@ -22,7 +23,7 @@ from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job
 from hydra.plugins.launcher import Launcher
 from omegaconf import OmegaConf, open_dict
 
-from kvpipe.job.shared_rounds import Rounds, run_rounds
+from kvpipe.job.shared_rounds import Rounds, check_turn, run_rounds
 from kvpipe.orchestrate.sweep import Deferred, SweepState, outcome_counts
 from kvpipe.record import store, tracking
 
@@ -32,7 +33,10 @@ ROUNDS_FILE = "rounds.json"
 
 
 class InterleavedLauncher(Launcher):
-    def __init__(self) -> None:
+    def __init__(self, turn: str = "call") -> None:
+        self.turn = check_turn(
+            turn
+        )  # call: each measured call a turn; pass: a job's whole pass (the turns before calls)
         self.config = self.hydra_context = self.task_function = None
 
     def setup(self, *, hydra_context, task_function, config) -> None:
@@ -80,7 +84,7 @@ class InterleavedLauncher(Launcher):
         jobs = [deferred.job for _, deferred in waiting]
         seed = int(group[0].workload.seed)
         try:
-            rounds = run_rounds(jobs, seed, shuffle=len(jobs) > 1)
+            rounds = run_rounds(jobs, seed, shuffle=len(jobs) > 1, turn=self.turn)
         except KeyboardInterrupt:  # every waiting job is KILLED, and the sweep's parent with them
             for _, deferred in waiting:
                 deferred.kill()

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvpipe.errors import ConfigError, KvpipeError, fail
 from kvpipe.job import runner
+from kvpipe.job.shared_rounds import check_turn
 from kvpipe.jobspec import make_spec, reject_unknown_keys
 from kvpipe.model import loading
 from kvpipe.orchestrate import closing, eta, skips
@@ -119,6 +120,7 @@ class SweepCallback(Callback):
         try:  # before any job loads a model; Hydra only warns of a callback's exceptions, an exit it lets through
             why_sequential = one_after_another(config, config.hydra)
             reject_unknown_keys(config)  # a misspelt key or +group is in every job: not an invalid combination
+            check_turn(config.hydra.launcher.get("turn", "call"))  # before the launcher is built
         except ConfigError as exc:
             fail(str(exc))
         if why_sequential and why_sequential != "interleave=false":

@@ -40,10 +40,12 @@ class Common:
     target_interval: float = 0.05  # repeats=auto: the 95% interval's half-width, as a fraction of TPOT
     max_repeats: int = 30  # repeats=auto: the most rounds it adds
     max_measure_s: float = 600.0  # repeats=auto: the most seconds of measured rounds
+    # repeats=auto in an interleaved sweep: turns until every paired TPOT ratio is within ± this, or clear
+    decide_within: float = 0.03
 
 
 COMMON_FIELDS = tuple(f.name for f in dataclasses.fields(Common))
-AUTO_REPEATS = ("target_interval", "max_repeats", "max_measure_s")  # read only where repeats=auto
+AUTO_REPEATS = ("target_interval", "max_repeats", "max_measure_s", "decide_within")  # read only where repeats=auto
 # How often and how strictly calls are timed: not what the model is given or generates.
 TIMING_ONLY = ("warmup", "repeats", "noise_threshold", *AUTO_REPEATS)
 # How the job's own calls generate: what the reference's greedy tokens depend on, and its windows do not.
@@ -204,6 +206,10 @@ class Workload(Registered):
         if not 0 < self.common.target_interval < 1:
             raise ConfigError(
                 "workload.target_interval", self.common.target_interval, "expected a fraction in (0, 1), e.g. 0.05"
+            )
+        if not 0 < self.common.decide_within < 1:
+            raise ConfigError(
+                "workload.decide_within", self.common.decide_within, "expected a fraction in (0, 1), e.g. 0.03"
             )
         if self.common.max_repeats < 2:
             raise ConfigError("workload.max_repeats", self.common.max_repeats, "expected 2 or more")

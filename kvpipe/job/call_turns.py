@@ -1,0 +1,85 @@
+"""Turns by call: in an interleaved sweep each measured call is a turn of its own, every job making
+call i, in a counterbalanced order, before any makes call i + 1, with the machine sampled around the
+turn; a turn taken while other processes held a core is left out of every job's paired estimate
+alike. A turn that lasts one call, not a job's whole pass, is short against a noisy neighbour that
+comes and goes within seconds."""
+
+from __future__ import annotations
+
+import random
+
+from kvpipe.errors import require_choice
+from kvpipe.job.round_taker import RoundTaker, take_turn
+from kvpipe.measure import contention
+from kvpipe.measure.round_figures import STOPPING_FIGURE
+from kvpipe.measure.uncertainty import ratio_interval
+
+TURNS = ("call", "pass")  # what takes a turn in a sweep: one measured call, or a job's whole pass
+
+
+def check_turn(turn: str) -> str:
+    """hydra.launcher.turn, checked at the sweep's door."""
+    require_choice("hydra.launcher.turn", turn, TURNS)
+    return turn
+
+
+class Counterbalanced:
+    """Call turns' orders: a fresh order drawn from the seed, then its reverse (ABBA), so that over
+    each pair of calls every job goes first as often as last and none is systematically first."""
+
+    def __init__(self, seed: int):
+        self.draw = random.Random(seed)
+        self.last: list[int] = []
+        self.taken = 0
+
+    def next(self, taking: list[int]) -> list[int]:
+        if self.taken % 2 == 0 or not self.last:
+            order = list(taking)
+            self.draw.shuffle(order)
+        else:
+            order = [i for i in reversed(self.last) if i in taking] + [i for i in taking if i not in self.last]
+        self.last, self.taken = order, self.taken + 1
+        return order
+
+
+def call_round(jobs, wanted, balanced, advance, sampler, measured_s) -> tuple[list[list[int]], list[int]]:
+    """One round taken call by call: (each call's order, the calls left out as contended)."""
+    keys = {index: jobs[index].call_keys() for index in wanted}
+    orders, excluded = [], []
+    for call in range(max(len(k) for k in keys.values())):
+        taking = [i for i in wanted if call < len(keys[i]) and jobs[i].failed is None]
+        if not taking:
+            continue
+        order = balanced.next(taking)
+        before = sampler()
+        for index in order:
+            take_turn(jobs[index], lambda job, call=call: job.measure_call(call, advance), measured_s, index)
+        threads = max(jobs[i].threads for i in order)
+        if contention.slot_contended(before, sampler(), threads, all(jobs[i].on_cpu for i in order)):
+            excluded.append(call)
+            for index in order:
+                if jobs[index].failed is None:
+                    jobs[index].exclude_last_call()
+        orders.append(order)
+    for index in wanted:
+        if jobs[index].failed is None:
+            jobs[index].close_round()
+    return orders, excluded
+
+
+def paired(job: RoundTaker, baseline: RoundTaker) -> tuple[float, float, float]:
+    """job's TPOT over baseline's, paired call by call where their calls match (the same keys, as
+    many of them), else round by round: (ratio, low, high)."""
+    calls_match = job.call_keys() == baseline.call_keys() and len(job.per_call[STOPPING_FIGURE]) == len(
+        baseline.per_call[STOPPING_FIGURE]
+    )
+    by_call = calls_match and job.turn == "call"
+    series = job.paired_calls() if by_call else job.per_round
+    base = baseline.paired_calls() if by_call else baseline.per_round
+    return ratio_interval(series[STOPPING_FIGURE], base[STOPPING_FIGURE], paired=True)
+
+
+def baseline_of(jobs: list[RoundTaker]) -> int:
+    """The job the sweep's paired ratios are against: the first that compare's default baseline
+    names (the dynamic cache), else the first."""
+    return next((i for i, job in enumerate(jobs) if job.compare_baseline), 0)

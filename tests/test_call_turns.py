@@ -1,0 +1,227 @@
+"""Interleaved sweeps take turns by measured call: every job makes call i in a counterbalanced order
+before any makes call i + 1, a turn taken while other processes held a core is left out of every
+job's paired estimate alike, runs pair call by call, and repeats=auto measures until the paired
+ratios decide. The machine's load is an injected sampler here: no process is spun for a verdict."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from kvpipe.decide import paired
+from kvpipe.errors import ConfigError
+from kvpipe.job.shared_rounds import RoundTaker, check_turn, run_rounds
+from kvpipe.measure.contention import CpuSample, cores, slot_contended
+from kvpipe.measure.round_figures import BATCH_FIGURES, call_tags, decided, firmness_note, mean, round_tags
+
+CALLS = ("short", "long", "short again", "long again")
+
+
+class CallJob(RoundTaker):
+    """A job of four calls a round whose TPOT for call c of round r is `tpot(r, c)`; every call it
+    makes goes into `taken` (shared by the jobs of a test) as (label, call)."""
+
+    calls_per_round = len(CALLS)
+
+    def __init__(self, label, taken, repeats=3, tpot=lambda r, c: 10.0, max_repeats=30, within=0.03):
+        timing = SimpleNamespace(repeats=repeats, target_interval=0.05, max_repeats=max_repeats,
+                                 max_measure_s=600.0, decide_within=within)  # fmt: skip
+        super().__init__(label, timing, BATCH_FIGURES)
+        self.taken, self.tpot = taken, tpot
+
+    def call_keys(self) -> list:
+        return list(CALLS)
+
+    def measure_call(self, index, advance):
+        self.taken.append((self.label, index))
+        value = self.tpot(self.rounds_done(), index)
+        self.add_call({"ttft_ms": 1.0, "tpot_ms": value})
+        advance()
+
+    def close_round(self):  # over the round's calls not left out, as a batch job's
+        self.add_round({"ttft_ms": 1.0, "tpot_ms": mean(self.paired_calls()["tpot_ms"][-len(CALLS) :]),
+                        "decode_tokens_per_s": 100.0})  # fmt: skip
+
+    def measure_round(self, advance):  # turn=pass: the whole pass is one turn
+        for index in range(len(CALLS)):
+            self.measure_call(index, advance)
+        self.close_round()
+
+
+class Machine:
+    """A sampler whose other processes hold every core during the turns listed in `busy` (turn
+    numbers from 0), and none otherwise; each turn lasts a second of its clock."""
+
+    def __init__(self, busy=()):
+        self.busy, self.samples = set(busy), 0
+        self.wall = self.others = self.own = 0.0
+
+    def __call__(self) -> CpuSample:
+        turn, after = divmod(self.samples, 2)
+        self.samples += 1
+        if after:
+            self.wall += 1.0
+            self.own += 1.0
+            self.others += cores() if turn in self.busy else 0.0
+        return CpuSample(self.wall, self.own + self.others, self.own)
+
+
+def test_every_job_makes_each_call_before_any_makes_the_next_in_an_abba_order():
+    taken = []
+    jobs = [CallJob(f"#{i}", taken, repeats=2) for i in range(2)]
+    rounds = run_rounds(jobs, seed=3, shuffle=True, turn="call", sampler=Machine())
+    turns = [taken[i : i + 2] for i in range(0, len(taken), 2)]
+    assert [sorted(turn) for turn in turns] == [[("#0", c), ("#1", c)] for _ in range(2) for c in range(4)]
+    orders = [order for round_orders in rounds.call_orders for order in round_orders]
+    assert all(orders[i + 1] == orders[i][::-1] for i in range(0, len(orders), 2))  # each order, then its reverse
+    assert [order[0] for order in orders].count(0) == 4  # each job first in 4 of the 8 turns
+    again = run_rounds([CallJob(f"#{i}", [], repeats=2) for i in range(2)], 3, True, turn="call", sampler=Machine())
+    assert again.call_orders == rounds.call_orders  # the seed decides
+
+
+def test_whole_pass_turns_remain_a_setting():
+    taken = []
+    jobs = [CallJob(f"#{i}", taken, repeats=1) for i in range(2)]
+    rounds = run_rounds(jobs, seed=0, shuffle=True, turn="pass")
+    first = rounds.orders[0][0]
+    assert [label for label, _ in taken] == [f"#{first}"] * 4 + [f"#{1 - first}"] * 4
+    assert not rounds.call_orders and jobs[0].turn == "pass"
+    assert check_turn("pass") == "pass"
+    with pytest.raises(ConfigError, match=r"hydra.launcher.turn='abba' .*call, pass"):
+        check_turn("abba")
+
+
+def test_a_turn_under_other_processes_load_is_left_out_of_every_job_alike():
+    jobs = [CallJob(f"#{i}", [], repeats=2, tpot=lambda r, c: 10.0 + c) for i in range(2)]
+    rounds = run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=Machine(busy={1, 6}))
+    assert rounds.excluded == [[1], [2]]
+    for job in jobs:
+        assert job.excluded_calls == 2
+        assert [math.isnan(v) for v in job.paired_calls()["tpot_ms"]] == [0, 1, 0, 0, 0, 0, 1, 0]
+    assert rounds.to_dict(["#0", "#1"])["excluded_calls"] == [[1], [2]]
+
+
+def test_where_every_turn_was_contended_every_call_is_kept_as_it_is():
+    jobs = [CallJob(f"#{i}", [], repeats=1, tpot=lambda r, c: 10.0 + c) for i in range(2)]
+    run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=Machine(busy=range(4)))
+    assert jobs[0].excluded_calls == 4 and jobs[0].paired_calls()["tpot_ms"] == [10.0, 11.0, 12.0, 13.0]
+
+
+def test_a_turn_is_contended_by_judges_rule():
+    quiet, start = CpuSample(1.0, 1.0, 1.0), CpuSample(0.0, 0.0, 0.0)
+    assert not slot_contended(start, quiet, threads=1, on_cpu=True)
+    assert slot_contended(start, CpuSample(1.0, 1.0 + cores(), 1.0), threads=1, on_cpu=True)  # every core held
+    assert slot_contended(start, CpuSample(1.0, 1.0, 0.4), threads=1, on_cpu=True)  # lost its core to 0.6 others
+    assert not slot_contended(start, CpuSample(1.0, 1.0, 0.4), threads=1, on_cpu=False)
+
+
+def test_repeats_auto_stops_once_every_paired_ratio_decides():
+    steady = [CallJob(f"#{i}", [], repeats="auto", tpot=lambda r, c: 10.0 + c + 0.001 * (r % 2)) for i in range(2)]
+    run_rounds(steady, seed=0, shuffle=True, turn="call", sampler=Machine())
+    assert [job.rounds_done() for job in steady] == [3, 3] and {job.stopped_by for job in steady} == {"decided"}
+    slower = [CallJob("#0", [], repeats="auto", tpot=lambda r, c: 10.0 + c + (r % 3))]
+    slower.append(CallJob("#1", [], repeats="auto", tpot=lambda r, c: 1.5 * (10.0 + c + (r % 3))))
+    run_rounds(slower, seed=0, shuffle=True, turn="call", sampler=Machine())
+    assert slower[1].rounds_done() == 3 and slower[1].stopped_by == "decided"  # clear: 1.5× in every pair
+
+
+def test_repeats_auto_goes_on_to_its_cap_while_a_ratio_is_undecided():
+    wobbly = [CallJob("#0", [], repeats="auto", max_repeats=5)]
+    wobbly.append(CallJob("#1", [], repeats="auto", max_repeats=5, tpot=lambda r, c: 10.0 * (1.3 if c % 2 else 0.75)))
+    rounds = run_rounds(wobbly, seed=0, shuffle=True, turn="call", sampler=Machine())
+    assert len(rounds.seconds) == 5 and rounds.stopped_by == "max_repeats"
+    assert rounds.to_dict(["#0", "#1"])["stopped_by"] == "max_repeats"
+
+
+@pytest.mark.parametrize(
+    "low, high, settled",
+    [(0.99, 1.01, True), (1.05, 1.40, True), (0.60, 0.95, True), (0.95, 1.10, False), (math.nan, math.nan, False)],
+)
+def test_a_ratio_is_decided_within_three_percent_or_clear_of_the_band(low, high, settled):
+    assert decided(1.0, low, high, within=0.03) is settled
+
+
+def rows(first: list[float], second: list[float], keys=("a", "a"), per_round=4) -> tuple[dict, dict]:
+    """Two runs' rows (as kvpipe.decide.runs reads them) that took turns call by call."""
+    made = []
+    for calls, key in zip((first, second), keys):
+        rounds = [mean(calls[i : i + per_round]) for i in range(0, len(calls), per_round)]
+        tags = {**round_tags({"tpot_ms": rounds}), **call_tags({"tpot_ms": calls, "ttft_ms": calls}, [key])}
+        tags["round_group"] = "g"
+        made.append({f"tags.kvpipe.{name}": value for name, value in tags.items()})
+    return made[0], made[1]
+
+
+def test_runs_that_took_the_same_calls_pair_call_by_call():
+    # the machine's speed changes call to call; each call's turn is shared by both runs
+    speed = [1 + 0.3 * math.sin(i) for i in range(12)]
+    base = [10 * s for s in speed]
+    run, baseline = rows([v * 1.1 * (1 + 0.002 * (i % 3)) for i, v in enumerate(base)], base)
+    by_call = paired.ratio(run, baseline)
+    assert by_call.paired and by_call.rounds == 12 and by_call.calls_per_round == 4
+    assert by_call.clear and 1.09 < by_call.value < 1.11 and by_call.high - by_call.low < 0.01
+    run, baseline = rows([v * 1.1 for v in base], base, keys=("a", "other prompts"))
+    assert paired.ratio(run, baseline).rounds == 3  # different calls: round by round
+
+
+def test_calls_left_out_are_out_of_both_runs_of_a_pair():
+    base = [10.0, math.nan, 10.2, 9.9, 10.1, 10.0, math.nan, 10.0]
+    run, baseline = rows([v * 1.5 if v == v else 30.0 for v in base], base)
+    assert paired.ratio(run, baseline).rounds == 6 and paired.ratio(run, baseline).value == pytest.approx(1.5)
+
+
+def test_a_call_series_too_long_for_a_tag_is_left_to_the_rounds():
+    assert call_tags({"tpot_ms": [12.3456] * 2000, "ttft_ms": [1.0] * 2000}, ["a"]) == {}
+
+
+def test_a_jobs_own_figure_less_firm_than_its_ratio_says_so():
+    note = firmness_note([10.0, 14.0, 8.0], (1.01, 0.99, 1.03), "#0")
+    assert note.startswith("TPOT against #0, paired call by call in the same turns: 1.010× (0.990–1.030), firmer than")
+    assert firmness_note([10.0, 10.01, 9.99], (1.0, 0.8, 1.25), "#0") is None
+
+
+def test_decide_within_is_checked_and_leaves_keys_and_params_alone_at_its_default():
+    from kvpipe.jobspec import spec_from
+
+    auto = ("model=tiny_random", "workload.repeats=auto")
+    plain, explicit = spec_from([*auto]), spec_from([*auto, "workload.decide_within=0.03"])
+    assert plain.measurement_key() == explicit.measurement_key() and plain.params() == explicit.params()
+    assert spec_from([*auto, "workload.decide_within=0.05"]).params()["workload.decide_within"] == "0.05"
+    with pytest.raises(ConfigError, match=r"workload.decide_within=2"):
+        spec_from([*auto, "workload.decide_within=2"])
+
+
+@pytest.mark.slow  # two real jobs of the tiny random model, in this process
+def test_a_sweeps_jobs_read_their_figures_from_the_turns_no_other_process_slowed():
+    from kvpipe.job.runner import job_for
+
+    from conftest import spec_for
+
+    jobs = []
+    for seed in (0, 1):
+        job = job_for(spec_for("model=tiny_random", "workload.max_new_tokens=6", "tracking=off", "quality=off",
+                               f"workload.seed={seed}", "workload.repeats=2"))  # fmt: skip
+        job.label = f"#{seed}"
+        job.prepare()
+        jobs.append(job)
+    run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=Machine(busy={0, 5}))
+    results = [job.result({"round_group": "g"}) for job in jobs]
+    kept = [c.timing.tpot_ms for c, keep in zip(jobs[0].calls, jobs[0].kept) if keep]
+    assert results[0].metrics["calls_excluded"] == 2 and len(kept) == 6
+    assert results[0].metrics["tpot_ms"] == pytest.approx(sum(kept) / 6)
+    assert any(note.startswith("2 of 8 calls ran while other processes held a core") for note in results[0].notes)
+    rows = [{f"tags.kvpipe.{k}": v for k, v in result.tags.items()} for result in results]
+    found = paired.ratio(rows[1], rows[0])
+    assert found.paired and found.rounds == 6 and found.calls_per_round == 4  # call by call, the 2 left out of both
+
+
+def test_the_sweeps_ratios_are_against_the_job_compare_weighs_them_against():
+    jobs = [CallJob("#0", [], repeats="auto", max_repeats=4, tpot=lambda r, c: 10.0 * (1.3 if c % 2 else 0.75))]
+    jobs += [CallJob(f"#{i}", [], repeats="auto", max_repeats=4) for i in (1, 2)]
+    jobs[1].compare_baseline = True  # the dynamic cache, second in the sweep: #2 against it decides at once
+    rounds = run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=Machine())
+    assert rounds.stopped_by == "max_repeats"  # #0 against #1 never decides
+    steady = run_rounds([CallJob(j.label, [], repeats="auto") for j in jobs], 0, True, turn="call", sampler=Machine())
+    assert steady.stopped_by == "decided" and len(steady.seconds) == 3
