@@ -250,12 +250,12 @@ def print_floors(say, rows, hardware, dtype: str, weights_read: int, memory: int
     say(
         f"TPOT floor = (weights read {human_bytes(weights_read)} + KV read) per step / bandwidth; TTFT floor = the "
         "larger of prefill FLOPs / peak and prefill bytes / bandwidth. Needs = weights + KV + the larger of the "
-        f"prefill's largest activation and (quantized) one layer's dequantized copy; fits in {human_bytes(memory)}"
+        f"prefill's largest activation and the layer copy; fits in {human_bytes(memory)}"
     )
     table = Table(header_style="bold")
     columns = ["strategy", "context", "KV cache", "KV read/step", "TPOT floor ms", "TTFT floor ms"]
     columns += ["TPOT ms", "TTFT ms"] if calibrated else []
-    columns += ["activation", "dequant copy", "needs", "fits"]
+    columns += ["activation", "layer copy", "needs", "fits"]
     for column in columns:
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for row in rows:
@@ -268,8 +268,8 @@ def print_floors(say, rows, hardware, dtype: str, weights_read: int, memory: int
                 mark = "†" if at.extrapolated else ""
                 cells += [ms(at.tpot_ms) + (mark if at.tpot_ms is not None else ""),
                           ms(at.ttft_ms) + (mark if at.ttft_ms is not None else "")]  # fmt: skip
-            dequantized = human_bytes(cost.dequantized_copy_bytes) if cost.dequantized_copy_bytes else "–"
-            cells += [human_bytes(cost.activation_bytes), dequantized, human_bytes(cost.memory_bytes),
+            copy = human_bytes(cost.dequantized_copy_bytes) if cost.dequantized_copy_bytes else "–"
+            cells += [human_bytes(cost.activation_bytes), copy, human_bytes(cost.memory_bytes),
                       "yes" if at.fits else "no"]  # fmt: skip
             table.add_row(*cells, end_section=index == len(row.contexts) - 1)
     say(table)

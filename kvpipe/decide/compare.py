@@ -26,6 +26,7 @@ from kvpipe.predict.predicted_runs import PREDICTED
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.auth import TrackingRefused
 from kvpipe.record.tracking import attach_files
+from kvpipe.units import counted
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,7 @@ def shown(runs: pd.DataFrame, title: str) -> Shown:
 def publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> tuple[list[Path], Shown]:
     """Write the files, log them on the parent run (if this user may), compare.md as its description;
     returns the files and the table."""
-    title = f"kvpipe compare · {model_names(runs)} · sweep {parent_run.info.run_id[:8]} · {len(runs)} runs"
+    title = f"kvpipe compare · {model_names(runs)} · sweep {parent_run.info.run_id[:8]} · {counted(len(runs), 'run')}"
     written = write_outputs(runs, out_dir, title)
     run_id = parent_run.info.run_id
     # the table as the run's description: on its page, without opening an artifact

@@ -8,6 +8,7 @@ from kvpipe import catalogue, workload
 from kvpipe.measure.round_figures import TAG_PREFIX, parse_series
 from kvpipe.measure.uncertainty import interval_note
 from kvpipe.record.result import Result
+from kvpipe.units import counted
 
 
 def print_run(result: Result, result_path: Path) -> None:
@@ -57,7 +58,7 @@ def prompt_lengths(metrics: dict) -> str:
         for name, label in (("p50", "p50"), ("p90", "p90"), ("max", "max"))
     )
     mean = catalogue.get("prompt_tokens_mean").number(metrics["prompt_tokens_mean"])
-    return f"{metrics['prompt_count']:.0f} prompts · {mean} tokens mean, {shown}"
+    return f"{counted(metrics['prompt_count'], 'prompt')} · {mean} tokens mean, {shown}"
 
 
 def print_sweep_end(counts: dict[str, int], sweep_dir: Path, parent_run_id: str | None, unsynced: int = 0) -> None:
