@@ -53,6 +53,17 @@ def human_bytes(value: float) -> str:
     return f"{value:.1f} TiB"
 
 
+def sizes_apart(first: float, second: float) -> str:
+    """Two sizes in the larger's unit, with as many decimals (up to 3) as they need to read apart
+    where they differ: (1.12 GiB, 1.07 GiB) -> '1.12 GiB vs 1.07 GiB', never '1.1 GiB vs 1.1 GiB'."""
+    unit = human_bytes(max(first, second)).split()[-1]
+    scale = 1024 ** ("B", "KiB", "MiB", "GiB", "TiB").index(unit)
+    if unit == "B":
+        return f"{first:.0f} B vs {second:.0f} B"
+    digits = next((d for d in (1, 2, 3) if f"{first / scale:.{d}f}" != f"{second / scale:.{d}f}"), 1)
+    return f"{first / scale:.{digits}f} {unit} vs {second / scale:.{digits}f} {unit}"
+
+
 def duration_text(seconds: float) -> str:
     """A duration as kvpipe prints it, in whole seconds rounded down: 45 -> '45s', 65 -> '1m05s',
     5400 -> '90m00s'."""
