@@ -86,9 +86,8 @@ def said_once(table: pd.DataFrame) -> pd.DataFrame:
         if len(notes) == 1 and None not in notes:
             columns_by_note.setdefault(notes.pop(), []).append(name)
     table = table.copy()
-    for note, names in columns_by_note.items():
-        for name in names:
-            table[name] = [_CELL_NOTE.sub("", cell) if isinstance(cell, str) else cell for cell in table[name]]
+    for name in [name for names in columns_by_note.values() for name in names]:
+        table[name] = [_CELL_NOTE.sub("", cell) if isinstance(cell, str) else cell for cell in table[name]]
     table.attrs[SAID_ONCE] = [f"{', '.join(names)}: {note} (every run)." for note, names in columns_by_note.items()]
     return table
 
@@ -213,9 +212,9 @@ def shown(runs: pd.DataFrame, title: str) -> Shown:
     )
 
 
-def publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> tuple[list[Path], Shown]:
+def publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> tuple[list[Path], Shown, bool]:
     """Write the files, log them on the parent run (if this user may), compare.md as its description;
-    returns the files and the table."""
+    returns the files, the table and whether the files are on the run."""
     title = f"kvpipe compare · {model_names(runs)} · sweep {parent_run.info.run_id[:8]} · {counted(len(runs), 'run')}"
     written = write_outputs(runs, out_dir, title)
     run_id = parent_run.info.run_id
@@ -225,7 +224,8 @@ def publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> tuple[list[Path], 
         attach_files(run_id, written, ARTIFACT_DIR, table)
     except TrackingRefused as exc:  # a user who may read the runs has what they asked for
         log.warning("%s; the files are in %s, not on the run", exc, out_dir)
-    return written, shown(runs, title)
+        return written, shown(runs, title), False
+    return written, shown(runs, title), True
 
 
 def publish_sweep(experiment: str, parent_run_id: str, uri: str, sweep_dir: Path) -> Shown:

@@ -1,5 +1,5 @@
-"""compare on a sweep that measured nothing says why in one line (its jobs' reasons), exit 2, rather
-than failing inside pandas on the columns an empty search has not got."""
+"""compare says where it wrote its files; on a sweep that measured nothing, why, in one line (its
+jobs' reasons) and exit 2, rather than failing inside pandas on the columns an empty search lacks."""
 
 from __future__ import annotations
 
@@ -25,3 +25,13 @@ def test_compare_on_a_sweep_whose_every_job_was_skipped_names_the_reasons(tmp_pa
         f"the sweep in {sweep_dir} measured nothing: every job was skipped ({REFUSED}; measures the same as job 0)"
     )
     assert len(said.stderr.strip().splitlines()) == 1
+
+
+def test_compare_says_where_its_files_are_and_whether_they_are_on_the_run(tmp_path):
+    from kvpipe.commands.compare import wrote_line
+
+    written = [tmp_path / "compare.md", tmp_path / "memory_vs_context.png"]
+    assert wrote_line(written, tmp_path, "abc123") == (
+        f"wrote compare.md, memory_vs_context.png to {tmp_path}; logged on MLflow run abc123 (compare/)"
+    )
+    assert wrote_line(written, tmp_path, None) == f"wrote compare.md, memory_vs_context.png to {tmp_path}"
