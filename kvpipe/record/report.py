@@ -40,15 +40,21 @@ def print_run(result: Result, result_path: Path) -> None:
 def run_rows(metrics: dict, tags: dict) -> list[tuple[str, str]]:
     """(label, figure) for each run-table metric the run measured: the figure with its interval where
     its rounds support one, else the words that say why not (kvpipe.measure.uncertainty.interval_note)."""
-    rows = []
-    for metric in workload.metrics().values():
-        if metric.in_run_table and metric.name in metrics:
-            interval = metric.interval_of(metrics)
-            note = interval_note(*interval, parse_series(tags.get(TAG_PREFIX + metric.name))) or ""
-            rows.append(
-                (metric.label, metric.show(metrics[metric.name], metrics.get(metric.name + "_std"), interval, note))
-            )
-    return rows
+    return [
+        (metric.label, figure_text(metric, metrics, tags))
+        for metric in workload.metrics().values()
+        if metric.in_run_table and metric.name in metrics
+    ]
+
+
+def figure_text(metric: catalogue.Metric, metrics: dict, tags: dict, unit: bool = True) -> str:
+    """A run's figure as kvpipe prints it: with its 95% interval where its rounds support one, else
+    the words that say why not ('67.9 ms (1 round, no interval)'); without its unit for a table cell
+    whose header names it (unit=False). Benchmarks print theirs through it too."""
+    interval = metric.interval_of(metrics)
+    note = interval_note(*interval, parse_series(tags.get(TAG_PREFIX + metric.name))) or ""
+    shown = metric.show if unit else metric.number
+    return shown(metrics[metric.name], metrics.get(metric.name + "_std"), interval, note)
 
 
 def prompt_lengths(metrics: dict) -> str:
