@@ -18,7 +18,7 @@ import json
 from kvpipe.errors import ConfigError, KvpipeError, require_choice
 from kvpipe.predict import hardware
 from kvpipe.predict.capacity import HOST, HOST_NOT_COUNTED
-from kvpipe.units import human_bytes, parse_bytes
+from kvpipe.units import counted, human_bytes, parse_bytes
 
 HELP = "KV-cache and weight bytes from the config alone, before anything loads"
 
@@ -212,7 +212,7 @@ def capacity_notes(plan) -> list[str]:
         if capacity.bound == HOST_NOT_COUNTED:
             why = f"--hardware {plan.hardware_name} names none" if plan.accelerator is not None else "none was given"
             notes.append(
-                f"{row.label}: {capacity.requests:,} requests counts the device's memory only; host memory was not "
+                f"{row.label}: {counted(capacity.requests, 'request')} counts the device's memory only; host memory was not "
                 f"counted ({why}), and their offloaded layers' KV would take {held} of it: give --host-memory SIZE"
             )
             continue
@@ -220,7 +220,7 @@ def capacity_notes(plan) -> list[str]:
         host = f"{human_bytes(plan.host_memory)} of host memory ({host_source(plan)})"
         also = f"; the device alone would let {capacity.device_requests:,} in" if capacity.bound == HOST else ""
         notes.append(
-            f"{row.label}: {capacity.requests:,} requests, bound by {bound}: their offloaded layers' KV takes {held} "
+            f"{row.label}: {counted(capacity.requests, 'request')}, bound by {bound}: their offloaded layers' KV takes {held} "
             f"of the {host}{also}"
         )
     return notes
