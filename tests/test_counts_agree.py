@@ -52,3 +52,11 @@ def test_plan_calls_the_copy_a_paged_step_makes_a_layer_copy_not_a_dequantized_o
     assert said.returncode == 0, said.stderr
     assert "dequant" not in said.stdout.split("floors on")[1].split("\n", 3)[2]  # the table's header
     assert "layer copy" in said.stdout and "a paged layer's pages gathered" in said.stdout
+
+
+def test_the_run_table_counts_one_prompt_as_one_prompt():
+    from kvpipe.record.report import prompt_lengths
+
+    lengths = {f"prompt_tokens_{name}": 40.0 for name in ("mean", "p50", "p90", "max")}
+    assert prompt_lengths({"prompt_count": 1.0, **lengths}).startswith("1 prompt · 40")
+    assert prompt_lengths({"prompt_count": 8.0, **lengths}).startswith("8 prompts · 40")
