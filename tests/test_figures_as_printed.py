@@ -39,3 +39,22 @@ def test_the_benchmarks_that_print_timings_print_them_as_kvpipe_does():
         source = (BENCHMARKS / name).read_text()
         assert "figure_text(" in source
         assert not re.search(r"_ci_(low|high)'\]:\.\d", source)  # no interval formatted on its own
+
+
+def test_the_run_table_says_once_what_several_figures_share_in_place_of_an_interval():
+    from kvpipe.record.report import said_once
+
+    rows = [("TTFT", "9.8 ms (1 round, no interval)"), ("TPOT", "5.9 ms (1 round, no interval)"),
+            ("timing noise", "4%"), ("end-to-end", "51.2 ± 4.3 ms")]  # fmt: skip
+    shown, once = said_once(rows)
+    assert shown == [("TTFT", "9.8 ms"), ("TPOT", "5.9 ms"), ("timing noise", "4%"), ("end-to-end", "51.2 ± 4.3 ms")]
+    assert once == "TTFT, TPOT: 1 round, no interval"
+
+
+def test_words_only_one_figure_has_or_that_differ_stay_beside_their_figures():
+    from kvpipe.record.report import said_once
+
+    alone = [("TTFT", "9.8 ms (1 round, no interval)"), ("TPOT", "5.9 (5.1–6.8) ms")]
+    assert said_once(alone) == (alone, None)
+    differing = [("TTFT", "9.8 ms (1 round, no interval)"), ("TPOT", "5.9 ms (3 rounds: too noisy for an interval)")]
+    assert said_once(differing) == (differing, None)

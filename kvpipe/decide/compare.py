@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
 import pandas as pd
@@ -26,6 +25,7 @@ from kvpipe.measure.uncertainty import interval_note
 from kvpipe.predict.predicted_runs import PREDICTED
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.auth import TrackingRefused
+from kvpipe.record.report import interval_words, without_interval_words
 from kvpipe.record.tracking import attach_files
 from kvpipe.units import counted
 
@@ -71,7 +71,6 @@ def footnote(runs: pd.DataFrame, table: pd.DataFrame | None = None) -> str:
 
 
 SAID_ONCE = "said_once"  # display_table's attrs: the notes it took out of every cell of a column
-_CELL_NOTE = re.compile(r" \(([^()]*interval[^()]*)\)$")  # interval_note's words, as a cell ends with them
 _NO_FIGURE = ("", "–", "baseline")
 
 
@@ -82,12 +81,12 @@ def said_once(table: pd.DataFrame) -> pd.DataFrame:
     columns_by_note: dict[str, list[str]] = {}
     for name in table.columns:
         figures = [cell for cell in table[name] if isinstance(cell, str) and cell not in _NO_FIGURE]
-        notes = {match[1] if (match := _CELL_NOTE.search(cell)) else None for cell in figures}
+        notes = {interval_words(cell) for cell in figures}
         if len(notes) == 1 and None not in notes:
             columns_by_note.setdefault(notes.pop(), []).append(name)
     table = table.copy()
     for name in [name for names in columns_by_note.values() for name in names]:
-        table[name] = [_CELL_NOTE.sub("", cell) if isinstance(cell, str) else cell for cell in table[name]]
+        table[name] = [without_interval_words(cell) if isinstance(cell, str) else cell for cell in table[name]]
     table.attrs[SAID_ONCE] = [f"{', '.join(names)}: {note} (every run)." for note, names in columns_by_note.items()]
     return table
 

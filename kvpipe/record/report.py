@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from kvpipe import catalogue, workload
@@ -23,10 +24,13 @@ def print_run(result: Result, result_path: Path) -> None:
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for label, shown in run_rows(metrics, tags):
+    rows, once = said_once(run_rows(metrics, tags))
+    for label, shown in rows:
         table.add_row(label, shown)
     console = Console()
     console.print(table)
+    if once:
+        console.print(once)
     if "prompt_count" in metrics:
         console.print(prompt_lengths(metrics))
     if result.answers:  # the workload's own tables (passkey: found / asked per length and depth)
@@ -45,6 +49,31 @@ def run_rows(metrics: dict, tags: dict) -> list[tuple[str, str]]:
         for metric in workload.metrics().values()
         if metric.in_run_table and metric.name in metrics
     ]
+
+
+_CELL_NOTE = re.compile(r" \(([^()]*interval[^()]*)\)$")  # interval_note's words, as a figure ends with them
+
+
+def interval_words(text: str) -> str | None:
+    """The words a printed figure ends with in place of its interval ('67.9 ms (1 round, no
+    interval)' -> '1 round, no interval'), None where it ends with none."""
+    match = _CELL_NOTE.search(text)
+    return match[1] if match else None
+
+
+def without_interval_words(text: str) -> str:
+    return _CELL_NOTE.sub("", text)
+
+
+def said_once(rows: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], str | None]:
+    """The run table's rows with words that several figures share in place of their interval ('1
+    round, no interval') taken out of them, and the one line that says them once instead: 'TTFT,
+    TPOT, decode: 1 round, no interval'; the rows as they are, and None, where no two share them."""
+    worded = [(label, interval_words(shown)) for label, shown in rows if interval_words(shown)]
+    if len(worded) < 2 or len({words for _, words in worded}) > 1:
+        return rows, None
+    stripped = [(label, without_interval_words(shown)) for label, shown in rows]
+    return stripped, f"{', '.join(label for label, _ in worded)}: {worded[0][1]}"
 
 
 def figure_text(metric: catalogue.Metric, metrics: dict, tags: dict, unit: bool = True) -> str:
