@@ -23,11 +23,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from kvpipe import catalogue
 from kvpipe.decide.plots import quality_vs_kv_bytes
 from kvpipe.decide.runs import evicts, front_family
 from kvpipe.job.runner import measured_together
 from kvpipe.jobspec import compose, make_spec
-from kvpipe.units import human_bytes
+from kvpipe.record.report import figure_text
+from kvpipe.units import counted, human_bytes
 
 RATIOS = (0.25, 0.5, 0.75)
 PRESSES = ("streaming", "knorm", "snapkv")
@@ -127,6 +129,8 @@ def main() -> None:
         row = {"config": label, "family": family_of(overrides), **{k: figures.get(k) for k in (
             "kv_cache_bytes", "ttft_ms", "ttft_ms_ci_low", "ttft_ms_ci_high", "tpot_ms", "tpot_ms_ci_low",
             "tpot_ms_ci_high", "kl_vs_reference", "token_agreement", "ppl")}}  # fmt: skip
+        row |= {f"{name}_shown": figure_text(catalogue.get(f"{name}_ms"), figures, long_context[label].tags, unit=False)
+                for name in ("ttft", "tpot")}  # fmt: skip
         for length, cell in by_length(passkey[label].answers).items():
             row |= {f"retrieval_{length}": cell["accuracy"], f"kv_{length}": cell["kv_cache_bytes"],
                     f"found_{length}": cell["found"]}  # fmt: skip
@@ -142,8 +146,8 @@ def main() -> None:
                 "config": row["config"],
                 "family": row["family"],
                 "KV @ long_context": human_bytes(row["kv_cache_bytes"]),
-                "TTFT ms": f"{row['ttft_ms']:.0f} ({row['ttft_ms_ci_low']:.0f}–{row['ttft_ms_ci_high']:.0f})",
-                "TPOT ms": f"{row['tpot_ms']:.1f} ({row['tpot_ms_ci_low']:.1f}–{row['tpot_ms_ci_high']:.1f})",
+                "TTFT ms": row["ttft_shown"],
+                "TPOT ms": row["tpot_shown"],
                 "KL (nats)": f"{row['kl_vs_reference']:.3f}",
                 "agreement": f"{row['token_agreement']:.3f}",
                 "ppl": f"{row['ppl']:.2f}",
@@ -157,7 +161,7 @@ def main() -> None:
     )
     header = (
         f"Model `{args.model}`, {args.threads} threads. long_context: {args.prompt_tokens:,} prompt tokens, "
-        f"{args.new_tokens} new, {args.repeats} interleaved rounds after 1 warm-up (TTFT and TPOT with their 95% "
+        f"{args.new_tokens} new, {counted(args.repeats, 'interleaved round')} after 1 warm-up (TTFT and TPOT with their 95% "
         f"intervals), quality against the full-precision reference. passkey: {', '.join(f'{n:,}' for n in args.lengths)} "
         "tokens, depths 0.1/0.5/0.9, 2 prompts a cell (6 a length), 12 new tokens: retrieval accuracy (KV bytes at "
         "that length)."

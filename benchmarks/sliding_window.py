@@ -19,11 +19,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from kvpipe import catalogue
 from kvpipe import model as models
 from kvpipe.cache.accounting import dense_bytes, kv_shape
 from kvpipe.job.runner import measured_together
 from kvpipe.jobspec import compose, make_spec
-from kvpipe.units import human_bytes
+from kvpipe.record.report import figure_text
+from kvpipe.units import counted, human_bytes
 
 LAYERS, FULL_EVERY, WINDOW = 12, 6, 512  # Gemma 3's pattern: five sliding layers, then one full
 MODEL = [
@@ -88,6 +90,7 @@ def main() -> None:
                 "kl": metrics.get("kl_vs_reference"),
                 "tpot_ms": metrics["tpot_ms"],
                 "tpot_ms_ci": (metrics.get("tpot_ms_ci_low"), metrics.get("tpot_ms_ci_high")),
+                "tpot_shown": figure_text(catalogue.get("tpot_ms"), metrics, result.tags, unit=False),
             }
         )
         print(
@@ -106,7 +109,7 @@ def main() -> None:
                 "dense count of every layer": human_bytes(row["dense count"]),
                 "vs fp16": f"{row['vs fp16']:.2f}",
                 "KL nats": "" if row["kl"] is None else f"{row['kl']:.2e}",
-                "TPOT ms": f"{row['tpot_ms']:.1f} ({row['tpot_ms_ci'][0]:.1f}–{row['tpot_ms_ci'][1]:.1f})",
+                "TPOT ms": row["tpot_shown"],
             }
             for row in rows
         ]
@@ -114,7 +117,7 @@ def main() -> None:
     title = (
         f"Model: seeded random Gemma-3-style config, {shape.layer_summary()}, 1 KV head x head_dim 64, "
         f"float32; workload long_context, prompt {args.prompt_tokens} tokens, {args.new_tokens} new, "
-        f"{args.repeats} interleaved rounds after 1 warm-up; TPOT with its 95% interval over the rounds."
+        f"{counted(args.repeats, 'interleaved round')} after 1 warm-up; TPOT with its 95% interval over the rounds."
     )
     markdown = f"{title}\n\n{table.to_markdown(index=False, disable_numparse=True)}\n"
     (args.out / "table.md").write_text(markdown)

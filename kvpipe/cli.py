@@ -52,6 +52,22 @@ OmegaConf.register_new_resolver(
 )
 
 
+def help_defaults(_root_) -> str:
+    """`kvpipe --help`'s defaults: the composed config less Hydra's own, and less the model.* settings
+    its model's source does not read (the schema's defaults for a random model's shape are not the
+    embedded model's)."""
+    from kvpipe.config import SOURCE_FIELDS, reads
+
+    shown = OmegaConf.to_container(_root_, resolve=False)
+    shown.pop("hydra", None)
+    model = shown.get("model") or {}
+    shown["model"] = {key: value for key, value in model.items() if reads(SOURCE_FIELDS, model.get("source"), key)}
+    return OmegaConf.to_yaml(shown).replace("$", "$$")  # the help template is then a string.Template
+
+
+OmegaConf.register_new_resolver("kvpipe_defaults", help_defaults)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, as every kvpipe user error
         raise KvpipeError(f"{self.prog}: {message}")

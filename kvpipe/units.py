@@ -36,13 +36,32 @@ def param_text(value) -> str | None:
     return str(value)
 
 
+def counted(count: float, noun: str, plural: str | None = None) -> str:
+    """A count and its noun, which agree in number: (1, 'prompt') -> '1 prompt', (8, 'prompt') ->
+    '8 prompts', (1200, 'request') -> '1,200 requests'; `plural` where adding an s will not do."""
+    shown = f"{count:,.0f}"
+    return f"{shown} {noun if shown == '1' else plural or noun + 's'}"
+
+
 def human_bytes(value: float) -> str:
-    """1536 -> '1.5 KiB'."""
+    """1536 -> '1.5 KiB'; a size that rounds to 1024 of a unit shows in the next (1.0 GiB, never
+    1024.0 MiB), so one size always reads the same."""
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024:
+        if abs(round(value, 0 if unit == "B" else 1)) < 1024:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+def sizes_apart(first: float, second: float) -> str:
+    """Two sizes in the larger's unit, with as many decimals (up to 3) as they need to read apart
+    where they differ: (1.12 GiB, 1.07 GiB) -> '1.12 GiB vs 1.07 GiB', never '1.1 GiB vs 1.1 GiB'."""
+    unit = human_bytes(max(first, second)).split()[-1]
+    scale = 1024 ** ("B", "KiB", "MiB", "GiB", "TiB").index(unit)
+    if unit == "B":
+        return f"{first:.0f} B vs {second:.0f} B"
+    digits = next((d for d in (1, 2, 3) if f"{first / scale:.{d}f}" != f"{second / scale:.{d}f}"), 1)
+    return f"{first / scale:.{digits}f} {unit} vs {second / scale:.{digits}f} {unit}"
 
 
 def duration_text(seconds: float) -> str:

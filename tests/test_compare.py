@@ -211,7 +211,9 @@ def test_latest_sweep_loads_its_finished_runs_once_each(sweep_dir):
 def test_compare_prints_one_table_of_the_cache_and_figures_only(sweep_dir, tmp_path):
     proc = run_cli(["compare", "--out", str(tmp_path)], cwd=sweep_dir)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == ""  # not a TTY: nothing but the table
+    assert proc.stderr == ""  # not a TTY: nothing but the table, and where its files went
+    files = ", ".join(compare.OUTPUT_FILES)
+    assert f"\nwrote {files} to {tmp_path}; logged on MLflow run " in proc.stdout
     header = next(line for line in proc.stdout.splitlines() if "TPOT ms" in line)
     assert "cache" in header and "KL nats" in header and "★" in header
     assert "backend.nbits" not in header and "model.name" not in header  # in the label, or constant

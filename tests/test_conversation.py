@@ -135,8 +135,8 @@ def test_a_turns_prompt_longer_than_the_caches_were_sized_for_is_a_bug_said_as_s
 @pytest.mark.parametrize(
     "rows, says",
     [
-        ([{"messages": [user("only one")]}], "row 0 has 1 user message(s), not a conversation"),
-        ([{"messages": "hello"}], "row 0 is not a list of messages"),
+        ([{"messages": [user("only one")]}], "row 1 has 1 user message(s), not a conversation"),
+        ([{"messages": "hello"}], "row 1 is not a list of messages"),
         ([{"text": "hello"}], "no 'messages' column"),
     ],
 )

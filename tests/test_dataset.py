@@ -37,7 +37,7 @@ def write_jsonl(path: Path, rows: list) -> Path:
             "workload.path",
             "line 2 is not valid JSON",
         ),
-        ("no_text.jsonl", [{"prompt": "a"}, {"prompt": "  "}], "workload.path", "row 1 has no text in column 'prompt'"),
+        ("no_text.jsonl", [{"prompt": "a"}, {"prompt": "  "}], "workload.path", "row 2 has no text in column 'prompt'"),
         ("columns.jsonl", [{"question": "a", "id": 1}], "workload.field", "name one of: question, id"),
         ("notes.txt", ["hello"], "workload.path", "unknown file type '.txt'"),
     ],
@@ -68,7 +68,7 @@ def test_a_row_longer_than_the_models_positions_is_named_before_the_model_loads(
     monkeypatch.setattr(models, "load", lambda *a: pytest.fail("the model loaded"))
     spec = dataset_spec(path, "model.max_position_embeddings=64")
     with pytest.raises(
-        ConfigError, match=r"workload.path=.*row 1 is \d+ tokens, which with 6 new tokens exceeds the model's 64"
+        ConfigError, match=r"workload.path=.*row 2 is \d+ tokens, which with 6 new tokens exceeds the model's 64"
     ):
         run_job(spec)
 

@@ -37,13 +37,13 @@ def runs_of(*rows: dict) -> pd.DataFrame:
 
 def test_a_smaller_cache_that_peaks_higher_is_explained_by_plans_accounting():
     runs = runs_of(
-        {"overrides": DYNAMIC, "kv": 3 * MIB, "peak": 500 * MIB},
-        {"overrides": QUANTIZED, "kv": 1 * MIB, "peak": 500 * MIB + 100_000},
+        {"overrides": DYNAMIC, "kv": 3 * MIB, "peak": 50 * MIB},
+        {"overrides": QUANTIZED, "kv": 1 * MIB, "peak": 53 * MIB},
     )
     dynamic, quantized = runs.iloc[0], runs.iloc[1]
     line = memory_tradeoff.explain(runs, dynamic)
     assert line.startswith(f"{quantized['label']} holds 3.0× fewer KV bytes than dynamic (1.0 MiB vs 3.0 MiB)")
-    assert "yet peaks 97.7 KiB higher (500.1 MiB vs 500.0 MiB)" in line
+    assert "yet peaks 3.0 MiB higher (53.0 MiB vs 50.0 MiB)" in line
 
     # the copy, the saving and the rest are plan's own figures at the runs' context (40 + 8 tokens)
     spec_q, spec_d = job_spec(QUANTIZED), job_spec(DYNAMIC)
@@ -59,7 +59,7 @@ def test_a_smaller_cache_that_peaks_higher_is_explained_by_plans_accounting():
     assert copy > 0 and saved > 0
     assert f"counts its decode's {show(copy)} dequantized copy of one layer" in line
     assert f"against {show(saved)} of KV saved" in line
-    rest = 100_000 - gap(48)
+    rest = 3 * MIB - gap(48)
     assert f"the other {show(rest)} is outside it" in line
 
     # the context it names is the first at which the saving outgrows the gap
@@ -82,8 +82,10 @@ def test_a_gap_the_model_never_outgrows_says_so():
         {"overrides": QUANTIZED, "kv": 1 * MIB, "peak": 490 * MIB},  # smaller and lower: nothing to explain
         {"overrides": QUANTIZED, "kv": 4 * MIB, "peak": 530 * MIB},  # larger: no trade-off
         {"overrides": QUANTIZED, "kv": 1 * MIB, "peak": 530 * MIB, "prompt": 400},  # another job's length
+        {"overrides": QUANTIZED, "kv": 1 * MIB, "peak": 500 * MIB + 568 * 1024},  # higher within noise
+        {"overrides": QUANTIZED, "kv": 2.9 * MIB, "peak": 560 * MIB},  # a KV saving within noise
     ],
-    ids=["lower", "larger", "other-prompt"],
+    ids=["lower", "larger", "other-prompt", "peak-within-noise", "kv-within-noise"],
 )
 def test_no_line_where_there_is_no_trade_off_between_like_jobs(quantized):
     runs = runs_of({"overrides": DYNAMIC, "kv": 3 * MIB, "peak": 500 * MIB}, quantized)
@@ -95,7 +97,7 @@ def test_the_largest_saving_is_named_and_the_others_counted():
     runs = runs_of(
         {"overrides": DYNAMIC, "kv": 3 * MIB, "peak": 500 * MIB},
         {"overrides": QUANTIZED, "kv": 1 * MIB, "peak": 530 * MIB},
-        {"overrides": int2, "kv": 0.5 * MIB, "peak": 520 * MIB},
+        {"overrides": int2, "kv": 0.5 * MIB, "peak": 540 * MIB},
     )
     line = memory_tradeoff.explain(runs, runs.iloc[0])
     assert line.startswith(runs.iloc[2]["label"] + " holds 6.0× fewer")
@@ -118,7 +120,7 @@ def test_recommend_and_compare_say_why_the_smaller_cache_was_not_the_answer(monk
 
     runs = runs_of(
         {"overrides": DYNAMIC, "kv": 3 * MIB, "peak": 500 * MIB},
-        {"overrides": QUANTIZED, "kv": 1 * MIB, "peak": 500 * MIB + 100_000},
+        {"overrides": QUANTIZED, "kv": 1 * MIB, "peak": 560 * MIB},
     )
     monkeypatch.setattr(recorded, "load_runs", lambda *args, **kwargs: (runs, None))
     assert cli.subcommand(["recommend", "--memory-budget", "500MiB"]) == 0
@@ -129,3 +131,11 @@ def test_recommend_and_compare_say_why_the_smaller_cache_was_not_the_answer(monk
     assert cli.subcommand(["recommend", "--memory-budget", "400MiB"]) == 1  # none fits: beside the closest
     assert f"\n  memory: {line}\n" in capsys.readouterr().out
     assert _memory_lines(runs) == [line]
+
+
+def test_two_sizes_that_differ_read_apart():
+    from kvpipe.units import sizes_apart
+
+    assert sizes_apart(1.12 * 2**30, 1.07 * 2**30) == "1.12 GiB vs 1.07 GiB"
+    assert sizes_apart(560 * MIB, 500 * MIB) == "560.0 MiB vs 500.0 MiB"
+    assert sizes_apart(900 * 1024, 2 * MIB) == "0.9 MiB vs 2.0 MiB"

@@ -60,11 +60,22 @@ def test_no_nan_in_compare_table_or_plot_texts(sweep, tmp_path, monkeypatch):
     assert found == []
 
 
-def test_one_round_runs_show_their_figure_and_say_why_there_is_no_interval():
-    table = compare.display_table(recorded_runs("needle"))
-    assert all(cell.endswith("(1 round, no interval)") for cell in table["TPOT ms"])
+def test_one_round_runs_show_their_figure_and_say_once_why_there_is_no_interval():
+    runs = recorded_runs("needle")
+    table = compare.display_table(runs)
+    assert all(re.fullmatch(r"\d+\.\d", cell) for cell in table["TPOT ms"])
     ratios = [cell for cell in table["TPOT vs dynamic"] if cell != "baseline"]
-    assert ratios and all(re.fullmatch(r"\d+\.\d\d× \(1 round, no interval\)", cell) for cell in ratios)
+    assert ratios and all(re.fullmatch(r"\d+\.\d\d×", cell) for cell in ratios)
+    said = compare.footnote(runs, table)
+    assert said.count("1 round, no interval") == 1
+    assert "TPOT ms, decode tok/s, TPOT vs dynamic, TTFT vs dynamic: 1 round, no interval (every run)." in said
+    assert compare.RATIO_ALONE_NOTE in said and compare.RATIO_NOTE not in said  # no verdict to explain
+
+
+def test_a_note_that_only_some_cells_share_stays_in_them():
+    table = compare.said_once(pd.DataFrame({"TPOT ms": ["15.1 (1 round, no interval)", "12.0 (11.0–13.0)"]}))
+    assert list(table["TPOT ms"]) == ["15.1 (1 round, no interval)", "12.0 (11.0–13.0)"]
+    assert table.attrs[compare.SAID_ONCE] == []
 
 
 def test_serving_runs_are_weighed_against_the_baseline_under_their_own_load():
@@ -78,7 +89,7 @@ def test_serving_runs_are_weighed_against_the_baseline_under_their_own_load():
         else:  # its ratio is to the dynamic run at its load
             base = runs[(runs["label"] == "dynamic") & (runs["tags.kvpipe.load"] == load)].iloc[0]
             assert cell.startswith(f"{paired.ratio(run, base).value:.2f}×")
-    assert compare.RATIO_NOTE in compare.footnote(runs)
+    assert compare.RATIO_ALONE_NOTE in compare.footnote(runs)  # one round each: ratios without a verdict
 
 
 def test_without_a_baseline_under_the_same_load_the_ratio_columns_take_one_line():

@@ -233,7 +233,7 @@ def test_a_length_too_short_for_a_task_names_the_length_it_needs(tiny_spec, toke
 def test_a_qa_file_without_answers_or_without_multi_document_rows_is_named(tiny_spec, tmp_path):
     no_answers = tmp_path / "no_answers.jsonl"
     no_answers.write_text(json.dumps({"context": "Some text.", "question": "What?"}) + "\n")
-    with pytest.raises(ConfigError, match=r"^workload.qa_path=.*row 0 has no answers; expected .*answers"):
+    with pytest.raises(ConfigError, match=r"^workload.qa_path=.*row 1 has no answers; expected .*answers"):
         tiny_spec(*RULER, "workload.tasks=[qa_1]", f"workload.qa_path={no_answers}")
     single = tmp_path / "single.jsonl"
     single.write_text(json.dumps({"context": "Some text.", "question": "What?", "answers": ["text"]}) + "\n")

@@ -362,7 +362,7 @@ def test_a_lossless_served_cache_gets_the_quality_pass_a_batch_job_gets():
 
 def test_arrival_times_that_go_backwards_are_one_line_before_anything_loads(tmp_path):
     with pytest.raises(
-        ConfigError, match=r"row 2 has timestamp=3, before row 1's 5; expected arrival times that never"
+        ConfigError, match=r"row 3 has timestamp=3, before row 2's 5; expected arrival times that never"
     ):
         spec_for(*SERVE, *traffic(tmp_path, [1.0, 5.0, 3.0]), "load=rate")
 

@@ -139,12 +139,12 @@ def test_answer_field_names_the_column_and_numbers_are_answers(tmp_path):
     [
         (LABELLED, ("workload.answer_field=gold",), r"workload.answer_field='gold' .*no such column; expected one of: prompt, answer"),
         (LABELLED, ("workload.scorer=exactly",), r"workload.scorer='exactly' .*expected one of: contains, exact, number, regex, f1, rouge_l; did you mean exact\?"),
-        ([{"prompt": "a", "answer": "(unclosed"}], ("workload.scorer=regex",), r"workload.path=.*row 0's answer '\(unclosed' is not a regular expression"),
-        ([{"prompt": "a", "answer": "x"}, {"prompt": "b", "answer": ""}], (), r"workload.path=.*row 1 has no usable answer in column 'answer'"),
-        ([{"prompt": "a", "answer": []}], (), r"workload.path=.*row 0 has no usable answer in column 'answer'"),
-        ([{"prompt": "a", "answer": "the"}], (), r"workload.path=.*row 0's answer 'the' normalises to nothing"),
-        ([{"prompt": "a", "answer": "four"}], ("workload.scorer=number",), r"workload.path=.*row 0's answer 'four' is not a number"),
-        ([{"prompt": "a", "answer": "日本"}], ("workload.scorer=rouge_l",), r"workload.path=.*row 0's answer '日本' has no ASCII letters or digits"),
+        ([{"prompt": "a", "answer": "(unclosed"}], ("workload.scorer=regex",), r"workload.path=.*row 1's answer '\(unclosed' is not a regular expression"),
+        ([{"prompt": "a", "answer": "x"}, {"prompt": "b", "answer": ""}], (), r"workload.path=.*row 2 has no usable answer in column 'answer'"),
+        ([{"prompt": "a", "answer": []}], (), r"workload.path=.*row 1 has no usable answer in column 'answer'"),
+        ([{"prompt": "a", "answer": "the"}], (), r"workload.path=.*row 1's answer 'the' normalises to nothing"),
+        ([{"prompt": "a", "answer": "four"}], ("workload.scorer=number",), r"workload.path=.*row 1's answer 'four' is not a number"),
+        ([{"prompt": "a", "answer": "日本"}], ("workload.scorer=rouge_l",), r"workload.path=.*row 1's answer '日本' has no ASCII letters or digits"),
         ([{"prompt": "a"}], ("workload.scorer=exact",), r"workload.scorer='exact' .*the file has no 'answer' column"),
     ],
 )  # fmt: skip

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from kvpipe.commands._source import add_source_arguments
@@ -44,14 +43,21 @@ def run(args: argparse.Namespace) -> int:
         runs = with_predictions(runs)
     sweep_dir = Path(parent_run.data.tags.get(mlflow_tags.SWEEP_DIR, "/nonexistent"))
     out_dir = args.out or (sweep_dir if sweep_dir.is_dir() else Path("compare") / parent_run.info.run_id[:8])
-    written, table = publish(runs, parent_run, out_dir)
+    written, table, logged = publish(runs, parent_run, out_dir)
     print_shown(table)
     for line in _memory_lines(runs):
         print(f"memory: {line}")
-    if sys.stderr.isatty():
-        names = ", ".join(path.name for path in written)
-        print(f"wrote {names} to {out_dir}; logged on MLflow run {parent_run.info.run_id}", file=sys.stderr)
+    print(wrote_line(written, out_dir, parent_run.info.run_id if logged else None))
     return 0
+
+
+def wrote_line(written: list[Path], out_dir: Path, run_id: str | None) -> str:
+    """'wrote compare.md, ..., tpot_vs_memory.png to DIR; logged on MLflow run ID (compare/)': where
+    the files are, on disk and (where this user may log) on the sweep's parent run."""
+    from kvpipe.decide.compare import ARTIFACT_DIR
+
+    on_run = f"; logged on MLflow run {run_id} ({ARTIFACT_DIR}/)" if run_id else ""
+    return f"wrote {', '.join(path.name for path in written)} to {out_dir}{on_run}"
 
 
 def _memory_lines(runs) -> list[str]:

@@ -18,7 +18,7 @@ import json
 from kvpipe.errors import ConfigError, KvpipeError, require_choice
 from kvpipe.predict import hardware
 from kvpipe.predict.capacity import HOST, HOST_NOT_COUNTED
-from kvpipe.units import human_bytes, parse_bytes
+from kvpipe.units import counted, human_bytes, parse_bytes
 
 HELP = "KV-cache and weight bytes from the config alone, before anything loads"
 
@@ -212,7 +212,7 @@ def capacity_notes(plan) -> list[str]:
         if capacity.bound == HOST_NOT_COUNTED:
             why = f"--hardware {plan.hardware_name} names none" if plan.accelerator is not None else "none was given"
             notes.append(
-                f"{row.label}: {capacity.requests:,} requests counts the device's memory only; host memory was not "
+                f"{row.label}: {counted(capacity.requests, 'request')} counts the device's memory only; host memory was not "
                 f"counted ({why}), and their offloaded layers' KV would take {held} of it: give --host-memory SIZE"
             )
             continue
@@ -220,7 +220,7 @@ def capacity_notes(plan) -> list[str]:
         host = f"{human_bytes(plan.host_memory)} of host memory ({host_source(plan)})"
         also = f"; the device alone would let {capacity.device_requests:,} in" if capacity.bound == HOST else ""
         notes.append(
-            f"{row.label}: {capacity.requests:,} requests, bound by {bound}: their offloaded layers' KV takes {held} "
+            f"{row.label}: {counted(capacity.requests, 'request')}, bound by {bound}: their offloaded layers' KV takes {held} "
             f"of the {host}{also}"
         )
     return notes
@@ -250,12 +250,12 @@ def print_floors(say, rows, hardware, dtype: str, weights_read: int, memory: int
     say(
         f"TPOT floor = (weights read {human_bytes(weights_read)} + KV read) per step / bandwidth; TTFT floor = the "
         "larger of prefill FLOPs / peak and prefill bytes / bandwidth. Needs = weights + KV + the larger of the "
-        f"prefill's largest activation and (quantized) one layer's dequantized copy; fits in {human_bytes(memory)}"
+        f"prefill's largest activation and the layer copy; fits in {human_bytes(memory)}"
     )
     table = Table(header_style="bold")
     columns = ["strategy", "context", "KV cache", "KV read/step", "TPOT floor ms", "TTFT floor ms"]
     columns += ["TPOT ms", "TTFT ms"] if calibrated else []
-    columns += ["activation", "dequant copy", "needs", "fits"]
+    columns += ["activation", "layer copy", "needs", "fits"]
     for column in columns:
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for row in rows:
@@ -268,8 +268,8 @@ def print_floors(say, rows, hardware, dtype: str, weights_read: int, memory: int
                 mark = "†" if at.extrapolated else ""
                 cells += [ms(at.tpot_ms) + (mark if at.tpot_ms is not None else ""),
                           ms(at.ttft_ms) + (mark if at.ttft_ms is not None else "")]  # fmt: skip
-            dequantized = human_bytes(cost.dequantized_copy_bytes) if cost.dequantized_copy_bytes else "–"
-            cells += [human_bytes(cost.activation_bytes), dequantized, human_bytes(cost.memory_bytes),
+            copy = human_bytes(cost.dequantized_copy_bytes) if cost.dequantized_copy_bytes else "–"
+            cells += [human_bytes(cost.activation_bytes), copy, human_bytes(cost.memory_bytes),
                       "yes" if at.fits else "no"]  # fmt: skip
             table.add_row(*cells, end_section=index == len(row.contexts) - 1)
     say(table)

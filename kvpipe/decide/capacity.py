@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 from kvpipe.errors import ConfigError
+from kvpipe.units import counted
 
 PERCENTILES = (50, 90, 99)  # what a served job records per request (kvpipe.measure.request_figures)
 # what a point's failure says when the cache ran out of memory (torch's, transformers' and the OS's words)
@@ -93,7 +94,7 @@ class Miss:
     def text(self) -> str:
         """'TTFT p90 2410 ms > 2000 ms (+21%)' or 'goodput 80% < 95% of requests'."""
         if self.unit == "requests":
-            return f"{self.measured:.0f} requests in flight; plan's memory bound is {self.target:,.0f}"
+            return f"{counted(self.measured, 'request')} in flight; plan's memory bound is {self.target:,.0f}"
         if self.unit == "share":
             return f"{self.what} {self.measured:.0%} < {self.target:.0%} of requests"
         return f"{self.what} {self.measured:.0f} ms > {self.target:g} ms (+{self.over:.0%})"

@@ -25,7 +25,9 @@ from kvpipe.measure.uncertainty import interval_note
 from kvpipe.predict.predicted_runs import PREDICTED
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.auth import TrackingRefused
+from kvpipe.record.report import interval_words, without_interval_words
 from kvpipe.record.tracking import attach_files
+from kvpipe.units import counted
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +52,43 @@ RATIO_NOTE = (
     "a difference."
 )
 NO_BASELINE_NOTE = " vs the baseline: – where no baseline run shares the run's workload, prompt length and load."
+RATIO_ALONE_NOTE = " TPOT and TTFT vs the baseline: the ratio of the run's figure to the baseline's."
 
 
-def footnote(runs: pd.DataFrame) -> str:
-    """FOOTNOTE, and what the ratio columns say: at length where some run has a ratio, one line where
-    none has (no run shares its baseline's workload, prompt length and load)."""
+def footnote(runs: pd.DataFrame, table: pd.DataFrame | None = None) -> str:
+    """FOOTNOTE, and what the ratio columns say: how their verdicts read where some ratio has an
+    interval, one line where none has (each run measured one round) or where no run has a ratio (none
+    shares its baseline's workload, prompt length and load); then what display_table said once for a
+    whole column (`table`'s attrs) rather than in each cell."""
     ratios = [r for figure in paired.FIGURES if f"ratio_{figure}" in runs for r in runs[f"ratio_{figure}"]]
+    once = "".join(f" {line}" for line in (table.attrs.get(SAID_ONCE, []) if table is not None else []))
     if not ratios:
-        return FOOTNOTE
-    return FOOTNOTE + (RATIO_NOTE if any(r is not None for r in ratios) else NO_BASELINE_NOTE)
+        return FOOTNOTE + once
+    if all(r is None for r in ratios):
+        return FOOTNOTE + NO_BASELINE_NOTE + once
+    judged = any(r is not None and r.state != paired.NO_INTERVAL for r in ratios)
+    return FOOTNOTE + (RATIO_NOTE if judged else RATIO_ALONE_NOTE) + once
+
+
+SAID_ONCE = "said_once"  # display_table's attrs: the notes it took out of every cell of a column
+_NO_FIGURE = ("", "–", "baseline")
+
+
+def said_once(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with a note that ends every figure of a column ('15.1 (1 round, no interval)' in
+    each row) taken out of its cells and said once, for the columns that share it, in attrs[SAID_ONCE]:
+    'TPOT ms, TPOT vs dynamic: 1 round, no interval (every run).'"""
+    columns_by_note: dict[str, list[str]] = {}
+    for name in table.columns:
+        figures = [cell for cell in table[name] if isinstance(cell, str) and cell not in _NO_FIGURE]
+        notes = {interval_words(cell) for cell in figures}
+        if len(notes) == 1 and None not in notes:
+            columns_by_note.setdefault(notes.pop(), []).append(name)
+    table = table.copy()
+    for name in [name for names in columns_by_note.values() for name in names]:
+        table[name] = [without_interval_words(cell) if isinstance(cell, str) else cell for cell in table[name]]
+    table.attrs[SAID_ONCE] = [f"{', '.join(names)}: {note} (every run)." for note, names in columns_by_note.items()]
+    return table
 
 
 def display_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -89,7 +119,7 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
     for name, header in PREDICTED.items():  # compare --predicted (kvpipe.predict.predicted_runs)
         if name in runs:
             table[header] = [f"{value:.1f}" if pd.notna(value) else "–" for value in runs[name]]
-    return pd.DataFrame(table)
+    return said_once(pd.DataFrame(table))
 
 
 def _ratio_cell(ratio, baseline, label) -> str:
@@ -140,11 +170,12 @@ def mixed_environments(runs: pd.DataFrame) -> str | None:
 def write_outputs(runs: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
     """compare.md, compare.csv and the plots in out_dir; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    markdown = display_table(runs).to_markdown(index=False, stralign="right")
+    table = display_table(runs)
+    markdown = table.to_markdown(index=False, stralign="right")
     warning = mixed_environments(runs)
     own = sections(runs, out_dir)
     (out_dir / "compare.md").write_text(
-        f"# {title}\n\n{markdown}\n\n{footnote(runs)}\n"
+        f"# {title}\n\n{markdown}\n\n{footnote(runs, table)}\n"
         + (f"\n**{warning}**\n" if warning else "")
         + "".join(_markdown(section) for section in own)
     )
@@ -174,16 +205,16 @@ def shown(runs: pd.DataFrame, title: str) -> Shown:
         title=title,
         columns=list(frame.columns),
         rows=[list(row) for row in frame.itertuples(index=False)],
-        caption=footnote(runs),
+        caption=footnote(runs, frame),
         warning=mixed_environments(runs),
         sections=sections(runs, None),
     )
 
 
-def publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> tuple[list[Path], Shown]:
+def publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> tuple[list[Path], Shown, bool]:
     """Write the files, log them on the parent run (if this user may), compare.md as its description;
-    returns the files and the table."""
-    title = f"kvpipe compare · {model_names(runs)} · sweep {parent_run.info.run_id[:8]} · {len(runs)} runs"
+    returns the files, the table and whether the files are on the run."""
+    title = f"kvpipe compare · {model_names(runs)} · sweep {parent_run.info.run_id[:8]} · {counted(len(runs), 'run')}"
     written = write_outputs(runs, out_dir, title)
     run_id = parent_run.info.run_id
     # the table as the run's description: on its page, without opening an artifact
@@ -192,7 +223,8 @@ def publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> tuple[list[Path], 
         attach_files(run_id, written, ARTIFACT_DIR, table)
     except TrackingRefused as exc:  # a user who may read the runs has what they asked for
         log.warning("%s; the files are in %s, not on the run", exc, out_dir)
-    return written, shown(runs, title)
+        return written, shown(runs, title), False
+    return written, shown(runs, title), True
 
 
 def publish_sweep(experiment: str, parent_run_id: str, uri: str, sweep_dir: Path) -> Shown:

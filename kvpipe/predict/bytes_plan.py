@@ -238,10 +238,15 @@ def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None
     if accelerator is not None:
         notes.append(
             "with --hardware, fits counts weights + KV cache + the larger of the prefill's largest activation and "
-            "(quantized) one layer's dequantized copy; without it, weights + KV cache"
+            f"the layer copy ({LAYER_COPY}); without it, weights + KV cache"
         )
     return Plan(spec, shape, device, dtype, kv, cap, contexts, weight, costs, budget, memory, hardware_name,
                 accelerator, local_runs, plan_rows, notes, host_memory)  # fmt: skip
+
+
+# What plan's "layer copy" is: a decode step's dense copy of one layer beside the cache, which only some
+# strategies make (kvpipe.cache: Strategy.dequantized_copy_bytes)
+LAYER_COPY = "one layer's dense copy a decode step makes beside the cache: a quantized layer dequantized, a paged layer's pages gathered"
 
 
 def _notes(spec, shape, device: str, cap: int, contexts: list[int], pressed: bool) -> list[str]:

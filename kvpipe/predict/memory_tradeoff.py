@@ -17,9 +17,14 @@ from kvpipe import catalogue
 from kvpipe.predict.floors import split
 from kvpipe.predict.run_costs import BATCH, NEW, PROMPT, job_costs, job_spec
 from kvpipe.record import tags as mlflow_tags
-from kvpipe.units import human_bytes
+from kvpipe.units import human_bytes, sizes_apart
 
 KV, PEAK = catalogue.column("kv_cache_bytes"), "memory_bytes"
+# The least difference, as a share of the reference's figure, that a line is about: a process's peak on
+# CPU moves by a few percent from run to run with what its libraries allocate, and a KV size a few
+# percent apart is the same cache to a reader; below it "holds 1.0x fewer ... yet peaks 568 KiB higher"
+# would be about noise and rounding.
+NOTICEABLE = 0.05
 
 
 def explain(runs, reference) -> str | None:
@@ -31,12 +36,13 @@ def explain(runs, reference) -> str | None:
 
 def smaller_but_higher(runs, reference) -> list:
     """The runs beside `reference` (same model, batch and prompt) that hold fewer KV bytes than it
-    yet peak higher, the largest saving first."""
+    yet peak higher, each by more than NOTICEABLE of the reference's, the largest saving first."""
     found = []
     for _, run in runs.iterrows():
         same_job = all(_same(run.get(name), reference.get(name)) for name in _SAME_JOB)
         # comparisons with NaN are False: a run without a measured KV size or peak is never one
-        if same_job and run.get(KV, math.nan) < reference.get(KV, math.nan) and run[PEAK] > reference[PEAK]:
+        fewer = run.get(KV, math.nan) < (1 - NOTICEABLE) * reference.get(KV, math.nan)
+        if same_job and fewer and run[PEAK] > (1 + NOTICEABLE) * reference[PEAK]:
             found.append(run)
     return sorted(found, key=lambda run: run[KV])
 
@@ -54,9 +60,9 @@ def tradeoff_line(saver, reference, others: int = 0) -> str:
     kv_ratio = reference[KV] / saver[KV] if saver[KV] > 0 else math.inf
     gap = saver[PEAK] - reference[PEAK]
     line = (
-        f"{saver['label']} holds {kv_ratio:.1f}× fewer KV bytes than {reference['label']} "
-        f"({human_bytes(saver[KV])} vs {human_bytes(reference[KV])}) yet peaks {human_bytes(gap)} higher "
-        f"({human_bytes(saver[PEAK])} vs {human_bytes(reference[PEAK])})"
+        f"{saver['label']} holds {kv_ratio:.{1 if kv_ratio >= 2 else 2}f}× fewer KV bytes than {reference['label']} "
+        f"({sizes_apart(saver[KV], reference[KV])}) yet peaks {human_bytes(gap)} higher "
+        f"({sizes_apart(saver[PEAK], reference[PEAK])})"
     )
     likewise = f"; {others} more {'caches do' if others > 1 else 'cache does'} likewise" if others else ""
     return line + _accounted(saver, reference, gap) + likewise

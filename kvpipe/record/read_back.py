@@ -91,12 +91,36 @@ def _read_runs(experiment: str, parent: str | None, uri: str, whole_experiment: 
             parent_run = sweeps[0]
     runs = _search(experiment_id, FINISHED) if parent_run is None else _sweep_runs(experiment_id, parent_run)
     if runs.empty:
-        where = f"sweep {parent_run.info.run_id}" if parent_run else f"experiment {experiment!r}"
-        raise KvpipeError(f"{where} has no FINISHED runs; its jobs failed or were skipped (see their result.json)")
+        if parent_run is None:
+            raise KvpipeError(f"experiment {experiment!r} has no FINISHED runs; {UNMEASURED}")
+        raise KvpipeError(f"sweep {parent_run.info.run_id} has no FINISHED runs; {_why_none(_sweep_dir(parent_run))}")
     return (runs.reset_index(drop=True) if every_repeat else _latest_per_key(runs)), parent_run
 
 
 SHORT_ID = 8  # the run id's characters a sweep's title prints
+UNMEASURED = "its jobs failed or were skipped (see their result.json)"
+REASONS_SHOWN = 3
+
+
+def _sweep_dir(parent_run) -> Path:
+    return Path(parent_run.data.tags.get(mlflow_tags.SWEEP_DIR, "/nonexistent"))
+
+
+def _why_none(sweep_dir: Path) -> str:
+    """Why a sweep measured nothing, from its jobs' result.json: 'the sweep in DIR measured nothing:
+    every job was skipped (REASON; ...)', or how many were skipped and failed; UNMEASURED where its
+    folder is not here."""
+    results = [result for _, result in iter_results(sweep_dir) if result.status != "FINISHED"]
+    if not results:
+        return UNMEASURED
+    statuses = sorted({result.status.lower() for result in results})
+    if len(statuses) == 1:
+        what = f"every job was {statuses[0]}" if len(results) > 1 else f"its one job was {statuses[0]}"
+    else:
+        what = ", ".join(f"{sum(r.status.lower() == s for r in results)} {s}" for s in statuses)
+    reasons = list(dict.fromkeys(result.reason for result in results if result.reason))
+    more = f"; {len(reasons) - REASONS_SHOWN} more in their result.json" if len(reasons) > REASONS_SHOWN else ""
+    return f"the sweep in {sweep_dir} measured nothing: {what} ({'; '.join(reasons[:REASONS_SHOWN])}{more})"
 
 
 def _run_by_prefix(prefix: str):
@@ -123,11 +147,10 @@ def _search(experiment_id: str, filter_string: str) -> pd.DataFrame:
 def _sweep_runs(experiment_id: str, parent_run) -> pd.DataFrame:
     """The sweep's children, plus the earlier runs its jobs were skipped for under resume=true."""
     runs = _search(experiment_id, f"{mlflow_tags.equals(mlflow_tags.PARENT, parent_run.info.run_id)} and {FINISHED}")
-    sweep_dir = Path(parent_run.data.tags.get(mlflow_tags.SWEEP_DIR, "/nonexistent"))
-    skipped = {result.measurement_key for _, result in iter_results(sweep_dir) if result.status == "SKIPPED"}
+    skipped = {r.measurement_key for _, r in iter_results(_sweep_dir(parent_run)) if r.status == "SKIPPED"}
     skipped -= set(runs.get(KEY, ())) | {None}  # a duplicate within the sweep is a child already
-    if skipped:
-        earlier = _search(experiment_id, FINISHED)
+    earlier = _search(experiment_id, FINISHED) if skipped else pd.DataFrame()
+    if KEY in earlier:  # an experiment with no finished run has no columns at all
         runs = pd.concat([runs, earlier[earlier[KEY].isin(skipped)]])
     return runs
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from kvpipe import catalogue, workload
 from kvpipe.measure.round_figures import TAG_PREFIX, parse_series
 from kvpipe.measure.uncertainty import interval_note
 from kvpipe.record.result import Result
+from kvpipe.units import counted
 
 
 def print_run(result: Result, result_path: Path) -> None:
@@ -22,10 +24,13 @@ def print_run(result: Result, result_path: Path) -> None:
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for label, shown in run_rows(metrics, tags):
+    rows, once = said_once(run_rows(metrics, tags))
+    for label, shown in rows:
         table.add_row(label, shown)
     console = Console()
     console.print(table)
+    if once:
+        console.print(once)
     if "prompt_count" in metrics:
         console.print(prompt_lengths(metrics))
     if result.answers:  # the workload's own tables (passkey: found / asked per length and depth)
@@ -39,15 +44,46 @@ def print_run(result: Result, result_path: Path) -> None:
 def run_rows(metrics: dict, tags: dict) -> list[tuple[str, str]]:
     """(label, figure) for each run-table metric the run measured: the figure with its interval where
     its rounds support one, else the words that say why not (kvpipe.measure.uncertainty.interval_note)."""
-    rows = []
-    for metric in workload.metrics().values():
-        if metric.in_run_table and metric.name in metrics:
-            interval = metric.interval_of(metrics)
-            note = interval_note(*interval, parse_series(tags.get(TAG_PREFIX + metric.name))) or ""
-            rows.append(
-                (metric.label, metric.show(metrics[metric.name], metrics.get(metric.name + "_std"), interval, note))
-            )
-    return rows
+    return [
+        (metric.label, figure_text(metric, metrics, tags))
+        for metric in workload.metrics().values()
+        if metric.in_run_table and metric.name in metrics
+    ]
+
+
+_CELL_NOTE = re.compile(r" \(([^()]*interval[^()]*)\)$")  # interval_note's words, as a figure ends with them
+
+
+def interval_words(text: str) -> str | None:
+    """The words a printed figure ends with in place of its interval ('67.9 ms (1 round, no
+    interval)' -> '1 round, no interval'), None where it ends with none."""
+    match = _CELL_NOTE.search(text)
+    return match[1] if match else None
+
+
+def without_interval_words(text: str) -> str:
+    return _CELL_NOTE.sub("", text)
+
+
+def said_once(rows: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], str | None]:
+    """The run table's rows with words that several figures share in place of their interval ('1
+    round, no interval') taken out of them, and the one line that says them once instead: 'TTFT,
+    TPOT, decode: 1 round, no interval'; the rows as they are, and None, where no two share them."""
+    worded = [(label, interval_words(shown)) for label, shown in rows if interval_words(shown)]
+    if len(worded) < 2 or len({words for _, words in worded}) > 1:
+        return rows, None
+    stripped = [(label, without_interval_words(shown)) for label, shown in rows]
+    return stripped, f"{', '.join(label for label, _ in worded)}: {worded[0][1]}"
+
+
+def figure_text(metric: catalogue.Metric, metrics: dict, tags: dict, unit: bool = True) -> str:
+    """A run's figure as kvpipe prints it: with its 95% interval where its rounds support one, else
+    the words that say why not ('67.9 ms (1 round, no interval)'); without its unit for a table cell
+    whose header names it (unit=False). Benchmarks print theirs through it too."""
+    interval = metric.interval_of(metrics)
+    note = interval_note(*interval, parse_series(tags.get(TAG_PREFIX + metric.name))) or ""
+    shown = metric.show if unit else metric.number
+    return shown(metrics[metric.name], metrics.get(metric.name + "_std"), interval, note)
 
 
 def prompt_lengths(metrics: dict) -> str:
@@ -57,7 +93,7 @@ def prompt_lengths(metrics: dict) -> str:
         for name, label in (("p50", "p50"), ("p90", "p90"), ("max", "max"))
     )
     mean = catalogue.get("prompt_tokens_mean").number(metrics["prompt_tokens_mean"])
-    return f"{metrics['prompt_count']:.0f} prompts · {mean} tokens mean, {shown}"
+    return f"{counted(metrics['prompt_count'], 'prompt')} · {mean} tokens mean, {shown}"
 
 
 def print_sweep_end(counts: dict[str, int], sweep_dir: Path, parent_run_id: str | None, unsynced: int = 0) -> None:

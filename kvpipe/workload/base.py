@@ -193,6 +193,11 @@ class Workload(Registered):
             raise ConfigError("workload.warmup", self.common.warmup, "expected 0 or more")
         return {"ignore_eos": self.default_ignore_eos()} if self.common.ignore_eos is None else {}
 
+    def notes(self) -> list[str]:
+        """What the settings as given do that the user may not expect, without being wrong: one line
+        each, printed with the job's warnings."""
+        return []
+
     def default_ignore_eos(self) -> bool:
         """What workload.ignore_eos=null means for it: True, every call runs to max_new_tokens."""
         return True

@@ -79,13 +79,15 @@ def from_file(path: str, count: int, turns: int, system: str) -> list[Session]:
 
 def _session(path: str, number: int, value, turns: int, system: str) -> Session:
     if not isinstance(value, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in value):
-        raise ConfigError("workload.path", path, f"row {number} is not a list of messages; {EXPECTED_ROW}")
+        raise ConfigError(
+            "workload.path", path, f"row {reading.row_number(number)} is not a list of messages; {EXPECTED_ROW}"
+        )
     questions = [m["content"] for m in value if m.get("role") == "user" and m["content"].strip()]
     if len(questions) < 2:
         raise ConfigError(
             "workload.path",
             path,
-            f"row {number} has {len(questions)} user message(s), not a conversation; {EXPECTED_ROW}",
+            f"row {reading.row_number(number)} has {len(questions)} user message(s), not a conversation; {EXPECTED_ROW}",
         )
     own_system = [m["content"] for m in value if m.get("role") == "system"]
     return Session(number, own_system[0] if own_system else system, tuple(questions[:turns]))

@@ -20,6 +20,7 @@ from typing import Optional
 
 from kvpipe.catalogue import Metric
 from kvpipe.errors import ConfigError, require_choice
+from kvpipe.units import counted
 from kvpipe.workload._scored import Scored
 from kvpipe.workload.base import Batch, Quality, Window, Workload, padded_batch, until_eos
 from kvpipe.workload.dataset import labelled, reading, scoring
@@ -150,16 +151,24 @@ class Dataset(Workload):
         return [
             Row(
                 number,
-                _messages(path, field, number, value),
-                _length(path, number, new),
+                _messages(path, field, reading.row_number(number), value),
+                _length(path, reading.row_number(number), new),
                 arrival,
-                labelled.accepted(path, answer_field, number, answer, self.scorer) if answer_field else (),
+                labelled.accepted(path, answer_field, reading.row_number(number), answer, self.scorer)
+                if answer_field
+                else (),
             )  # fmt: skip
             for number, value, new, arrival, answer in zip(numbers, data[field], lengths, arrivals, answers)
         ]
 
+    def notes(self) -> list[str]:
+        rows, limit = len(self._table[0]), self.settings.limit
+        if limit is None or limit <= rows:
+            return []
+        return [f"workload.limit={limit} but the file has {counted(rows, 'row')}: all {rows} used"]
+
     def size_label(self) -> str:
-        rows = f" {self.settings.limit} rows" if self.settings.limit else ""
+        rows = f" {counted(self.settings.limit, 'row')}" if self.settings.limit else ""
         return f"{Path(str(self.settings.path)).name}{rows}"
 
     # ---- prompts ------------------------------------------------------------------------------
@@ -191,7 +200,7 @@ class Dataset(Workload):
                     raise ConfigError(
                         "workload.path",
                         self.settings.path,
-                        f"row {row.number} is {tokens} tokens, which with {new} new tokens exceeds the model's "
+                        f"row {reading.row_number(row.number)} is {tokens} tokens, which with {new} new tokens exceeds the model's "
                         f"{positions} positions; expected prompts of at most {positions - new} tokens",
                     )
 
@@ -291,7 +300,11 @@ def _arrivals(path: str, data, numbers: list[int]) -> list[float | None]:
         if hasattr(value, "timestamp"):  # a datetime column
             value = value.timestamp()
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
-            raise ConfigError("workload.path", path, f"row {number} has {name}={value!r}; expected seconds (a number)")
+            raise ConfigError(
+                "workload.path",
+                path,
+                f"row {reading.row_number(number)} has {name}={value!r}; expected seconds (a number)",
+            )
         times.append(float(value))
     order = sorted(range(len(numbers)), key=lambda i: numbers[i])  # file order, whatever a sample chose
     for earlier, later in zip(order, order[1:]):
@@ -299,7 +312,8 @@ def _arrivals(path: str, data, numbers: list[int]) -> list[float | None]:
             raise ConfigError(
                 "workload.path",
                 path,
-                f"row {numbers[later]} has {name}={times[later]:g}, before row {numbers[earlier]}'s {times[earlier]:g}; "
+                f"row {reading.row_number(numbers[later])} has {name}={times[later]:g}, before row "
+                f"{reading.row_number(numbers[earlier])}'s {times[earlier]:g}; "
                 "expected arrival times that never go backwards",
             )
     first = min(times)

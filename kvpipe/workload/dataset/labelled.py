@@ -27,7 +27,8 @@ def answer_column(columns: list[str], answer_field: str | None) -> str | None:
 
 
 def accepted(path: str, field: str, number: int, value, scorer: scoring.Scorer) -> tuple[str, ...]:
-    """A row's accepted answers as texts (a number is its text), each usable by the scorer."""
+    """A row's accepted answers as texts (a number is its text), each usable by the scorer; `number`
+    names the row in errors, counted as an editor counts (from 1)."""
     values = value if isinstance(value, list) else [value]
     texts = tuple(str(v).strip() for v in values if v is not None and not isinstance(v, (dict, list)))
     if not texts or len(texts) != len(values) or not all(texts):

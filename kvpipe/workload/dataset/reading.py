@@ -103,6 +103,12 @@ def _one_split(splits, split: str | None):
     return splits[split]
 
 
+def row_number(index: int) -> int:
+    """A row's number as the user's editor counts the file's rows (and a JSON Lines file's lines):
+    the first is 1. Every message about a row of a user's file names it so."""
+    return index + 1
+
+
 def _why_unreadable(path: Path, exc: BaseException) -> str:
     """A JSON Lines file's first broken line by number; otherwise the reader's own reason."""
     if path.suffix.lower() == ".jsonl":

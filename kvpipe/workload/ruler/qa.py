@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kvpipe.errors import ConfigError
 from kvpipe.workload._encoding import raw_ids
+from kvpipe.workload.dataset.reading import row_number
 from kvpipe.workload.ruler.prompt import Draft
 
 INTRO = (
@@ -62,7 +63,7 @@ def read(path: str | None) -> list[Row]:
         raise ConfigError("workload.qa_path", path, f"is not valid JSON ({error}); {FIELDS} per row") from None
     if not isinstance(raws, list) or not raws:
         raise ConfigError("workload.qa_path", path, f"holds no rows; {FIELDS} per row")
-    return [_row(path, number, raw) for number, raw in enumerate(raws)]
+    return [_row(path, row_number(index), raw) for index, raw in enumerate(raws)]
 
 
 def _row(path: str | None, number: int, raw) -> Row:
