@@ -319,8 +319,12 @@ SWEEP = [
 def tiny_sweep(tmp_path_factory, existing_store) -> SimpleNamespace:
     """One real sweep for the session, read by test_sweep, test_compare and test_recommend:
     launch_dir, sweep_dir (its Hydra multirun dir), proc (the finished `python -m kvpipe -m`)."""
+    from kvpipe.model import loading
+
     launch_dir = tmp_path_factory.mktemp("tiny_sweep")
     existing_store(launch_dir)
+    # test_sweep counts the sweep's model loads: none resident from an earlier test in this process
+    loading._LOADED.clear()
     proc = run_cli(SWEEP, cwd=launch_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (sweep_dir,) = (launch_dir / "outputs" / "multiruns").glob("*/*")

@@ -83,7 +83,7 @@ def test_a_concurrency_above_the_requests_says_so_and_labels_what_was_in_flight(
     from kvpipe import load
 
     concurrency = load.get("concurrency")(type("Cfg", (), {"concurrency": 16, "requests": None})())
-    assert concurrency.in_flight(["a"] * 4) == 4 and concurrency.label(["a"] * 4) == "concurrency(4; asked 16)"
+    assert concurrency.in_flight(["a"] * 4) == 4 and concurrency.served_label(["a"] * 4) == "concurrency(4; asked 16)"
     assert concurrency.notes(["a"] * 4) == [
         "load.concurrency=16 but only 4 requests: at most 4 in flight (load.requests sets how many)"]  # fmt: skip
-    assert concurrency.label(["a"] * 16) == "concurrency(16)" and concurrency.notes(["a"] * 20) == []
+    assert concurrency.served_label(["a"] * 16) == "concurrency(16)" and concurrency.notes(["a"] * 20) == []

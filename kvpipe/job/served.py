@@ -90,7 +90,7 @@ class ServedJob(Job):
             # between rounds: a round's mean TTFT and TPOT, as a batch job's calls of one shape
             timing_noise_cv=repeat_noise(self.per_round, [()] * self.rounds_done()),
         )
-        tags = {"load": self.load.label(self.requests), "peak_memory_source": self.peaks[0].source}
+        tags = {"load": self.load.served_label(self.requests), "peak_memory_source": self.peaks[0].source}
         return metrics, self.load.notes(self.requests), tags
 
     def prompt_tokens(self) -> list[int]:

@@ -84,9 +84,14 @@ class Load(Registered):
         """The most requests served at once: all of them unless the kind says."""
         return len(requests)
 
-    def label(self, requests: Sequence | None = None) -> str:
-        """How the run's title names it, as served to `requests` where given: load=concurrency(4)."""
+    def label(self) -> str:
+        """How the run's title names it: load=concurrency(4)."""
         return self.name
+
+    def served_label(self, requests: Sequence) -> str:
+        """Its label as served to `requests`, where a setting could not act as given; a kind whose
+        settings always act keeps label() (a plugin need not know of this)."""
+        return self.label()
 
     def notes(self, requests: Sequence) -> list[str]:
         """What a run serving these requests should say of its load where a setting could not act as

@@ -27,12 +27,13 @@ class Concurrency(Load):
     def in_flight(self, requests) -> int:
         return min(self.settings.concurrency, len(requests))
 
-    def label(self, requests=None) -> str:
-        """concurrency(4); concurrency(4; asked 16) where only 4 requests were there to keep in flight."""
+    def label(self) -> str:
+        return f"concurrency({self.settings.concurrency})"
+
+    def served_label(self, requests) -> str:
+        """concurrency(4; asked 16) where only 4 requests were there to keep in flight."""
         asked = self.settings.concurrency
-        if requests is None or len(requests) >= asked:
-            return f"concurrency({asked})"
-        return f"concurrency({len(requests)}; asked {asked})"
+        return self.label() if len(requests) >= asked else f"concurrency({len(requests)}; asked {asked})"
 
     def notes(self, requests) -> list[str]:
         asked, served = self.settings.concurrency, len(requests)

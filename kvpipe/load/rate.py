@@ -112,7 +112,7 @@ class Rate(Load):
             return draw.expovariate(self.settings.rate)
         return draw.gammavariate(shape, 1.0 / (self.settings.rate * shape))
 
-    def label(self, requests=None) -> str:
+    def label(self) -> str:
         shape, ramp = self.settings.burstiness, self.settings.ramp_up_s
         bursts = "" if shape in (None, 1.0) else f", burstiness {shape:g}"
         ramped = f", ramp {ramp:g}s" if ramp else ""
