@@ -1,6 +1,6 @@
 """Every kvpipe command the README and the manual show still parses: a job's or a sweep's overrides
 compose into a valid config (Hydra's composition, then kvpipe's validation), and a subcommand's
-arguments pass its parser. Nothing runs. A command shown with its one-line error (`kvpipe: error:`
+arguments pass its parser, and a press fits the prompts it would read. Nothing runs. A command shown with its one-line error (`kvpipe: error:`
 right after it) must fail validation instead."""
 
 from __future__ import annotations
@@ -8,12 +8,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from shown_commands import REPO, shown_commands, words_of
 
 from kvpipe import cli
 from kvpipe.errors import ConfigError, KvpipeError
 from kvpipe.jobspec import compose, make_spec
-
-from shown_commands import REPO, shown_commands, words_of
 
 # Hydra's own flags: they say how to run, not what
 HYDRA_FLAGS = {"-m", "--multirun", "--help", "-h", "--info"}
@@ -101,10 +100,23 @@ def _validate(overrides: list[str]) -> None:
         with open_dict(cfg):
             del cfg["hydra"]
     try:
-        make_spec(cfg, overrides)
+        spec = make_spec(cfg, overrides)
     except ConfigError as exc:
         if exc.field not in PLACEHOLDERS:
             raise
+        return
+    if spec.press is not None:
+        _check_prompts(spec)
+
+
+def _check_prompts(spec) -> None:
+    """A press against the prompts it would read, as a job checks it before the weights load: its
+    window must fit the shortest (only the tokenizer is loaded)."""
+    from kvpipe import model
+    from kvpipe.workload.base import shortest_and_padded
+
+    batches = spec.bound_workload.batches(model.load_tokenizer(spec.model), "cpu")
+    spec.strategy.check_prompts(*shortest_and_padded(batches))
 
 
 def test_every_page_of_the_manual_is_in_its_navigation():
