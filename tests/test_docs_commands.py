@@ -1,56 +1,24 @@
 """Every kvpipe command the README and the manual show still parses: a job's or a sweep's overrides
 compose into a valid config (Hydra's composition, then kvpipe's validation), and a subcommand's
-arguments pass its parser. Nothing runs. A command shown with its one-line error (`kvpipe: error:`
+arguments pass its parser, and a press fits the prompts it would read. Nothing runs. A command shown with its one-line error (`kvpipe: error:`
 right after it) must fail validation instead."""
 
 from __future__ import annotations
 
 import itertools
-import re
-import shlex
-from pathlib import Path
 
 import pytest
+from shown_commands import REPO, shown_commands, words_of
 
 from kvpipe import cli
 from kvpipe.errors import ConfigError, KvpipeError
 from kvpipe.jobspec import compose, make_spec
 
-REPO = Path(__file__).resolve().parents[1]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
-FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
-COMMAND = re.compile(r"^(?:\$ )?(?:[A-Z_]+=\S+ )*(?:\.venv/bin/)?(python -m kvpipe|kvpipe)(?: (?!·)|$)(.*)$")
-ELIDED = ("…", "...")  # the docs' "and so on": not an argument
 # Hydra's own flags: they say how to run, not what
 HYDRA_FLAGS = {"-m", "--multirun", "--help", "-h", "--info"}
 HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "-sc", "--shell-completion", "--package", "-p", "--config-dir", "-cd"}
 # Values that stand for the user's own files: a folder or file that exists on their machine, not here
 PLACEHOLDERS = ("model.name_or_path", "workload.path", "workload.data_files")
-
-
-def shown_commands() -> list[tuple[str, int, str, bool]]:
-    """(page, line, command, shown failing) for every kvpipe command in a fenced block."""
-    found = []
-    for page in PAGES:
-        text = page.read_text()
-        for block in FENCE.finditer(text):
-            body = block.group(1).replace("\\\n", " ")
-            lines = body.splitlines()
-            first_line = text[: block.start()].count("\n") + 2
-            for index, line in enumerate(lines):
-                match = COMMAND.match(line.strip())
-                if not match:
-                    continue
-                following = "\n".join(lines[index + 1 : index + 3])
-                fails = "kvpipe: error:" in following
-                found.append((page.relative_to(REPO).as_posix(), first_line + index, line.strip(), fails))
-    return found
-
-
-def words_of(command: str) -> list[str]:
-    """The command's arguments, its comment and the environment before it left out."""
-    match = COMMAND.match(command)
-    return [word for word in shlex.split(match.group(2), comments=True) if word not in ELIDED]
 
 
 def job_overrides(words: list[str]) -> list[list[str]]:
@@ -93,8 +61,8 @@ def test_the_docs_show_commands_of_every_kind():
     assert any(not words_of(c) or words_of(c)[0] not in cli.subcommands() for _, _, c, _ in CASES)
 
 
-@pytest.mark.parametrize("page,line,command,fails", CASES, ids=[f"{p}:{n}" for p, n, _, _ in CASES])
-def test_every_command_the_docs_show_parses(page, line, command, fails):
+@pytest.mark.parametrize("page,line,command,fails", CASES, ids=[case.id for case in CASES])
+def test_every_command_the_docs_show_parses(page, line, command, fails):  # fails: the error shown
     words = words_of(command)
     if words and words[0] in cli.subcommands():
         parser = cli.subcommand_parser(only=words[0])
@@ -132,10 +100,23 @@ def _validate(overrides: list[str]) -> None:
         with open_dict(cfg):
             del cfg["hydra"]
     try:
-        make_spec(cfg, overrides)
+        spec = make_spec(cfg, overrides)
     except ConfigError as exc:
         if exc.field not in PLACEHOLDERS:
             raise
+        return
+    if spec.press is not None:
+        _check_prompts(spec)
+
+
+def _check_prompts(spec) -> None:
+    """A press against the prompts it would read, as a job checks it before the weights load: its
+    window must fit the shortest (only the tokenizer is loaded)."""
+    from kvpipe import model
+    from kvpipe.workload.base import shortest_and_padded
+
+    batches = spec.bound_workload.batches(model.load_tokenizer(spec.model), "cpu")
+    spec.strategy.check_prompts(*shortest_and_padded(batches))
 
 
 def test_every_page_of_the_manual_is_in_its_navigation():

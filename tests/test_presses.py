@@ -310,6 +310,15 @@ def test_each_press_and_ratio_is_its_own_measurement():
     assert len(keys) == 4 and spec_for(*JOB).measurement_key() not in keys
 
 
+def test_streaming_warns_of_press_ratio_only_where_the_user_gave_it():
+    from kvpipe.jobspec import spec_from
+
+    window = ("model=tiny_random", "press=streaming", "press.window=16")
+    assert spec_from(window).warnings == ()  # the YAML's ratio is no setting of the user's
+    warned = spec_from((*window, "press.ratio=0.25")).warnings
+    assert warned == ("press.ratio=0.25 is ignored: press.window=16 sets what streaming keeps",)
+
+
 def test_a_press_is_named_in_the_label_and_the_command_that_measures_it_again():
     spec = spec_for(*JOB, "cache=quantized", "press=snapkv", "press.ratio=0.25")
     assert "axis=kivi press=snapkv press.ratio=0.25 " in spec.strategy.describe()

@@ -219,7 +219,7 @@ class CacheStrategy(Registered):
         if not uses_backend and overridden & {"backend", "axis"}:
             users = ", ".join(f"cache={s.name}" for s in registered() if "backend.name" in s.read_fields("quanto"))
             warnings.append(f"backend/axis settings apply to {users} only; cache={self.name} ignores them")
-        warnings += self.press.check()
+        warnings += self.press.check(overridden)
         self.press.check_compose(self.name, self.press_layers)
         return warnings
 

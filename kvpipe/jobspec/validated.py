@@ -190,7 +190,8 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
         press=None if typed.press.name == "none" else typed.press,
     )
     _check_serving(spec)
-    overridden = frozenset(override_group(o) for o in overrides)
+    # the groups and the settings the user named: a warning about a setting only where it was given
+    overridden = frozenset(override_group(o) for o in overrides) | frozenset(override_key(o) for o in overrides)
     warnings = options.ignored_warnings("cache", chosen["cache"]) + spec.strategy.check(overridden)
     for group in [g for g in chosen if g != "cache"]:
         warnings += options.ignored_warnings(group, chosen[group])
@@ -218,7 +219,12 @@ def spec_from(overrides: Sequence[str]) -> Spec:
 
 def override_group(override: str) -> str:
     """The config group an override sets: `cache` for `cache.compile=true` or `+cache=static`."""
-    return override.lstrip("+~").split("=")[0].split(".")[0]
+    return override_key(override).split(".")[0]
+
+
+def override_key(override: str) -> str:
+    """The key an override sets: `press.ratio` for `press.ratio=0.5`, `cache` for `+cache=static`."""
+    return override.lstrip("+~").split("=")[0]
 
 
 def _type_name(annotation: str) -> str:

@@ -111,8 +111,9 @@ class Press(Registered):
 
     # ---- checks -------------------------------------------------------------------------------
 
-    def check(self) -> list[str]:
-        """Checks against the config alone; returns warnings."""
+    def check(self, given: frozenset[str] = frozenset()) -> list[str]:
+        """Checks against the config alone; returns warnings. `given`: the keys (`press.ratio`) and
+        groups the user's overrides set, so that a warning names only a setting the user gave."""
         ratio = self.settings.ratio
         if not 0 <= ratio < 1:
             raise ConfigError(

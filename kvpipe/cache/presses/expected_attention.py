@@ -30,8 +30,8 @@ class ExpectedAttention(Press):
         use_vnorm: bool = True  # scale each score by its value's L2 norm
         epsilon: float = 0.0  # added to each score before that scaling
 
-    def check(self) -> list[str]:
-        warnings = super().check()
+    def check(self, given: frozenset[str] = frozenset()) -> list[str]:
+        warnings = super().check(given)
         s = self.settings
         if s.future_positions < 1:
             raise ConfigError(

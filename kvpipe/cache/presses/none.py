@@ -16,7 +16,7 @@ class NoPress(Press):
     class Settings:
         pass
 
-    def check(self) -> list[str]:
+    def check(self, given: frozenset[str] = frozenset()) -> list[str]:
         return []
 
     def check_compose(self, strategy, layers) -> None:

@@ -29,8 +29,8 @@ class PyramidKV(SnapKV):
     class Settings(SnapKV.Settings):
         beta: int = 20  # the pyramid's steepness: the last layer keeps 1/beta of the average
 
-    def check(self) -> list[str]:
-        warnings = super().check()
+    def check(self, given: frozenset[str] = frozenset()) -> list[str]:
+        warnings = super().check(given)
         if self.settings.beta < 1:
             raise ConfigError("press.beta", self.settings.beta, "expected 1 or more (20 in PyramidKV)")
         return warnings

@@ -22,8 +22,8 @@ class Random(Press):
         ratio: float = 0.5  # the fraction of the prompt's KV removed
         seed: Optional[int] = None  # null: torch's global generator, as kvpress's default
 
-    def check(self) -> list[str]:
-        warnings = super().check()
+    def check(self, given: frozenset[str] = frozenset()) -> list[str]:
+        warnings = super().check(given)
         seed = self.settings.seed
         if seed is not None and not 0 <= seed < 2**63:
             raise ConfigError("press.seed", seed, "expected a seed from 0 to 2**63 - 1, or null for an unseeded draw")

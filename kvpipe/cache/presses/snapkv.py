@@ -27,8 +27,8 @@ class SnapKV(Press):
         window: int = DEFAULT_WINDOW  # the last prompt tokens whose attention scores the rest
         kernel: int = 5  # neighbours each score is pooled over
 
-    def check(self) -> list[str]:
-        warnings = super().check()
+    def check(self, given: frozenset[str] = frozenset()) -> list[str]:
+        warnings = super().check(given)
         if self.settings.window < 1:
             raise ConfigError(
                 "press.window",

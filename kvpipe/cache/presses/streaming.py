@@ -35,8 +35,8 @@ class Streaming(Press):
         s = self.settings
         return f"{self.name}{s.ratio:g}" if s.window is None else f"{self.name}{s.sinks}+{s.window}"
 
-    def check(self) -> list[str]:
-        warnings = super().check()
+    def check(self, given: frozenset[str] = frozenset()) -> list[str]:
+        warnings = super().check(given)
         s = self.settings
         if s.sinks < 0:
             raise ConfigError("press.sinks", s.sinks, "expected a count of first tokens to keep, 0 or more")
@@ -44,7 +44,7 @@ class Streaming(Press):
             raise ConfigError(
                 "press.window", s.window, "expected a positive number of recent tokens, or null to follow press.ratio"
             )
-        if s.window is not None and s.ratio:
+        if s.window is not None and "press.ratio" in given:  # the YAML's ratio is nothing the user said
             warnings.append(f"press.ratio={s.ratio:g} is ignored: press.window={s.window} sets what streaming keeps")
         return warnings
 
