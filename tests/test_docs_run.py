@@ -47,13 +47,6 @@ NOT_HERE = {  # what no CI machine has
 }
 # Limits the tiny model cannot meet: there the command answers that no run meets them (exit 1)
 CANNOT_MEET = {"--min-accuracy": "tiny_random's random weights answer nothing right"}
-EMPTY_FRONT = "the search crashes (ValueError in orchestrate/search/frontier.hypervolume) asking a batch before any trial is feasible"
-KNOWN_BUGS = {  # failing for a bug of a part this test does not own: each turns green with its fix
-    "docs/sweeps.md:186": EMPTY_FRONT,
-    "docs/sweeps.md:187": EMPTY_FRONT,
-    "docs/sweeps.md:188": EMPTY_FRONT,
-    "docs/workloads.md:422": EMPTY_FRONT,
-}
 IGNORED = re.compile(r"\b([a-z_]+\.[a-z_.]+)(?:=\S*)? (?:is ignored|was not used|is not used)")
 
 
@@ -110,14 +103,7 @@ def page_dirs(tmp_path_factory):
     return page_dir
 
 
-@pytest.mark.parametrize(
-    "shown",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[c.id])) if c.id in KNOWN_BUGS else c
-        for c in CASES
-    ],
-    ids=[case.id for case in CASES],
-)
+@pytest.mark.parametrize("shown", CASES, ids=[case.id for case in CASES])
 def test_every_command_the_docs_show_runs_as_they_say(shown, page_dirs, monkeypatch):
     words = words_of(re.sub(r"\s\[-[^\]]*\]", "", shown.command))  # `[--flag N]`: an optional one
     if shown.id in NOT_HERE:

@@ -10,7 +10,13 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from kvpipe.orchestrate.search.frontier import FrontierSampler, at_least_as_safe, inferred_misses, safer_neighbours
+from kvpipe.orchestrate.search.frontier import (
+    FrontierSampler,
+    at_least_as_safe,
+    hypervolume_gains,
+    inferred_misses,
+    safer_neighbours,
+)
 from kvpipe.orchestrate.search.space import build
 
 # The benchmark's reduced space: 3 dense points, quanto and hqq x 2 and 4 bits x 2 layouts x 2 residuals
@@ -219,3 +225,13 @@ def test_progress_counts_jobs_against_the_budget_and_every_point_in_an_exhaustiv
     assert reused.startswith("not counted, reused: cache=static")
     _, reused = lines(trials=len(the_space.points))
     assert reused.startswith(f"trial 2/{len(the_space.points)} reused: ")
+
+
+def test_before_any_trial_is_feasible_each_candidate_gains_what_it_alone_dominates():
+    """A batch asked before any trial met the limits: an empty front, and the candidate dominating
+    more (fewer bytes, lower TPOT, lower KL) gains more."""
+    import numpy as np
+
+    empty_front = np.empty((0, 3))
+    gains = hypervolume_gains(empty_front, np.array([[1.0, 2.0, 0.0], [2.0, 3.0, 0.1]]))
+    assert gains[0] > gains[1] > 0

@@ -205,9 +205,9 @@ def hypervolume(points, low: np.ndarray, high: np.ndarray) -> float:
     `high`, with the reference point 1.1 beyond it: Optuna's WFG implementation."""
     from optuna._hypervolume import compute_hypervolume
 
-    points = np.asarray(points, dtype=float).reshape(len(points), -1)
-    if not len(points):
+    if not len(points):  # no feasible trial yet: nothing dominated (and (0, -1) is no shape to reshape to)
         return 0.0
+    points = np.asarray(points, dtype=float).reshape(len(points), -1)
     scaled = (points - low) / np.where(high > low, high - low, 1.0)
     return float(compute_hypervolume(scaled, np.full(points.shape[1], 1.1)))
 
