@@ -205,11 +205,12 @@ MODULE_FIXTURES = (
     "advised",
     "auth_server",
     "labelled_jobs",
-    "page_dirs",
 )
 
 
 def xdist_group(item) -> str | None:
+    if own := item.get_closest_marker("xdist_group"):  # a test that names its group (the docs run: a page's)
+        return own.args[0]
     names = getattr(item, "fixturenames", ())
     shared = next((name for name in SHARED_FIXTURES if name in names), None)
     if shared is None and any(name in names for name in MODULE_FIXTURES):

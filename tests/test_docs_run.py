@@ -5,9 +5,9 @@ same way (`shrunk`): the tiny model, two new tokens, one round and one thread un
 three advise trials, two requests per capacity point, at most 16 per load; what it says stays. A command shown with its `kvpipe: error:` must fail
 with that error; every other one must exit 0 and warn of no setting it did not give.
 
-The file's commands run in one xdist worker (page_dirs groups them), in order: 87 commands (7 skipped)
-in 10.5 min on the 2-core VM beside three other engineers' work (2026-12-03), most of it in the
-RULER examples (1,024-token contexts and more) and the presets' sweeps (quant_grid's 24 jobs)."""
+A page's commands run on one xdist worker, in page order; the pages spread over the workers. Most
+of the time goes to the RULER examples (1,024-token contexts and more) and the presets' sweeps
+(quant_grid's 24 jobs)."""
 
 from __future__ import annotations
 
@@ -103,7 +103,13 @@ def page_dirs(tmp_path_factory):
     return page_dir
 
 
-@pytest.mark.parametrize("shown", CASES, ids=[case.id for case in CASES])
+# A page's commands run in its order on one worker (a compare finds the sweeps shown before it); the
+# pages spread over the workers
+@pytest.mark.parametrize(
+    "shown",
+    [pytest.param(c, marks=pytest.mark.xdist_group(f"docs:{c.page}")) for c in CASES],
+    ids=[c.id for c in CASES],
+)
 def test_every_command_the_docs_show_runs_as_they_say(shown, page_dirs, monkeypatch):
     words = words_of(re.sub(r"\s\[-[^\]]*\]", "", shown.command))  # `[--flag N]`: an optional one
     if shown.id in NOT_HERE:

@@ -320,3 +320,9 @@ def test_a_latency_tie_goes_to_the_run_that_takes_less_memory():
     apart = with_rounds(tied, [50, 60, 40, 50], [60, 72, 48, 60])  # 20% slower in every round: a real difference
     run, _ = choose(apart, Limits(8 * GIB, None, 0.05))
     assert run["label"] == "quantized:quanto:int4:kivi"
+
+
+def test_the_accuracy_limit_names_each_kind_of_accuracy_once():
+    """Several task workloads judge answers alike: --min-accuracy says "task" once, not once each."""
+    terms = ACCURACY_TERMS.removesuffix(" accuracy").split(" or ")
+    assert len(terms) == len(set(terms)) and "task" in terms, ACCURACY_TERMS

@@ -71,7 +71,8 @@ class Limit:
 def accuracy_terms() -> str:
     """What --min-accuracy bounds, in words: 'retrieval or task accuracy', one term per workload that
     judges its answers."""
-    return " or ".join(q.term for q in workload.quality_metrics().values()) + " accuracy"
+    terms = dict.fromkeys(q.term for q in workload.quality_metrics().values())  # several task workloads: one "task"
+    return " or ".join(terms) + " accuracy"
 
 
 LIMITS: tuple[Limit, ...] = (
