@@ -115,6 +115,19 @@ def test_a_changed_file_is_a_new_measurement(tmp_path):
     assert dataset_spec(path).measurement_key() != before
 
 
+def test_a_file_reached_through_a_symlinked_folder_is_the_same_measurement(tmp_path, monkeypatch):
+    """The digest is of the file and its name in its folder, not of the way the cwd reached it: a
+    folder that links to the examples (as another project's might) keys its runs as the repository's
+    own, whichever is read first in the process."""
+    from kvpipe.workload.dataset import reading
+
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    monkeypatch.chdir(tmp_path)
+    through_link = reading.digest(Path("examples/prompts.jsonl"))
+    monkeypatch.chdir(REPO)
+    assert reading.digest(Path("examples/prompts.jsonl")) == through_link == reading.digest(EXAMPLE)
+
+
 def test_batches_group_similar_lengths_and_each_row_runs_once_per_repeat(tmp_path):
     from kvpipe import model
 

@@ -41,6 +41,8 @@ def digest(path: Path) -> str:
 
 
 def _stamp(path: Path) -> tuple:
+    # resolved names: a file's name within its folder, not the way the cwd reached it (a symlinked folder)
+    path = path.resolve()
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
 
