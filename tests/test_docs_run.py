@@ -20,6 +20,7 @@ import pytest
 from shown_commands import REPO, shown_commands, words_of
 
 from kvpipe import cli
+from kvpipe.jobspec.validated import override_key
 
 from conftest import kvpipe_here, run_cli
 
@@ -55,10 +56,6 @@ MEASURED_AGAINST_MEMORY = ("advise", "capacity")
 IGNORED = re.compile(r"\b([a-z_]+\.[a-z_.]+)(?:=\S*)? (?:is ignored|was not used|is not used)")
 
 
-def key_of(word: str) -> str:
-    return word.lstrip("+~").split("=", 1)[0]
-
-
 def shrunk(words: list[str]) -> list[str]:
     """The command at its smallest, the same for every command: the tiny model for every model it
     names or runs, RUN's settings where it runs one (unless it sets them), AT_MOST's caps."""
@@ -73,8 +70,8 @@ def shrunk(words: list[str]) -> list[str]:
             out[index + 1] = str(min(int(out[index + 1]), at_most[word]))
         elif flag in at_most and value.isdigit():
             out[index] = f"{flag}={min(int(value), at_most[flag])}"
-    given = {key_of(w) for w in out}
-    added = [w for w in (*MODEL, *([] if subcommand == "plan" else RUN)) if key_of(w) not in given]
+    given = {override_key(w) for w in out}
+    added = [w for w in (*MODEL, *([] if subcommand == "plan" else RUN)) if override_key(w) not in given]
     if subcommand is not None:
         parser = argparse.ArgumentParser()
         importlib.import_module(f"kvpipe.commands.{subcommand}").add_arguments(parser)
@@ -124,11 +121,8 @@ def test_every_command_the_docs_show_runs_as_they_say(shown, page_dirs, monkeypa
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     args = shrunk(words)
     own_process = args[0] in MEASURED_AGAINST_MEMORY and "--memory-budget" in args
-    done = (
-        run_cli(args, page_dirs(shown.page), timeout=600, process=True)
-        if own_process
-        else kvpipe_here(args, page_dirs(shown.page))
-    )
+    page_dir = page_dirs(shown.page)
+    done = run_cli(args, page_dir, timeout=600, process=True) if own_process else kvpipe_here(args, page_dir)
     said = done.stdout + done.stderr
     if shown.error:
         assert done.returncode != 0, f"kvpipe {' '.join(args)} ran; the docs show it refused"
@@ -139,6 +133,6 @@ def test_every_command_the_docs_show_runs_as_they_say(shown, page_dirs, monkeypa
         assert "no measured run meets the limits" in said and "Traceback" not in said, said[-3000:]
     else:
         assert done.returncode == 0, f"kvpipe {' '.join(args)} exited {done.returncode}:\n{said[-3000:]}"
-    given = {key_of(w) for w in args}
+    given = {override_key(w) for w in args}
     unasked = [m.group(0) for m in IGNORED.finditer(said) if m.group(1) not in given]
     assert not unasked, f"kvpipe {' '.join(args)} warns of settings it did not give: {unasked}"

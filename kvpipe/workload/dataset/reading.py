@@ -37,12 +37,12 @@ def check_path(path: str | None) -> Path:
 
 def digest(path: Path) -> str:
     """A content digest of the file (or every file of the folder): a changed file is a new measurement."""
-    return _digest(str(path.resolve()), _stamp(path))
+    # resolved: a file's name within its folder, not the way the cwd reached it (a symlinked folder)
+    path = path.resolve()
+    return _digest(str(path), _stamp(path))
 
 
 def _stamp(path: Path) -> tuple:
-    # resolved names: a file's name within its folder, not the way the cwd reached it (a symlinked folder)
-    path = path.resolve()
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
 
