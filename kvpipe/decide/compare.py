@@ -47,9 +47,9 @@ FOOTNOTE = (
 RATIO_NOTE = (
     " TPOT and TTFT vs the baseline: the ratio and its 95% interval, call by call where the two took turns "
     "by call (an interleaved sweep), else round by round where they shared rounds, so the machine's drift "
-    "cancels: clearly slower or faster where the interval lies beyond ±2% of 1, the same within 2% where it lies inside, not yet decided where it "
-    "straddles an edge. † measured in different rounds: a machine that drifted between them can fake or hide "
-    "a difference."
+    "cancels: clearly slower or faster where the interval lies beyond ±2% of 1, the same within 2% where it "
+    "lies inside, not yet decided where it straddles an edge. † measured in different rounds: a machine that "
+    "drifted between them can fake or hide a difference."
 )
 NO_BASELINE_NOTE = " vs the baseline: – where no baseline run shares the run's workload, prompt length and load."
 RATIO_ALONE_NOTE = " TPOT and TTFT vs the baseline: the ratio of the run's figure to the baseline's."
