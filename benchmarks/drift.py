@@ -173,7 +173,7 @@ def main() -> None:
     parser.add_argument("--busy", type=float, default=15.0)
     parser.add_argument("--idle", type=float, default=15.0)
     parser.add_argument("--cost-pairs", type=int, default=2, help="idle pass + call sweeps per setting, for the cost")
-    parser.add_argument("--model", default="embedded", help="model=...: tiny_random for a smoke run")
+    parser.add_argument("--model", default="smollm2_135m", help="model=...: tiny_random for a smoke run")
     parser.add_argument("--out", type=Path, default=Path("outputs/benchmarks/drift"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,8 @@
 """Turns by call: in an interleaved sweep each measured call is a turn of its own, every job making
-call i, in a counterbalanced order, before any makes call i + 1, with the machine sampled around the
-turn; a turn taken while other processes held a core is left out of every job's paired estimate
-alike. A turn that lasts one call, not a job's whole pass, is short against a noisy neighbour that
-comes and goes within seconds."""
+call i, in a counterbalanced order, before any makes call i + 1, with the machine sampled around each
+job's call; a call taken while other processes held a core is left out of its job's figures and of
+every paired estimate it is part of. A turn that lasts one call, not a job's whole pass, is short
+against a noisy neighbour that comes and goes within seconds."""
 
 from __future__ import annotations
 
@@ -42,8 +42,10 @@ class Counterbalanced:
         return order
 
 
-def call_round(jobs, wanted, balanced, advance, sampler, measured_s) -> tuple[list[list[int]], list[int]]:
-    """One round taken call by call: (each call's order, the calls left out as contended)."""
+def call_round(jobs, wanted, balanced, advance, sampler, measured_s) -> tuple[list[list[int]], list[list[int]]]:
+    """One round taken call by call: (each call's order, the [call, job] pairs left out as contended).
+    Each job's call is sampled on its own: a neighbour that came for one job's call of a turn and left
+    before the next job's slowed that one call, which alone is left out (its pairs with it too)."""
     keys = {index: jobs[index].call_keys() for index in wanted}
     orders, excluded = [], []
     for call in range(max(len(k) for k in keys.values())):
@@ -51,15 +53,12 @@ def call_round(jobs, wanted, balanced, advance, sampler, measured_s) -> tuple[li
         if not taking:
             continue
         order = balanced.next(taking)
-        before = sampler()
         for index in order:
-            take_turn(jobs[index], lambda job, call=call: job.measure_call(call, advance), measured_s, index)
-        threads = max(jobs[i].threads for i in order)
-        if contention.slot_contended(before, sampler(), threads, all(jobs[i].on_cpu for i in order)):
-            excluded.append(call)
-            for index in order:
-                if jobs[index].failed is None:
-                    jobs[index].exclude_last_call()
+            job, before = jobs[index], sampler()
+            take_turn(job, lambda job, call=call: job.measure_call(call, advance), measured_s, index)
+            if job.failed is None and contention.call_contended(before, sampler(), job.threads, job.on_cpu):
+                job.exclude_last_call()
+                excluded.append([call, index])
         orders.append(order)
     for index in wanted:
         if jobs[index].failed is None:

@@ -182,12 +182,12 @@ class Job(RoundTaker):
             calls = len(self.call_kept)
             if self.excluded_calls == calls:
                 notes.append(
-                    f"all {calls} calls ran while other processes held a core their turn needed: none clean to "
+                    f"all {calls} calls ran while other processes held a core they needed: none clean to "
                     "keep, so its figures and paired ratios are over contended calls"
                 )
             elif self.excluded_calls:
                 notes.append(
-                    f"{self.excluded_calls} of {calls} calls ran while other processes held a core the turn "
+                    f"{self.excluded_calls} of {calls} calls ran while other processes held a core the call "
                     "needed: left out of the paired ratios and of its TPOT and TTFT"
                 )
         if self.stopped_by:  # a sweep on repeats=auto: its paired ratios' rule, not its own interval's

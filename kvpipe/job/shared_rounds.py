@@ -28,7 +28,7 @@ from kvpipe.job.progress_bar import progress_bar
 from kvpipe.job.round_taker import RoundTaker, take_turn
 from kvpipe.measure import contention
 from kvpipe.measure.round_figures import DECIDE_WITHIN, MIN_ROUNDS, STOPPING_FIGURE, decided, firmness_note
-from kvpipe.units import duration_text
+from kvpipe.units import counted, duration_text
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Rounds:
     orders: list[list[int]] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     call_orders: list[list[list[int]]] = field(default_factory=list)
-    excluded: list[list[int]] = field(default_factory=list)  # per round, the calls taken under others' load
+    excluded: list[list[list[int]]] = field(default_factory=list)  # per round, [call, job] taken under others' load
     stopped_by: str | None = None
 
     def drift(self) -> list[float]:
@@ -120,7 +120,7 @@ def _log_round(jobs: list[RoundTaker], rounds: Rounds, measured_s: list[float], 
     drift = rounds.drift()[-1]
     order = " ".join(jobs[i].label for i in rounds.orders[-1])
     left_out = rounds.excluded[-1] if rounds.excluded else []
-    excluded = f"; {len(left_out)} turn(s) of calls left out, taken under other processes' load" if left_out else ""
+    excluded = f"; {counted(len(left_out), 'call')} left out, taken under other processes' load" if left_out else ""
     log.info(
         "round %d: %.2f s, %+.0f%% on the first; order %s%s%s",
         len(rounds.seconds), rounds.seconds[-1], 100 * drift, order, excluded, _left_text(jobs, measured_s, taken),

@@ -80,16 +80,16 @@ def own_cores(before: CpuSample, after: CpuSample) -> float:
 
 
 def contended(others: float, threads: int, available: int, load_average: float = math.nan,
-              own: float = math.nan) -> bool:  # fmt: skip
+              own: float = math.nan, slack: float = SLACK_CORES) -> bool:  # fmt: skip
     """Whether `threads` torch threads could not each have a core beside `others` busy ones, or (given
     `own`, the job's cores on CPU) lost their cores to them. Without `others`, the load average (which
     counts this job's own threads too) stands in."""
     if math.isnan(others):
         if math.isnan(load_average):
             return False
-        return load_average > available + SLACK_CORES
-    crowded = threads + others > available + SLACK_CORES
-    lost = not math.isnan(own) and own < 0.8 * threads and others >= SLACK_CORES
+        return load_average > available + slack
+    crowded = threads + others > available + slack
+    lost = not math.isnan(own) and own < 0.8 * threads and others >= slack
     return crowded or lost
 
 
@@ -124,8 +124,14 @@ def judge(before: CpuSample, after: CpuSample, threads: int, load_average: float
     return Verdict(others, own, busy, threads, load_average)
 
 
-def slot_contended(before: CpuSample, after: CpuSample, threads: int, on_cpu: bool) -> bool:
-    """Whether one turn of calls between two samples ran while other processes held a core that its
-    `threads` needed: judge's rule, on the turn's own samples (no load average: a minute's, not a call's)."""
+# A call's own window is seconds, not a job's minute: a neighbour that held a core for part of it slowed
+# that call and not the next job's, so a call is judged with a tenth of a core of slack, not half a
+# core (an idle 2-core VM's background read 0.000-0.015 cores over 2 s windows, 2026-12-04).
+CALL_SLACK_CORES = 0.1
+
+
+def call_contended(before: CpuSample, after: CpuSample, threads: int, on_cpu: bool) -> bool:
+    """Whether one call between two samples ran while other processes held a core that its `threads`
+    needed: judge's rule on the call's own samples (no load average: a minute's, not a call's)."""
     own = own_cores(before, after) if on_cpu else math.nan
-    return contended(other_cores(before, after), threads, cores(), math.nan, own)
+    return contended(other_cores(before, after), threads, cores(), math.nan, own, slack=CALL_SLACK_CORES)
