@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -95,6 +96,7 @@ def sweep(setting: str, order: str, repeats: str | None, model: str, sweep_dir: 
     """One `python -m kvpipe -m` sweep; (its jobs' result.json by (strategy, seed), wall seconds)."""
     overrides, _, default_repeats = SETTINGS[setting]
     repeats = repeats or default_repeats
+    shutil.rmtree(sweep_dir, ignore_errors=True)  # an earlier run's folder would be resumed, its jobs skipped
     command = [sys.executable, "-m", "kvpipe", "-m", f"model={model}", *SWEPT, *overrides,
                *([f"workload.repeats={repeats}"] if repeats else []), f"hydra.sweep.dir={sweep_dir}",
                *ORDERS[order]]  # fmt: skip
@@ -181,7 +183,7 @@ def main() -> None:
     phases.unlink(missing_ok=True)
 
     rows = []
-    for setting in args.settings:
+    for setting in args.settings if args.runs else ():  # --runs 0: no drift, only the idle cost below
         background = Drift(SETTINGS[setting][1], args.busy, args.idle, phases)
         background.start()
         try:
@@ -228,19 +230,19 @@ def main() -> None:
 def write_table(args, rows: list[dict], summary: dict, cost: dict, cost_ratio: dict) -> None:
     import pandas as pd
 
-    shown = pd.DataFrame([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows])
-    for goal in GOALS:
-        shown[goal] = shown[goal].map({True: "✓", False: "✗"})
     command = " ".join(["python benchmarks/drift.py", *sys.argv[1:]])
     lines = [
         f"`{command}`: drift busy {args.busy:g} s, idle {args.idle:g} s (one-prompt: 2 spinning processes, "
         "model.threads=1; default-chat: 1, model.threads=2); each sweep 4 jobs, quality off. "
         "† not paired (measured in different rounds).",
         "",
-        shown.to_markdown(index=False, stralign="right"),
-        "",
     ]
-    for name, counts in summary.items():
+    if rows:  # --runs 0 measures only the idle cost
+        shown = pd.DataFrame([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows])
+        for goal in GOALS:
+            shown[goal] = shown[goal].map({True: "✓", False: "✗"})
+        lines += [shown.to_markdown(index=False, stralign="right"), ""]
+    for name, counts in summary.items() if rows else ():
         lines.append(
             f"- {name}: A′/A raw TPOT within 5% in {counts['raw holds']} of {counts['runs']}, its paired interval "
             f"within ±5% in {counts['interval holds']}; B/A clearly slower in {counts['B/A holds']} of {counts['runs']}"

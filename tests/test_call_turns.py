@@ -103,6 +103,8 @@ def test_a_call_under_other_processes_load_is_left_out_of_its_job_and_its_pairs_
     assert hit[0][1] == 1 and hit[1][1] == 2
     assert rounds.excluded == [[[1, hit[0][0]]], [[2, hit[1][0]]]]
     assert rounds.to_dict(["#0", "#1"])["excluded_calls"] == rounds.excluded
+    held = rounds.to_dict(["#0", "#1"])["call_other_cores"]  # per round and call, in the call's order
+    assert held[0][1][0] == cores() and held[1][2][1] == cores() and sum(map(sum, held[0] + held[1])) == 2 * cores()
     for index, job in enumerate(jobs):
         left_out = [4 * r + call for r, (j, call) in enumerate(hit) if j == index]
         assert job.excluded_calls == len(left_out)
@@ -121,15 +123,15 @@ def test_where_every_call_was_contended_every_call_is_kept_as_it_is():
     assert jobs[0].excluded_calls == 4 and jobs[0].paired_calls()["tpot_ms"] == [10.0, 11.0, 12.0, 13.0]
 
 
-def test_a_call_is_contended_by_judges_rule_with_a_tenth_of_a_core_of_slack():
+def test_a_call_is_contended_by_judges_rule_with_a_twentieth_of_a_core_of_slack():
     quiet, start, every = CpuSample(1.0, 1.0, 1.0), CpuSample(0.0, 0.0, 0.0), cores()
     assert not call_contended(start, quiet, threads=1, on_cpu=True)
     assert call_contended(start, CpuSample(1.0, 1.0 + every, 1.0), threads=1, on_cpu=True)  # every core held
     assert call_contended(start, CpuSample(1.0, 1.0, 0.4), threads=1, on_cpu=True)  # lost its core to 0.6 others
     assert not call_contended(start, CpuSample(1.0, 1.0, 0.4), threads=1, on_cpu=False)
-    # threads on every core: a fifth of a core held by others for the call is contention, a twentieth is not
-    assert call_contended(start, CpuSample(1.0, every + 0.2, every), threads=every, on_cpu=True)
-    assert not call_contended(start, CpuSample(1.0, every + 0.05, every), threads=every, on_cpu=True)
+    # threads on every core: a tenth of a core held by others for the call is contention, a fiftieth is not
+    assert call_contended(start, CpuSample(1.0, every + 0.1, every), threads=every, on_cpu=True)
+    assert not call_contended(start, CpuSample(1.0, every + 0.02, every), threads=every, on_cpu=True)
 
 
 def test_repeats_auto_stops_once_every_paired_ratio_decides():

@@ -42,28 +42,33 @@ class Counterbalanced:
         return order
 
 
-def call_round(jobs, wanted, balanced, advance, sampler, measured_s) -> tuple[list[list[int]], list[list[int]]]:
-    """One round taken call by call: (each call's order, the [call, job] pairs left out as contended).
-    Each job's call is sampled on its own: a neighbour that came for one job's call of a turn and left
-    before the next job's slowed that one call, which alone is left out (its pairs with it too)."""
+def call_round(jobs, wanted, balanced, advance, sampler, measured_s):
+    """One round taken call by call: (each call's order, the [call, job] pairs left out as contended,
+    per call the cores other processes held during each job's call, in that call's order). Each job's
+    call is sampled on its own: a neighbour that came for one job's call of a turn and left before the
+    next job's slowed that one call, which alone is left out (its pairs with it)."""
     keys = {index: jobs[index].call_keys() for index in wanted}
-    orders, excluded = [], []
+    orders, excluded, others = [], [], []
     for call in range(max(len(k) for k in keys.values())):
         taking = [i for i in wanted if call < len(keys[i]) and jobs[i].failed is None]
         if not taking:
             continue
         order = balanced.next(taking)
+        held = []
         for index in order:
             job, before = jobs[index], sampler()
             take_turn(job, lambda job, call=call: job.measure_call(call, advance), measured_s, index)
-            if job.failed is None and contention.call_contended(before, sampler(), job.threads, job.on_cpu):
+            after = sampler()
+            held.append(round(contention.other_cores(before, after), 3))
+            if job.failed is None and contention.call_contended(before, after, job.threads, job.on_cpu):
                 job.exclude_last_call()
                 excluded.append([call, index])
         orders.append(order)
+        others.append(held)
     for index in wanted:
         if jobs[index].failed is None:
             jobs[index].close_round()
-    return orders, excluded
+    return orders, excluded, others
 
 
 def paired(job: RoundTaker, baseline: RoundTaker) -> tuple[float, float, float]:

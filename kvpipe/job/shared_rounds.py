@@ -44,6 +44,7 @@ class Rounds:
     seconds: list[float] = field(default_factory=list)
     call_orders: list[list[list[int]]] = field(default_factory=list)
     excluded: list[list[list[int]]] = field(default_factory=list)  # per round, [call, job] taken under others' load
+    other_cores: list[list[list[float]]] = field(default_factory=list)  # per round and call, as call_orders
     stopped_by: str | None = None
 
     def drift(self) -> list[float]:
@@ -59,7 +60,8 @@ class Rounds:
             "drift": [round(d, 4) for d in self.drift()],
         }
         if self.call_orders:
-            shown.update(turn="call", call_orders=self.call_orders, excluded_calls=self.excluded)
+            shown.update(turn="call", call_orders=self.call_orders, excluded_calls=self.excluded,
+                         call_other_cores=self.other_cores)  # fmt: skip
         if self.stopped_by:
             shown["stopped_by"] = self.stopped_by
         return shown
@@ -92,10 +94,11 @@ def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool, turn: str = "pa
                 kill_points.reached("between_rounds")
             started = time.perf_counter()
             if by_call:
-                orders, excluded = call_round(jobs, wanted, balanced, advance, sampler, measured_s)
+                orders, excluded, others = call_round(jobs, wanted, balanced, advance, sampler, measured_s)
                 order = orders[0] if orders else []
                 rounds.call_orders.append(orders)
                 rounds.excluded.append(excluded)
+                rounds.other_cores.append(others)
             else:
                 order = list(wanted)
                 if shuffle:
