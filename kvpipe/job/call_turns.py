@@ -6,6 +6,7 @@ against a noisy neighbour that comes and goes within seconds."""
 
 from __future__ import annotations
 
+import math
 import random
 
 from kvpipe.errors import require_choice
@@ -44,7 +45,8 @@ class Counterbalanced:
 
 def call_round(jobs, wanted, balanced, advance, sampler, measured_s):
     """One round taken call by call: (each call's order, the [call, job] pairs left out as contended,
-    per call the cores other processes held during each job's call, in that call's order). Each job's
+    per call the cores other processes held during each job's call, in that call's order, None where
+    unknown). Each job's
     call is sampled on its own: a neighbour that came for one job's call of a turn and left before the
     next job's slowed that one call, which alone is left out (its pairs with it)."""
     keys = {index: jobs[index].call_keys() for index in wanted}
@@ -59,7 +61,8 @@ def call_round(jobs, wanted, balanced, advance, sampler, measured_s):
             job, before = jobs[index], sampler()
             take_turn(job, lambda job, call=call: job.measure_call(call, advance), measured_s, index)
             after = sampler()
-            held.append(round(contention.other_cores(before, after), 3))
+            others_held = contention.other_cores(before, after)
+            held.append(None if math.isnan(others_held) else round(others_held, 3))  # null in rounds.json, not NaN
             if job.failed is None and contention.call_contended(before, after, job.threads, job.on_cpu):
                 job.exclude_last_call()
                 excluded.append([call, index])
