@@ -13,7 +13,7 @@ import pytest
 from kvpipe.decide import paired
 from kvpipe.errors import ConfigError
 from kvpipe.job.shared_rounds import RoundTaker, check_turn, run_rounds
-from kvpipe.measure.contention import CpuSample, call_contended, cores
+from kvpipe.measure.contention import CpuSample, call_contended, cores, wait_for_quiet
 from kvpipe.measure.round_figures import BATCH_FIGURES, call_tags, decided, firmness_note, mean, round_tags
 
 CALLS = ("short", "long", "short again", "long again")
@@ -58,6 +58,12 @@ class Machine:
     def __init__(self, busy=()):
         self.busy, self.samples = set(busy), 0
         self.wall = self.others = self.own = 0.0
+        self.waits: list[int] = []  # the calls made before each wait for quiet
+
+    def wait(self) -> tuple[float, bool]:
+        """A wait for quiet: three seconds, after which the machine was quiet."""
+        self.waits.append(self.samples // 2)
+        return 3.0, True
 
     def __call__(self) -> CpuSample:
         call, after = divmod(self.samples, 2)
@@ -98,7 +104,8 @@ def test_a_call_under_other_processes_load_is_left_out_of_its_job_and_its_pairs_
     # a neighbour that came for one job's call and left before the other's: only that call is out
     taken = []
     jobs = [CallJob(f"#{i}", taken, repeats=2, tpot=lambda r, c: 10.0 + c) for i in range(2)]
-    rounds = run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=Machine(busy={2, 13}))
+    machine = Machine(busy={2, 13})
+    rounds = run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=machine, wait=machine.wait)
     hit = [(int(taken[n][0][1:]), taken[n][1]) for n in (2, 13)]  # (job, call) of the 3rd and 14th calls made
     assert hit[0][1] == 1 and hit[1][1] == 2
     assert rounds.excluded == [[[1, hit[0][0]]], [[2, hit[1][0]]]]
@@ -110,6 +117,8 @@ def test_a_call_under_other_processes_load_is_left_out_of_its_job_and_its_pairs_
         assert job.excluded_calls == len(left_out)
         assert [i for i, v in enumerate(job.paired_calls()["tpot_ms"]) if math.isnan(v)] == left_out
     assert paired_calls_kept(jobs[1], jobs[0]) == 6  # each left-out call takes its pair with it
+    assert machine.waits == [3, 14]  # the call after each contended one waited for quiet
+    assert rounds.waited_s == [3.0, 3.0] and rounds.to_dict(["#0", "#1"])["quiet_wait_s"] == [3.0, 3.0]
 
 
 def paired_calls_kept(job, baseline) -> int:
@@ -119,8 +128,41 @@ def paired_calls_kept(job, baseline) -> int:
 
 def test_where_every_call_was_contended_every_call_is_kept_as_it_is():
     jobs = [CallJob(f"#{i}", [], repeats=1, tpot=lambda r, c: 10.0 + c) for i in range(2)]
-    run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=Machine(busy=range(8)))
+    busy = Machine(busy=range(8))
+    run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=busy, wait=lambda: (20.0, False))
     assert jobs[0].excluded_calls == 4 and jobs[0].paired_calls()["tpot_ms"] == [10.0, 11.0, 12.0, 13.0]
+
+
+def test_a_neighbour_that_stays_ends_the_waiting_for_quiet():
+    waits = []
+
+    def still_busy():
+        waits.append(1)
+        return 20.0, False
+
+    jobs = [CallJob(f"#{i}", [], repeats=2) for i in range(2)]
+    rounds = run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=Machine(busy=range(16)), wait=still_busy)
+    assert len(waits) == 1 and rounds.waited_s == [20.0, 0.0]  # one wait ran out: the rest measure on
+
+
+def test_waiting_for_quiet_reads_the_machine_window_by_window():
+    # others hold a core for two windows, then an idle machine's hundredth of a core
+    held = iter([1.0, 1.0, 0.01])
+    state = {"wall": 0.0, "others": 0.0}
+
+    def sampler():
+        return CpuSample(state["wall"], state["others"], 0.0)
+
+    def sleep(seconds):
+        state["wall"] += seconds
+        state["others"] += next(held) * seconds
+
+    assert wait_for_quiet(sampler, sleep, window_s=1.0, most_s=20.0) == (3.0, True)
+    state["others"] = 0.0
+    held = iter([1.0] * 10)
+    assert wait_for_quiet(sampler, sleep, window_s=1.0, most_s=4.0) == (4.0, False)  # still busy: it gives up
+    no_accounting = CpuSample(0.0, math.nan, 0.0)
+    assert wait_for_quiet(lambda: no_accounting, lambda s: None) == (0.0, True)  # cannot tell: no wait
 
 
 def test_a_call_is_contended_by_judges_rule_with_a_twentieth_of_a_core_of_slack():
@@ -223,7 +265,8 @@ def test_a_sweeps_jobs_read_their_figures_from_the_turns_no_other_process_slowed
         job.label = f"#{seed}"
         job.prepare()
         jobs.append(job)
-    run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=Machine(busy={0, 5}))  # calls of turns 1 and 3
+    machine = Machine(busy={0, 5})  # calls of turns 1 and 3
+    run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=machine, wait=machine.wait)
     results = [job.result({"round_group": "g"}) for job in jobs]
     assert sum(result.metrics["calls_excluded"] for result in results) == 2
     for job, result in zip(jobs, results):

@@ -1,11 +1,13 @@
 """Turns by call: in an interleaved sweep each measured call is a turn of its own, every job making
 call i, in a counterbalanced order, before any makes call i + 1, with the machine sampled around each
 job's call; a call taken while other processes held a core is left out of its job's figures and of
-every paired estimate it is part of. A turn that lasts one call, not a job's whole pass, is short
-against a noisy neighbour that comes and goes within seconds."""
+every paired estimate it is part of, and the next call waits for the machine to go quiet. A turn that
+lasts one call, not a job's whole pass, is short against a noisy neighbour that comes and goes within
+seconds."""
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 
@@ -14,6 +16,8 @@ from kvpipe.job.round_taker import RoundTaker, take_turn
 from kvpipe.measure import contention
 from kvpipe.measure.round_figures import STOPPING_FIGURE
 from kvpipe.measure.uncertainty import ratio_interval
+
+log = logging.getLogger(__name__)
 
 TURNS = ("call", "pass")  # what takes a turn in a sweep: one measured call, or a job's whole pass
 
@@ -43,12 +47,41 @@ class Counterbalanced:
         return order
 
 
-def call_round(jobs, wanted, balanced, advance, sampler, measured_s):
+class QuietWaits:
+    """After a contended call, the next one waits for the machine to go quiet (`wait`: () -> (seconds
+    waited, whether it went quiet), kvpipe.measure.contention.wait_for_quiet), so that a busy spell
+    costs a call or two, not every call measured into it. A wait that runs out with the machine still
+    busy ends the waiting for the sweep: a neighbour that stays is not passing, and measuring goes on."""
+
+    def __init__(self, wait):
+        self.wait = wait
+        self.pending = self.given_up = False
+        self.seconds = 0.0  # waited in the round being taken
+
+    def before_call(self) -> None:
+        if not self.pending or self.given_up:
+            return
+        waited, quiet = self.wait()
+        self.seconds += waited
+        self.pending = False
+        if not quiet:
+            self.given_up = True
+            log.warning("other processes kept the cores busy for %.0f s: measuring on without waiting for "
+                        "quiet (calls taken under their load are left out)", waited)  # fmt: skip
+
+    def round_taken(self) -> float:
+        """The seconds waited in the round just taken; the next round's count starts."""
+        waited, self.seconds = self.seconds, 0.0
+        return waited
+
+
+def call_round(jobs, wanted, balanced, advance, sampler, measured_s, quiet: QuietWaits):
     """One round taken call by call: (each call's order, the [call, job] pairs left out as contended,
     per call the cores other processes held during each job's call, in that call's order, None where
     unknown). Each job's
     call is sampled on its own: a neighbour that came for one job's call of a turn and left before the
-    next job's slowed that one call, which alone is left out (its pairs with it)."""
+    next job's slowed that one call, which alone is left out (its pairs with it); the call after it
+    waits for quiet first (`quiet`)."""
     keys = {index: jobs[index].call_keys() for index in wanted}
     orders, excluded, others = [], [], []
     for call in range(max(len(k) for k in keys.values())):
@@ -58,6 +91,7 @@ def call_round(jobs, wanted, balanced, advance, sampler, measured_s):
         order = balanced.next(taking)
         held = []
         for index in order:
+            quiet.before_call()
             job, before = jobs[index], sampler()
             take_turn(job, lambda job, call=call: job.measure_call(call, advance), measured_s, index)
             after = sampler()
@@ -66,6 +100,7 @@ def call_round(jobs, wanted, balanced, advance, sampler, measured_s):
             if job.failed is None and contention.call_contended(before, after, job.threads, job.on_cpu):
                 job.exclude_last_call()
                 excluded.append([call, index])
+                quiet.pending = True
         orders.append(order)
         others.append(held)
     for index in wanted:

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from kvpipe import kill_points
-from kvpipe.job.call_turns import TURNS, Counterbalanced, baseline_of, call_round, check_turn, paired
+from kvpipe.job.call_turns import TURNS, Counterbalanced, QuietWaits, baseline_of, call_round, check_turn, paired
 from kvpipe.job.progress_bar import progress_bar
 from kvpipe.job.round_taker import RoundTaker, take_turn
 from kvpipe.measure import contention
@@ -38,13 +38,15 @@ __all__ = ["TURNS", "RoundTaker", "Rounds", "check_turn", "run_rounds"]
 @dataclass
 class Rounds:
     """What ran: each round's order (indices into the jobs; turn=call: its first call's), wall
-    seconds, each call's order (turn=call), the calls left out as contended, and why it stopped."""
+    seconds (waits for quiet aside), each call's order (turn=call), the calls left out as contended,
+    the seconds waited for quiet after them, and why it stopped."""
 
     orders: list[list[int]] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     call_orders: list[list[list[int]]] = field(default_factory=list)
     excluded: list[list[list[int]]] = field(default_factory=list)  # per round, [call, job] taken under others' load
     other_cores: list[list[list[float]]] = field(default_factory=list)  # per round and call, as call_orders
+    waited_s: list[float] = field(default_factory=list)  # per round: waited for quiet after contended calls
     stopped_by: str | None = None
 
     def drift(self) -> list[float]:
@@ -61,20 +63,23 @@ class Rounds:
         }
         if self.call_orders:
             shown.update(turn="call", call_orders=self.call_orders, excluded_calls=self.excluded,
-                         call_other_cores=self.other_cores)  # fmt: skip
+                         call_other_cores=self.other_cores, quiet_wait_s=[round(s, 2) for s in self.waited_s])  # fmt: skip
         if self.stopped_by:
             shown["stopped_by"] = self.stopped_by
         return shown
 
 
-def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool, turn: str = "pass", sampler=None) -> Rounds:
+def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool, turn: str = "pass", sampler=None,
+               wait=None) -> Rounds:  # fmt: skip
     """Measure rounds until every job has what it wants; shuffle: a fresh order each round.
     turn="call" (several jobs): each call of a round is a turn of its own, every job making that call
     in a counterbalanced order, with the machine sampled around it (`sampler`: kvpipe.measure.contention's
-    by default) and the call left out of the paired estimate where other processes held a core."""
+    by default) and the call left out of the paired estimate where other processes held a core, the
+    next call waiting for quiet first (`wait`: kvpipe.measure.contention.wait_for_quiet by default)."""
     draw, balanced = random.Random(seed), Counterbalanced(seed)
     by_call = turn == "call" and len(jobs) > 1
     sampler = sampler or contention.sample
+    quiet = QuietWaits(wait or contention.wait_for_quiet)
     for job in jobs:
         job.turn = "call" if by_call else "pass"
     sweep_auto = by_call and all(job.auto for job in jobs)  # the sweep measures until its ratios decide
@@ -94,11 +99,12 @@ def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool, turn: str = "pa
                 kill_points.reached("between_rounds")
             started = time.perf_counter()
             if by_call:
-                orders, excluded, others = call_round(jobs, wanted, balanced, advance, sampler, measured_s)
+                orders, excluded, others = call_round(jobs, wanted, balanced, advance, sampler, measured_s, quiet)
                 order = orders[0] if orders else []
                 rounds.call_orders.append(orders)
                 rounds.excluded.append(excluded)
                 rounds.other_cores.append(others)
+                rounds.waited_s.append(quiet.round_taken())
             else:
                 order = list(wanted)
                 if shuffle:
@@ -107,7 +113,7 @@ def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool, turn: str = "pa
                     take_turn(jobs[index], lambda job: job.measure_round(advance), measured_s, index)
             for index in order:
                 taken[index] += 1
-            rounds.seconds.append(time.perf_counter() - started)
+            rounds.seconds.append(time.perf_counter() - started - (rounds.waited_s[-1] if by_call else 0.0))
             rounds.orders.append(order)
             if len(jobs) > 1:
                 _log_round(jobs, rounds, measured_s, taken)
@@ -124,6 +130,8 @@ def _log_round(jobs: list[RoundTaker], rounds: Rounds, measured_s: list[float], 
     order = " ".join(jobs[i].label for i in rounds.orders[-1])
     left_out = rounds.excluded[-1] if rounds.excluded else []
     excluded = f"; {counted(len(left_out), 'call')} left out, taken under other processes' load" if left_out else ""
+    waited = rounds.waited_s[-1] if rounds.waited_s else 0.0
+    excluded += f"; waited {waited:.0f} s for the machine to go quiet" if waited else ""
     log.info(
         "round %d: %.2f s, %+.0f%% on the first; order %s%s%s",
         len(rounds.seconds), rounds.seconds[-1], 100 * drift, order, excluded, _left_text(jobs, measured_s, taken),

@@ -136,3 +136,31 @@ def call_contended(before: CpuSample, after: CpuSample, threads: int, on_cpu: bo
     needed: judge's rule on the call's own samples (no load average: a minute's, not a call's)."""
     own = own_cores(before, after) if on_cpu else math.nan
     return contended(other_cores(before, after), threads, cores(), math.nan, own, slack=CALL_SLACK_CORES)
+
+
+# After a call taken under others' load, the next calls wait for the machine to go quiet instead of being
+# measured into the same busy spell and left out in turn: a neighbour busy for 15 s of every 30 cost an
+# interleaved sweep most of its calls. A second's window reads an idle machine's background to a
+# hundredth of a core; a neighbour still there after QUIET_WAIT_S is not passing, so measuring goes on.
+QUIET_WINDOW_S = 1.0
+QUIET_WAIT_S = 20.0
+
+
+def wait_for_quiet(sampler=sample, sleep=time.sleep, window_s: float = QUIET_WINDOW_S,
+                   most_s: float = QUIET_WAIT_S) -> tuple[float, bool]:  # fmt: skip
+    """Wait, window by window, until other processes hold at most CALL_SLACK_CORES for a whole
+    window, or most_s has passed: (seconds waited, whether it went quiet). Where the machine keeps
+    no accounting it cannot tell, and waits for nothing."""
+    first = before = sampler()
+    while True:
+        sleep(window_s)
+        after = sampler()
+        others = other_cores(before, after)
+        waited = after.wall_s - first.wall_s
+        if math.isnan(others):
+            return waited, True
+        if others <= CALL_SLACK_CORES:
+            return waited, True
+        if waited >= most_s:
+            return waited, False
+        before = after
