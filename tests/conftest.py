@@ -34,6 +34,9 @@ import pytest
 # two threads wait on each other: the same embedded-model job then takes ~15x longer (30 s, not 2 s).
 # Speed is measured by benchmarks/, not by these tests.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# A sweep's call after a contended one waits up to 20 s for the machine to go quiet; the tests' workers
+# are each other's neighbours, so it never would: their sweeps measure on (the waiting is tested alone).
+os.environ["KVPIPE_QUIET_WAIT_S"] = "0"
 # kvpipe honours MLFLOW_TRACKING_URI like MLflow does; the tests choose their stores themselves.
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 # Quality references on disk (kvpipe.disk_cache): one folder per test session, shared by the

@@ -49,6 +49,11 @@ CATALOGUE = {
         "hydra.launcher.turn='round'",
         "call, pass",
     ),
+    "a negative wait for quiet": (
+        ["-m", "cache=dynamic,static", "hydra.launcher.quiet_wait_s=-1"],
+        "hydra.launcher.quiet_wait_s=-1",
+        "0 or more",
+    ),
     "an unknown interleave": (
         ["-m", "cache=dynamic,static", "interleave=sometimes"],
         "interleave",

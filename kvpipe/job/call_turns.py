@@ -11,7 +11,7 @@ import logging
 import math
 import random
 
-from kvpipe.errors import require_choice
+from kvpipe.errors import ConfigError, require_choice
 from kvpipe.job.round_taker import RoundTaker, take_turn
 from kvpipe.measure import contention
 from kvpipe.measure.round_figures import STOPPING_FIGURE
@@ -47,15 +47,27 @@ class Counterbalanced:
         return order
 
 
+def check_quiet_wait(seconds) -> float:
+    """hydra.launcher.quiet_wait_s, checked at the sweep's door."""
+    try:
+        read = float(seconds)
+    except (TypeError, ValueError):
+        read = math.nan
+    if not read >= 0:
+        raise ConfigError("hydra.launcher.quiet_wait_s", seconds, "expected seconds, 0 or more (0: never wait)")
+    return read
+
+
 class QuietWaits:
     """After a contended call, the next one waits for the machine to go quiet (`wait`: () -> (seconds
     waited, whether it went quiet), kvpipe.measure.contention.wait_for_quiet), so that a busy spell
     costs a call or two, not every call measured into it. A wait that runs out with the machine still
-    busy ends the waiting for the sweep: a neighbour that stays is not passing, and measuring goes on."""
+    busy ends the waiting for the sweep: a neighbour that stays is not passing, and measuring goes on.
+    Without `wait` it never waits."""
 
-    def __init__(self, wait):
+    def __init__(self, wait=None):
         self.wait = wait
-        self.pending = self.given_up = False
+        self.pending, self.given_up = False, wait is None
         self.seconds = 0.0  # waited in the round being taken
 
     def before_call(self) -> None:

@@ -16,6 +16,7 @@ same caps.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -23,16 +24,26 @@ import time
 from dataclasses import dataclass, field
 
 from kvpipe import kill_points
-from kvpipe.job.call_turns import TURNS, Counterbalanced, QuietWaits, baseline_of, call_round, check_turn, paired
+from kvpipe.job.call_turns import (
+    TURNS,
+    Counterbalanced,
+    QuietWaits,
+    baseline_of,
+    call_round,
+    check_quiet_wait,
+    check_turn,
+    paired,
+)  # fmt: skip
 from kvpipe.job.progress_bar import progress_bar
 from kvpipe.job.round_taker import RoundTaker, take_turn
 from kvpipe.measure import contention
+from kvpipe.measure.contention import QUIET_WAIT_S
 from kvpipe.measure.round_figures import DECIDE_WITHIN, MIN_ROUNDS, STOPPING_FIGURE, decided, firmness_note
 from kvpipe.units import counted, duration_text
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TURNS", "RoundTaker", "Rounds", "check_turn", "run_rounds"]
+__all__ = ["QUIET_WAIT_S", "TURNS", "RoundTaker", "Rounds", "check_quiet_wait", "check_turn", "run_rounds"]
 
 
 @dataclass
@@ -70,16 +81,19 @@ class Rounds:
 
 
 def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool, turn: str = "pass", sampler=None,
-               wait=None) -> Rounds:  # fmt: skip
+               wait=None, quiet_wait_s: float = QUIET_WAIT_S) -> Rounds:  # fmt: skip
     """Measure rounds until every job has what it wants; shuffle: a fresh order each round.
     turn="call" (several jobs): each call of a round is a turn of its own, every job making that call
     in a counterbalanced order, with the machine sampled around it (`sampler`: kvpipe.measure.contention's
     by default) and the call left out of the paired estimate where other processes held a core, the
-    next call waiting for quiet first (`wait`: kvpipe.measure.contention.wait_for_quiet by default)."""
+    next call waiting for quiet first (`wait`: by default kvpipe.measure.contention.wait_for_quiet for
+    at most quiet_wait_s; 0: never)."""
     draw, balanced = random.Random(seed), Counterbalanced(seed)
     by_call = turn == "call" and len(jobs) > 1
     sampler = sampler or contention.sample
-    quiet = QuietWaits(wait or contention.wait_for_quiet)
+    if wait is None and quiet_wait_s > 0:
+        wait = functools.partial(contention.wait_for_quiet, most_s=quiet_wait_s)
+    quiet = QuietWaits(wait)
     for job in jobs:
         job.turn = "call" if by_call else "pass"
     sweep_auto = by_call and all(job.auto for job in jobs)  # the sweep measures until its ratios decide
@@ -166,7 +180,9 @@ def _close_auto(jobs: list[RoundTaker], rounds: Rounds) -> None:
     reason = rounds.stopped_by or "decided"
     for job in jobs:
         job.stopped_by = reason
-    said = "every paired TPOT ratio decided" if reason == "decided" else f"reached {cap.get(reason, reason)}"
+    within = getattr(timing, "decide_within", DECIDE_WITHIN)
+    decided_words = f"every paired TPOT ratio clear of 1 or measured to ±{within:.0%}"
+    said = decided_words if reason == "decided" else f"reached {cap.get(reason, reason)}"
     log.info("repeats=auto: %d rounds, stopped: %s", len(rounds.seconds), said)
 
 

@@ -23,7 +23,7 @@ from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job
 from hydra.plugins.launcher import Launcher
 from omegaconf import OmegaConf, open_dict
 
-from kvpipe.job.shared_rounds import Rounds, check_turn, run_rounds
+from kvpipe.job.shared_rounds import QUIET_WAIT_S, Rounds, check_quiet_wait, check_turn, run_rounds
 from kvpipe.orchestrate.sweep import Deferred, SweepState, outcome_counts
 from kvpipe.record import store, tracking
 
@@ -33,10 +33,11 @@ ROUNDS_FILE = "rounds.json"
 
 
 class InterleavedLauncher(Launcher):
-    def __init__(self, turn: str = "call") -> None:
+    def __init__(self, turn: str = "call", quiet_wait_s: float = QUIET_WAIT_S) -> None:
         self.turn = check_turn(
             turn
         )  # call: each measured call a turn; pass: a job's whole pass (the turns before calls)
+        self.quiet_wait_s = check_quiet_wait(quiet_wait_s)  # after a contended call: the most it waits for quiet
         self.config = self.hydra_context = self.task_function = None
 
     def setup(self, *, hydra_context, task_function, config) -> None:
@@ -84,7 +85,7 @@ class InterleavedLauncher(Launcher):
         jobs = [deferred.job for _, deferred in waiting]
         seed = int(group[0].workload.seed)
         try:
-            rounds = run_rounds(jobs, seed, shuffle=len(jobs) > 1, turn=self.turn)
+            rounds = run_rounds(jobs, seed, shuffle=len(jobs) > 1, turn=self.turn, quiet_wait_s=self.quiet_wait_s)
         except KeyboardInterrupt:  # every waiting job is KILLED, and the sweep's parent with them
             for _, deferred in waiting:
                 deferred.kill()

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvpipe.errors import ConfigError, KvpipeError, fail
 from kvpipe.job import runner
-from kvpipe.job.shared_rounds import check_turn
+from kvpipe.job.shared_rounds import check_quiet_wait, check_turn
 from kvpipe.jobspec import make_spec, reject_unknown_keys
 from kvpipe.model import loading
 from kvpipe.orchestrate import closing, eta, skips
@@ -121,6 +121,7 @@ class SweepCallback(Callback):
             why_sequential = one_after_another(config, config.hydra)
             reject_unknown_keys(config)  # a misspelt key or +group is in every job: not an invalid combination
             check_turn(config.hydra.launcher.get("turn", "call"))  # before the launcher is built
+            check_quiet_wait(config.hydra.launcher.get("quiet_wait_s", 0))
         except ConfigError as exc:
             fail(str(exc))
         if why_sequential and why_sequential != "interleave=false":
