@@ -18,7 +18,7 @@ MLFLOW_PORT ?= 5000
 # `make ui` and `make mlflow-server` show them; MLFLOW_DIR=... serves another.
 MLFLOW_DIR  ?= $(CURDIR)/outputs
 
-.PHONY: venv run test test-fast lint format docs ui mlflow-server clean-venv
+.PHONY: venv run test test-fast test-census lint format docs ui mlflow-server clean-venv
 
 venv: $(STAMP)
 
@@ -69,8 +69,15 @@ test: venv
 	$(PYTEST) -m "not alone" $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m alone $(PYTEST_ARGS) $(ALONE_TESTS)
 
+# Between edits: the tests that check logic on configs, records and synthetic figures (goal: 60 s)
 test-fast: venv
 	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
+
+# Every run ends with a census of where its time went, beside tests/budget.py (tests/census.py);
+# this one lists every test file and keeps the census as outputs/test-census.json
+test-census: venv
+	@mkdir -p outputs
+	$(PYTEST) -m "not alone" --census-all --census-json outputs/test-census.json $(PYTEST_ARGS)
 
 # ruff: lint, and check that the code is formatted (CI runs this before the tests)
 lint: venv

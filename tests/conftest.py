@@ -1,13 +1,14 @@
 """Shared fixtures: Hydra composition, a scratch launch dir, specs for tiny models, and what the
 expensive end-to-end tests share: one real sweep, one migrated MLflow store, the embedded model.
 
-Speed (2 cores, no GPU, `make test`: two pytest-xdist workers): the whole suite in 16-18 minutes on
-a fresh clone, about half of it the manual's commands run as written (docs/architecture.md, "Tests":
-its goals, 5 minutes whole and 60 s for `make test-fast`, are not yet met). Tests marked slow run
-real jobs, load the embedded model or start kvpipe, Hydra or MLflow processes; the fast ones check logic on
-configs, records and synthetic figures. An expensive fixture is made once per session, on the one
-worker that runs every test using it (the xdist groups below). kvpipe's command line runs in the
-worker's own process (kvpipe_here) wherever a process of its own is not what a test checks."""
+Speed (2 cores, no GPU, `make test`: two pytest-xdist workers): the parallel part in ~14 minutes, the
+fast subset in ~2 (docs/architecture.md, "Tests": their goals, 6 minutes and 60 s, are not yet met);
+every run ends with a census of where its time went beside tests/budget.py (tests/census.py). Tests
+marked slow run real jobs, load the embedded model or start kvpipe, Hydra or MLflow processes; the
+fast ones check logic on configs, records and synthetic figures. An expensive fixture is made once per
+session, on the one worker that runs every test using it (the xdist groups below). kvpipe's command
+line runs in the worker's own process (kvpipe_here) wherever a process of its own is not what a test
+checks."""
 
 from __future__ import annotations
 
@@ -44,6 +45,15 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 # kvpipe processes the tests start, so no test reads what an earlier session or the user stored.
 os.environ["KVPIPE_REFERENCE_DIR"] = tempfile.mkdtemp(prefix="kvpipe-references-")
 atexit.register(shutil.rmtree, os.environ["KVPIPE_REFERENCE_DIR"], ignore_errors=True)
+
+# Where the suite's time goes, printed at its end beside the budget (tests/census.py, tests/budget.py)
+from census import (  # noqa: E402, F401
+    pytest_addoption,
+    pytest_configure,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+    pytest_testnodedown,
+)
 
 from kvpipe.jobspec import Spec, compose, make_spec, register_schemas  # noqa: E402
 from kvpipe.measure.memory import freeze_long_lived_objects  # noqa: E402

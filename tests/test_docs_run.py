@@ -1,14 +1,15 @@
 """The manual, run as written: every `python -m kvpipe …` and `kvpipe …` line of the README and
 docs/*.md runs here on the tiny model, each page's in page order against a store of its own, so a
 `compare` or `recommend` finds the sweeps the page showed before it. Every command is shrunk the
-same way (`shrunk`): the tiny model, two new tokens, one round, one thread and eight tokens scored
-for quality unless it sets them, three advise trials, two requests per capacity point, at most 16
-per load; what it says stays. A command shown with its `kvpipe: error:` must fail with that error;
-every other one must exit 0 and warn of no setting it did not give.
+same way (`shrunk`): the tiny model; one round, one thread, no warm-up call and eight tokens of one
+window scored for quality unless it sets them; at most two new tokens and one sample of each task
+even where it sets more (RULER's examples ask 64 tokens of two samples); three advise trials, two
+requests per capacity point, at most 16 per load; what it says stays. A command shown with its
+`kvpipe: error:` must fail with that error; every other one must exit 0 and warn of no setting it
+did not give.
 
-A page's commands run on one xdist worker, in page order; the pages spread over the workers: 80
-passed and 7 skipped in 7 min 44 s on two workers on the idle 2-core VM (2026-12-03), most of it in
-the RULER examples (1,024-token contexts, 64 new tokens as the page sets them) and the sweeps."""
+A page's commands run on one xdist worker, in page order; the pages spread over the workers. Where
+the time goes: `make test-census` (tests/census.py)."""
 
 from __future__ import annotations
 
@@ -31,10 +32,20 @@ CASES = shown_commands()
 # What the tiny model needs to run what the embedded one does: context_scaling's 8,000-token prompts
 MODEL = ("model=tiny_random", "model.max_position_embeddings=8192")
 # The smallest run that still measures, for every command that runs a model
-# (quality's teacher-forced tokens: a quantized cache's default, residual_length + 32, is most of a tiny job)
-RUN = ("model.threads=1", "workload.max_new_tokens=2", "workload.repeats=1", "quality.scored_tokens=8")
-# A search's or a load's size: at most this many of each (16 requests keep a 10 s ramp's meaning)
-AT_MOST = {"--requests": 2, "load.requests": 16, "hydra.sweeper.trials": 3}
+# (quality's teacher-forced tokens over one window, not four: a quantized cache's default, residual_length
+# + 32, is most of a tiny job; no warm-up call, which a command's meaning never needs)
+RUN = ("model.threads=1", "workload.max_new_tokens=2", "workload.repeats=1", "workload.warmup=0")
+RUN += ("quality.scored_tokens=8", "quality.windows=1")
+# A search's or a load's size: at most this many of each (16 requests keep a 10 s ramp's meaning); and
+# what a command sets that its meaning does not need at full size: answers of two tokens (RULER's
+# examples ask 64), one sample of each task
+AT_MOST = {
+    "--requests": 2,
+    "load.requests": 16,
+    "hydra.sweeper.trials": 3,
+    "workload.max_new_tokens": 2,
+    "workload.samples": 1,
+}
 # advise's --trials counts configurations, each a whole job; capacity's counts rate points, which
 # --requests keeps short, and its search stops where it converges (6 points on the tiny model)
 TRIALS = {"advise": 3}
@@ -90,13 +101,15 @@ def users_own(words: list[str]) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def page_dirs(tmp_path_factory):
-    """One folder per page (its outputs/ and MLflow store), with the repository's examples."""
+def page_dirs(tmp_path_factory, existing_store):
+    """One folder per page (its outputs/ and MLflow store, migrated already: MLflow making a store is
+    test_pipeline's first run), with the repository's examples."""
     made = {}
 
     def page_dir(page: str):
         if page not in made:
             made[page] = tmp_path_factory.mktemp(page.replace("/", "_"))
+            existing_store(made[page])
             (made[page] / "examples").symlink_to(REPO / "examples")
             for name, text in SHOWN_FILES.items():
                 (made[page] / name).write_text(text)
