@@ -23,7 +23,7 @@ from kvpipe.cache import backends, presses
 # import, the group schemas as rebuilt by register_schemas.
 from kvpipe.config import AxisConfig, ModelConfig, QualityConfig, TrackingConfig, group_schema, known
 from kvpipe.config import option_schema as _option_schema
-from kvpipe.jobspec import parsed_once
+from kvpipe.jobspec import composed_once, parsed_once
 from kvpipe.registry import Registered, Registry
 
 # Each group that plugins extend: its registry (which names its key) and the settings every option reads.
@@ -80,13 +80,26 @@ class KvpipeConfig:
     )
 
 
+_stored_for: tuple | None = None  # the registered plugins the stored schema was built from
+
+
+def _registered_plugins() -> tuple:
+    # the classes themselves, not their ids: a class held here cannot be freed and its id reused
+    return tuple(option for registry, _ in PLUGGED.values() for option in registry.registered())
+
+
 def register_schemas() -> None:
     """Store the schema under `kvpipe_schema`, the first entry of conf/config.yaml's defaults; the
-    group schemas are rebuilt first, so plugins registered since import count. Packaged config files
-    are parsed once per process from now on (kvpipe.jobspec.parsed_once)."""
+    group schemas are rebuilt when plugins were registered since the last store, so they count.
+    From now on, packaged config files are parsed once per process (kvpipe.jobspec.parsed_once) and
+    each choice of config groups is composed once (kvpipe.jobspec.composed_once)."""
+    global _stored_for
     parsed_once.install()
-    _build_group_schemas()
-    ConfigStore.instance().store(name="kvpipe_schema", node=KvpipeConfig)
+    composed_once.install()
+    if _stored_for != _registered_plugins():
+        _build_group_schemas()
+        ConfigStore.instance().store(name="kvpipe_schema", node=KvpipeConfig)
+        _stored_for = _registered_plugins()
 
 
 # compose's results in this process: Hydra reads and merges ~20 YAML files a composition (0.25 s on
@@ -101,8 +114,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), with_hydra: bool = Fals
     `hydra.searchpath` is the caller's to change, so those are composed every time."""
     import copy
 
-    plugins = tuple(id(option) for registry, _ in PLUGGED.values() for option in registry.registered())
-    key = (tuple(overrides), with_hydra, plugins)
+    key = (tuple(overrides), with_hydra, _registered_plugins())
     searched = any(o.lstrip("+~").startswith("hydra.searchpath") for o in overrides)
     if searched or key not in _COMPOSED:
         composed = _compose(overrides, with_hydra)
