@@ -6,6 +6,7 @@ ratios decide. The machine's load is an injected sampler here: no process is spu
 from __future__ import annotations
 
 import math
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -174,6 +175,16 @@ def test_a_call_is_contended_by_judges_rule_with_a_twentieth_of_a_core_of_slack(
     # threads on every core: a tenth of a core held by others for the call is contention, a fiftieth is not
     assert call_contended(start, CpuSample(1.0, every + 0.1, every), threads=every, on_cpu=True)
     assert not call_contended(start, CpuSample(1.0, every + 0.02, every), threads=every, on_cpu=True)
+
+
+def test_a_short_call_is_not_contended_by_the_accountings_rounding_but_is_by_a_neighbour():
+    # A tiny model's call lasts 0.15 s; the kernel counts CPU time in ticks of 1/100 s, so an idle
+    # machine reads 2-3 ticks of "others" over such a call (0.13-0.2 cores): not a neighbour
+    start, every, tick = CpuSample(0.0, 0.0, 0.0), cores(), 1 / os.sysconf("SC_CLK_TCK")
+    rounded = CpuSample(0.15, every * 0.15 + 3 * tick, every * 0.15)
+    assert not call_contended(start, rounded, threads=every, on_cpu=True)
+    neighbour = CpuSample(0.15, every * 0.15 + 0.15, every * 0.15)  # one core held through the call
+    assert call_contended(start, neighbour, threads=every, on_cpu=True)
 
 
 def test_repeats_auto_stops_once_every_paired_ratio_decides():

@@ -131,11 +131,22 @@ def judge(before: CpuSample, after: CpuSample, threads: int, load_average: float
 CALL_SLACK_CORES = 0.05
 
 
+def accounting_error_s() -> float:
+    """The most CPU time that rounding alone can show as other processes' between two samples: the
+    kernel counts CPU time in clock ticks (1/100 s), each core's counter and this process's user and
+    system times each rounded to one. An idle 2-core VM read up to 3 ticks of "others" over 0.15 s
+    calls (0.2 cores; 2026-12-06), so for a call of a small model this, not the slack, is the floor."""
+    return (cores() + 2) / os.sysconf("SC_CLK_TCK")
+
+
 def call_contended(before: CpuSample, after: CpuSample, threads: int, on_cpu: bool) -> bool:
     """Whether one call between two samples ran while other processes held a core that its `threads`
-    needed: judge's rule on the call's own samples (no load average: a minute's, not a call's)."""
+    needed: judge's rule on the call's own samples (no load average: a minute's, not a call's), with
+    a twentieth of a core of slack, or what the accounting's rounding can show over so short a call."""
     own = own_cores(before, after) if on_cpu else math.nan
-    return contended(other_cores(before, after), threads, cores(), math.nan, own, slack=CALL_SLACK_CORES)
+    wall = after.wall_s - before.wall_s
+    slack = max(CALL_SLACK_CORES, accounting_error_s() / wall) if wall > 0 else CALL_SLACK_CORES
+    return contended(other_cores(before, after), threads, cores(), math.nan, own, slack=slack)
 
 
 # After a call taken under others' load, the next calls wait for the machine to go quiet instead of being
