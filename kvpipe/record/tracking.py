@@ -263,6 +263,7 @@ def end_parent(tracking: TrackingConfig, launch_dir: Path, run_id: str, status: 
         client.set_terminated(run_id, status=status)
 
 
+@forwarded  # in a sweep's tracking worker: MLflow's import and store are 3 s in the sweep's process
 def log_rounds(tracking: TrackingConfig, launch_dir: Path, run_id: str, seconds: list[float], first_step: int) -> None:
     """A sweep's measured rounds on its parent run: each round's seconds, and its drift from the
     first round of its group (round_s and round_drift, one step per round)."""
