@@ -244,3 +244,22 @@ def test_a_served_sweep_takes_turns_in_shared_rounds_and_its_ratios_are_paired(t
     assert shown.returncode == 0 and "TPOT vs dynamic" in shown.stdout, shown.stderr[-2000:]
     row = next(line for line in shown.stdout.splitlines() if "│ paged " in line)
     assert "×" in row and "†" not in row  # a ratio, paired round by round
+
+
+@pytest.mark.slow  # a real two-job sweep, recorded and compared
+def test_the_sweeps_baseline_is_the_dynamic_cache_wherever_it_stands_and_compare_names_the_same(
+    tmp_path, existing_store, monkeypatch
+):
+    from kvpipe.measure import contention
+
+    # the pairing is under test, not the leaving out of calls (a machine of its own, test_call_turns)
+    monkeypatch.setattr(contention, "call_contended", lambda *args, **kwargs: False)
+    existing_store(tmp_path)
+    proc = run_cli(["-m", *TINY, "cache=static,dynamic"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (group,) = json.loads((min((tmp_path / "outputs" / "multiruns").glob("*/*")) / "rounds.json").read_text())
+    assert (group["baseline"], group["baseline_cache"]) == ("#1", "dynamic")  # not the first job
+    shown = run_cli(["compare"], cwd=tmp_path)
+    assert shown.returncode == 0 and "TPOT vs dynamic" in shown.stdout, shown.stderr[-2000:]
+    row = next(line for line in shown.stdout.splitlines() if "│ static " in line)
+    assert "×" in row and "†" not in row  # static has its ratio, paired call by call

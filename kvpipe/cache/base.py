@@ -44,6 +44,13 @@ class Family(enum.StrEnum):
 
 
 FAMILIES = tuple(Family)
+DEFAULT_BASELINE = Family.DYNAMIC  # the default cache: what a sweep and compare weigh the others against
+
+
+def table_label(requested: str, effective: str) -> str:
+    """A run's cache as tables and compare's --baseline name it: what ran, and what was asked where it
+    ran as another (`offloaded (as dynamic)`: offloading off a GPU), so the row is mistaken for neither."""
+    return effective if effective.startswith(requested) else f"{requested} (as {effective})"
 
 
 @dataclass

@@ -132,7 +132,7 @@ def ratio(run, baseline, figure: str = "tpot_ms") -> Ratio | None:
     return None if math.isnan(found.value) else found  # no round measured the figure in both: no ratio
 
 
-DEFAULT_BASELINE = cache.Family.DYNAMIC  # the default cache: what others are weighed against, unless --baseline
+DEFAULT_BASELINE = cache.DEFAULT_BASELINE  # what others are weighed against, unless --baseline
 
 
 def named(run, name: str) -> bool:

@@ -65,7 +65,7 @@ def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
     effective = column(runs, mlflow_tags.column(mlflow_tags.CACHE_EFFECTIVE), None).fillna(requested)
     runs["strategy"] = effective.str.split(r"[:+]", regex=True).str[0]  # a label starts with its strategy
     # Offloaded on a CPU runs as dynamic: say both, so the row is not mistaken for either.
-    runs["label"] = [e if e.startswith(r) else f"{r} (as {e})" for r, e in zip(requested, effective)]
+    runs["label"] = [cache.table_label(r, e) for r, e in zip(requested, effective)]
     # peak_memory_bytes is absolute, weights included, on every device. Runs recorded before it was
     # (CPU sources named *_growth measured RSS growth only) get their weights added, once.
     growth = column(runs, mlflow_tags.column(mlflow_tags.PEAK_MEMORY_SOURCE), "").fillna("").str.endswith("_growth")

@@ -11,8 +11,7 @@ from __future__ import annotations
 import time
 from typing import ClassVar
 
-from kvpipe import model
-from kvpipe.cache import Family
+from kvpipe import cache, model
 from kvpipe.job.outcome import JobResult, resolved_params
 from kvpipe.job.shared_rounds import RoundTaker
 from kvpipe.job.threads import use_threads
@@ -33,7 +32,6 @@ class Job(RoundTaker):
     def __init__(self, spec):
         super().__init__(spec.strategy.describe(), spec.workload, self.figures)
         self.spec = spec
-        self.compare_baseline = self.label == Family.DYNAMIC  # compare's default baseline (its label)
         self.ran = spec  # what it measured: another strategy's spec after an out-of-memory fallback
         self.setup = None  # the cache it builds (CacheSetup); None where its server builds its own
         self.warmup_ms: list[float] = []
@@ -41,6 +39,17 @@ class Job(RoundTaker):
         self.own_s = 0.0  # its own phases' wall time: a sweep's turns of other jobs are not its harness
         self.started_epoch_s: float | None = None  # when prepare() began: the job's own start
         self.process_setup_s: float | None = None  # set by prepare(): see JobResult.process_setup_s
+
+    @property
+    def cache_label(self) -> str:
+        """Its cache as compare's tables name it: what ran (after warm-up), or what it asks for."""
+        setup, strategy = self.setup, self.ran.strategy
+        return cache.table_label(setup.requested, setup.effective) if setup else strategy.name
+
+    @property
+    def compare_baseline(self) -> bool:
+        """Whether compare's default baseline names it: its cache, as tables name it, is the dynamic one."""
+        return self.cache_label == cache.DEFAULT_BASELINE
 
     # ---- what a kind of job says ---------------------------------------------------------------
 
@@ -137,7 +146,7 @@ class Job(RoundTaker):
         metrics["load_ms"] = loaded.load_s * 1e3
         threshold = spec.workload.noise_threshold
         tags = {
-            "cache.requested": setup.requested if setup else ran.strategy.name,
+            "cache.requested": setup.requested if setup else ran.strategy.name,  # cache_label reads both
             "cache.effective": setup.effective if setup else ran.strategy.name,
             "device": loaded.device,
             "dtype": loaded.dtype,

@@ -59,6 +59,8 @@ class Rounds:
     other_cores: list[list[list[float]]] = field(default_factory=list)  # per round and call, as call_orders
     waited_s: list[float] = field(default_factory=list)  # per round: waited for quiet after contended calls
     stopped_by: str | None = None
+    baseline: int | None = None  # the job the paired ratios are against (baseline_of), where several took turns
+    baseline_cache: str | None = None  # its cache, as compare names it
 
     def drift(self) -> list[float]:
         """Each round's time against the first's, as a fraction (+0.3: 30% slower)."""
@@ -77,6 +79,8 @@ class Rounds:
                          call_other_cores=self.other_cores, quiet_wait_s=[round(s, 2) for s in self.waited_s])  # fmt: skip
         if self.stopped_by:
             shown["stopped_by"] = self.stopped_by
+        if self.baseline is not None:
+            shown.update(baseline=labels[self.baseline], baseline_cache=self.baseline_cache)
         return shown
 
 
@@ -134,8 +138,10 @@ def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool, turn: str = "pa
     if sweep_auto:
         _close_auto(jobs, rounds)
     base = jobs[baseline_of(jobs)]
+    if len(jobs) > 1:
+        rounds.baseline, rounds.baseline_cache = jobs.index(base), getattr(base, "cache_label", base.label)
     for job in [job for job in jobs if job is not base and job.failed is None] if by_call else []:
-        job.paired_note = firmness_note(job.per_round[STOPPING_FIGURE], paired(job, base), base.label)
+        job.paired_note = firmness_note(job.per_round[STOPPING_FIGURE], paired(job, base), rounds.baseline_cache)
     return rounds
 
 
