@@ -5,14 +5,23 @@ names a strategy. Backends for cache=quantized live in `kvpipe.cache.backends`, 
 """
 
 from kvpipe.cache.base import (
-    DEFAULT_BASELINE, FAMILIES, REGISTRY, CacheChoice, CacheSetup, CacheStrategy, Family, get, names, registered,
+    DEFAULT_BASELINE,
+    FAMILIES,
+    REGISTRY,
+    CacheChoice,
+    CacheSetup,
+    CacheStrategy,
+    Family,
+    get,
+    names,
+    registered,
     table_label,
-)  # fmt: skip
+)
 from kvpipe.registry import import_plugins
 
 import_plugins(__name__, __path__)
 
 __all__ = [
-    "DEFAULT_BASELINE", "FAMILIES", "REGISTRY", "Family", "CacheChoice", "CacheSetup", "CacheStrategy", "get", "names", "registered",
-    "table_label",
+    "DEFAULT_BASELINE", "FAMILIES", "REGISTRY", "Family", "CacheChoice", "CacheSetup", "CacheStrategy",
+    "get", "names", "registered", "table_label",
 ]  # fmt: skip
