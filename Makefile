@@ -74,10 +74,11 @@ test-fast: venv
 	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
 # Every run ends with a census of where its time went, beside tests/budget.py (tests/census.py);
-# this one lists every test file and keeps the census as outputs/test-census.json
+# this one lists every test file and keeps the census as outputs/test-census.json (written with `=`:
+# a path on its own would be taken by pytest for where to look for conftest.py, once the file exists)
 test-census: venv
 	@mkdir -p outputs
-	$(PYTEST) -m "not alone" --census-all --census-json outputs/test-census.json $(PYTEST_ARGS)
+	$(PYTEST) -m "not alone" --census-all --census-json=outputs/test-census.json $(PYTEST_ARGS)
 
 # ruff: lint, and check that the code is formatted (CI runs this before the tests)
 lint: venv
