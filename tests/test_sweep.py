@@ -263,3 +263,41 @@ def test_the_sweeps_baseline_is_the_dynamic_cache_wherever_it_stands_and_compare
     assert shown.returncode == 0 and "TPOT vs dynamic" in shown.stdout, shown.stderr[-2000:]
     row = next(line for line in shown.stdout.splitlines() if "│ static " in line)
     assert "×" in row and "†" not in row  # static has its ratio, paired call by call
+
+
+@pytest.mark.slow  # a real two-job sweep whose calls are mostly left out
+def test_with_most_calls_left_out_every_figure_lies_inside_its_own_interval(tmp_path, monkeypatch):
+    import dataclasses
+
+    from kvpipe.job import runner
+    from kvpipe.measure import contention
+
+    # A neighbour that slows every judged call but one fourfold (and is seen there): the calls left
+    # out are the slow ones, as on a busy machine, so figures and intervals from different calls disagree
+    made = iter(range(10_000))
+    slowed = [False]
+
+    def generate(*args, **kwargs):
+        call = measured_generate(*args, **kwargs)
+        index = next(made)
+        slowed[0] = index >= 8 and index != 9  # each job's first round (no warm-up) is not judged
+        if not slowed[0]:
+            return call
+        timing = call.timing
+        slow = dataclasses.replace(timing, ttft_ms=4 * timing.ttft_ms, e2e_ms=4 * timing.e2e_ms,
+                                   itl_ms=[4 * t for t in timing.itl_ms])  # fmt: skip
+        return dataclasses.replace(call, timing=slow)
+
+    measured_generate = runner.measured_generate
+    monkeypatch.setattr(runner, "measured_generate", generate)
+    monkeypatch.setattr(contention, "call_contended", lambda *args, **kwargs: slowed[0])
+    overrides = ["-m", *TINY[:-1], "tracking=off", "cache=static,dynamic", "workload.repeats=8"]
+    proc = run_cli(overrides, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for result in sweep_results(tmp_path):
+        metrics = result["metrics"]
+        assert metrics["calls_excluded"] >= 27  # of 28 judged: 4 prompts x 7 rounds after the first
+        for name in ("ttft_ms", "tpot_ms", "decode_tokens_per_s"):
+            low, high = metrics.get(f"{name}_ci_low"), metrics.get(f"{name}_ci_high")
+            has_interval = low is not None and high is not None and low == low and high == high
+            assert not has_interval or low <= metrics[name] <= high, (name, low, metrics[name], high)

@@ -19,7 +19,7 @@ from kvpipe.measure import contention, quality
 from kvpipe.measure.environment import environment, load_average
 from kvpipe.measure.memory import freeze_long_lived_objects
 from kvpipe.measure.metrics import prompt_lengths
-from kvpipe.measure.round_figures import call_tags, over_rounds, round_tags
+from kvpipe.measure.round_figures import call_tags, mean, over_rounds, round_tags
 from kvpipe.workload import Scored, shortest_and_padded
 
 
@@ -39,6 +39,11 @@ class Job(RoundTaker):
         self.own_s = 0.0  # its own phases' wall time: a sweep's turns of other jobs are not its harness
         self.started_epoch_s: float | None = None  # when prepare() began: the job's own start
         self.process_setup_s: float | None = None  # set by prepare(): see JobResult.process_setup_s
+
+    def figure_rounds(self) -> dict[str, list[float]]:
+        """The round figures its figures and their intervals are read from: its rounds as measured,
+        unless a kind of job keeps its calls and left some out (BatchJob)."""
+        return self.per_round
 
     @property
     def cache_label(self) -> str:
@@ -139,7 +144,10 @@ class Job(RoundTaker):
         )
         metrics, summary_notes, own_tags = self.summary()
         notes = [*spec.warnings, *(setup.notes if setup else []), *summary_notes]
-        metrics.update(over_rounds(self.per_round))
+        figure_rounds = self.figure_rounds()
+        metrics.update(over_rounds(figure_rounds))
+        if figure_rounds is not self.per_round:  # some calls left out: each figure from its interval's rounds
+            metrics.update({name: mean(values) for name, values in figure_rounds.items()})
         notes += self._rounds_notes(metrics)
         metrics["warmup_ms"] = sum(self.warmup_ms)
         metrics.update(prompt_lengths(self.prompt_tokens()))

@@ -8,6 +8,7 @@ The runner measures; it never records (that is kvpipe.record).
 from __future__ import annotations
 
 import logging
+import math
 
 from kvpipe.job.fallback import with_fallback
 from kvpipe.job.generate import Call, measured_generate
@@ -118,6 +119,20 @@ class BatchJob(Job):
         calls = self.calls[self.round_started :]
         kept = [c for c, keep in zip(calls, self.kept[self.round_started :]) if keep]
         self.add_round(batch_round(kept or calls))
+
+    def figure_rounds(self) -> dict[str, list[float]]:
+        """Where some calls were left out and some kept: each round's figures over its kept calls
+        (NaN where it kept none), so that a figure, its interval and its paired ratio all come from the
+        same calls; its rounds as measured otherwise (every call kept, or none: then the notes say so)."""
+        if all(self.kept) or not any(self.kept):
+            return self.per_round
+        n = self.calls_per_round
+        rounds = [
+            [c for c, keep in zip(self.calls[i : i + n], self.kept[i : i + n]) if keep]
+            for i in range(0, len(self.calls), n)
+        ]
+        by_round = [batch_round(kept) if kept else dict.fromkeys(BATCH_FIGURES, math.nan) for kept in rounds]
+        return {name: [figures[name] for figures in by_round] for name in BATCH_FIGURES}
 
     def kept_timings(self, loaded, strategy) -> dict[str, float]:
         """Its timings over the calls not taken under other processes' load (in a sweep's turns, the
