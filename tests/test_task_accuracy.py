@@ -272,3 +272,21 @@ def test_min_accuracy_and_the_front_judge_labelled_runs_by_task_accuracy():
     chosen, (what, _) = choose(runs, Limits(accuracy=0.8))
     assert chosen["strategy"] == "static" and "task accuracy 90% (at least 80%)" in what
     assert Limits(accuracy=0.8).misses(runs.iloc[0]) == {"accuracy": pytest.approx(1 - 0.5 / 0.8)}
+
+
+@pytest.mark.slow  # a real served job on the tiny model with its quality pass: ~6 s
+@pytest.mark.parametrize("cache", ["dynamic", "paged"])
+def test_answers_served_under_a_load_are_scored_as_a_batch_jobs_are(tmp_path, cache):
+    from kvpipe.job.runner import run_job
+    from kvpipe.record.result import Result
+
+    # six requests over three prompts, two in flight: every served request's answer is scored
+    load = ("load=concurrency", "load.concurrency=2", "load.requests=6")
+    spec = dataset_spec(write_jsonl(tmp_path / "q.jsonl", LABELLED), f"cache={cache}", *load, "quality=off")
+    result = Result.finished(spec, run_job(spec))
+    rows = result.answers
+    assert len(rows) == 6 and sorted({row["row"] for row in rows}) == [0, 1, 2]  # numbered from 0 inside
+    for row in rows:
+        assert row["score"] == scoring.SCORERS["contains"].best(row["answer"], row["expected"])
+    right = sum(row["score"] for row in rows)
+    assert result.metrics["task_accuracy"] == pytest.approx(right / 6) and result.metrics["task_answers"] == 6

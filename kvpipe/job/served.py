@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import statistics
 import time
+from types import SimpleNamespace
 
 from kvpipe.job.arrivals import Scheduled
-from kvpipe.job.phases import Job
+from kvpipe.job.phases import Job, eos_ids
 from kvpipe.job.servers import Outcome, requests_of, serve_continuously, serve_static_batches
 from kvpipe.measure.memory import PeakMemory, release_freed_memory
 from kvpipe.measure.metrics import repeat_noise
@@ -90,8 +91,27 @@ class ServedJob(Job):
             # between rounds: a round's mean TTFT and TPOT, as a batch job's calls of one shape
             timing_noise_cv=repeat_noise(self.per_round, [()] * self.rounds_done()),
         )
+        # The workload's own scoring (labelled answers, pass keys, tasks) of what each request was
+        # answered under the load, as a batch job's calls are scored
+        self.scored_answers = self.workload.score(self.loaded.tokenizer, eos_ids(self.loaded.model), *self.answered())
+        metrics.update(self.scored_answers.values())
         tags = {"load": self.load.served_label(self.requests), "peak_memory_source": self.peaks[0].source}
         return metrics, self.load.notes(self.requests), tags
+
+    def answered(self) -> tuple[list, list]:
+        """Every served request of every pass as the workload's scoring reads a batch job's calls:
+        each request's prompt batch (the load may ask a prompt more than once), and per pass a call
+        per request holding the tokens it was answered (greedy passes are scored once: the workload's rule)."""
+        import torch
+
+        batch_of = {id(prompt): batch for batch, prompt in zip(self.batches, self.prompts)}
+        batches = [batch_of[id(request)] for request in self.requests]
+        calls = [
+            SimpleNamespace(new_tokens=torch.tensor([served.tokens], dtype=torch.long))
+            for outcome in self.passes
+            for served in outcome.served
+        ]
+        return batches, calls
 
     def prompt_tokens(self) -> list[int]:
         return [len(request.ids) for request in self.requests]

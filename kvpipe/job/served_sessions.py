@@ -63,6 +63,10 @@ class SessionsJob(ServedJob):
         ids = self.workload.turn_ids(tokenizer, session, turn, said)
         return Request(ids, self.spec.workload.max_new_tokens, "", session=position, last_turn=last)
 
+    def answered(self) -> tuple[list, list]:
+        """None to score: a conversation's turns carry no labelled answers (its workload scores none)."""
+        return [], []
+
     def summary(self):
         metrics, notes, tags = super().summary()
         passes = self.passes
