@@ -110,7 +110,7 @@ def subcommand_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def _run_subcommand(argv: list[str]) -> int:
     parser = subcommand_parser(only=argv[0])
-    argv, uri = _store_setting(_dashed_values_joined(parser, argv))
+    argv, uri = _store_setting(_dashed_values_joined(parser, argv), _takes_overrides(parser, argv[0]))
     args, extra = parser.parse_known_args(argv)
     if uri is not None:
         args.tracking_uri, args.uri_spelling = uri, "tracking.uri"
@@ -137,10 +137,17 @@ def _dashed_values_joined(parser: argparse.ArgumentParser, argv: list[str]) -> l
     return joined
 
 
-def _store_setting(argv: list[str]) -> tuple[list[str], str | None]:
-    """`tracking.uri=URI`, spelt as for runs, for the subcommands that read or write a store (plan
-    takes it as one of its overrides)."""
-    if argv[0] in ("plan", "advise"):  # overrides of their own: the store stays one of them
+def _takes_overrides(parser: argparse.ArgumentParser, name: str) -> bool:
+    """Whether subcommand `name` takes Hydra overrides of its own (plan, advise, capacity)."""
+    (commands_action,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return any(action.dest == "overrides" for action in commands_action.choices[name]._actions)
+
+
+def _store_setting(argv: list[str], takes_overrides: bool) -> tuple[list[str], str | None]:
+    """`tracking.uri=URI`, spelt as for runs, for the subcommands that read a store (compare,
+    recommend, sync); one that takes overrides (plan, advise, capacity) keeps it among them, so that
+    the jobs it launches record where the user said."""
+    if takes_overrides:
         return argv, None
     uri = next((a.split("=", 1)[1] for a in argv if a.startswith("tracking.uri=")), None)
     return [a for a in argv if not a.startswith("tracking.uri=")], uri

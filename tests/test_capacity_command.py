@@ -65,3 +65,32 @@ def test_capacity_within_targets_the_tiny_model_meets_names_the_cache_that_carri
     use = said.stdout.split("use: kvpipe ")[1].splitlines()[0]
     assert "load=rate load.rate=" in use and "load.max_ttft_ms=60000" in use
     assert "carries the most:" in said.stdout
+
+
+@pytest.mark.parametrize("command", ["capacity", "advise", "plan"])
+def test_a_subcommand_that_launches_jobs_keeps_tracking_uri_among_its_overrides(monkeypatch, command):
+    # `kvpipe capacity tracking.uri=...` once dropped the setting before its jobs were composed, and
+    # every point was recorded in ./outputs/mlflow.db instead of the store the user named
+    import importlib
+
+    from kvpipe import cli
+
+    seen = {}
+    monkeypatch.setattr(
+        importlib.import_module(f"kvpipe.commands.{command}"), "run", lambda args: seen.setdefault("a", args) and 0
+    )
+    cli._run_subcommand([command, "model=tiny_random", "tracking.uri=sqlite:////tmp/given.db", "cache=dynamic"])
+    assert "tracking.uri=sqlite:////tmp/given.db" in seen["a"].overrides
+
+
+def test_a_subcommand_that_reads_a_store_takes_tracking_uri_as_its_store(monkeypatch):
+    import importlib
+
+    from kvpipe import cli
+
+    seen = {}
+    monkeypatch.setattr(
+        importlib.import_module("kvpipe.commands.compare"), "run", lambda args: seen.setdefault("a", args) and 0
+    )
+    cli._run_subcommand(["compare", "tracking.uri=sqlite:////tmp/given.db"])
+    assert seen["a"].tracking_uri == "sqlite:////tmp/given.db"
