@@ -124,8 +124,7 @@ def _run_subcommand(argv: list[str]) -> int:
 def _dashed_values_joined(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     """`--memory-budget -1GiB` as `--memory-budget=-1GiB`: argparse takes a value that starts with a
     dash for an option and says "expected one argument"; joined, the value reaches its own check."""
-    (commands_action,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    options = commands_action.choices[argv[0]]._option_string_actions
+    options = _subparser(parser, argv[0])._option_string_actions
     joined: list[str] = []
     for arg in argv:
         previous = options.get(joined[-1]) if joined else None
@@ -137,10 +136,14 @@ def _dashed_values_joined(parser: argparse.ArgumentParser, argv: list[str]) -> l
     return joined
 
 
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    (commands_action,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return commands_action.choices[name]
+
+
 def _takes_overrides(parser: argparse.ArgumentParser, name: str) -> bool:
     """Whether subcommand `name` takes Hydra overrides of its own (plan, advise, capacity)."""
-    (commands_action,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return any(action.dest == "overrides" for action in commands_action.choices[name]._actions)
+    return any(action.dest == "overrides" for action in _subparser(parser, name)._actions)
 
 
 def _store_setting(argv: list[str], takes_overrides: bool) -> tuple[list[str], str | None]:

@@ -46,10 +46,16 @@ class Job(RoundTaker):
         return self.per_round
 
     @property
+    def cache_names(self) -> tuple[str, str]:
+        """Its cache as asked for and as it ran (its setup's, after warm-up), or its strategy's name."""
+        if self.setup:
+            return self.setup.requested, self.setup.effective
+        return self.ran.strategy.name, self.ran.strategy.name
+
+    @property
     def cache_label(self) -> str:
-        """Its cache as compare's tables name it: what ran (after warm-up), or what it asks for."""
-        setup, strategy = self.setup, self.ran.strategy
-        return cache.table_label(setup.requested, setup.effective) if setup else strategy.name
+        """Its cache as compare's tables name it."""
+        return cache.table_label(*self.cache_names)
 
     @property
     def compare_baseline(self) -> bool:
@@ -153,9 +159,10 @@ class Job(RoundTaker):
         metrics.update(prompt_lengths(self.prompt_tokens()))
         metrics["load_ms"] = loaded.load_s * 1e3
         threshold = spec.workload.noise_threshold
+        requested, effective = self.cache_names
         tags = {
-            "cache.requested": setup.requested if setup else ran.strategy.name,  # cache_label reads both
-            "cache.effective": setup.effective if setup else ran.strategy.name,
+            "cache.requested": requested,
+            "cache.effective": effective,
             "device": loaded.device,
             "dtype": loaded.dtype,
             "noisy": "true" if verdict.busy else noisy(metrics["timing_noise_cv"], threshold),

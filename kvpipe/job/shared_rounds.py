@@ -137,9 +137,10 @@ def run_rounds(jobs: list[RoundTaker], seed: int, shuffle: bool, turn: str = "pa
                 _log_round(jobs, rounds, measured_s, taken)
     if sweep_auto:
         _close_auto(jobs, rounds)
-    base = jobs[baseline_of(jobs)]
+    index = baseline_of(jobs)
+    base = jobs[index]
     if len(jobs) > 1:
-        rounds.baseline, rounds.baseline_cache = jobs.index(base), getattr(base, "cache_label", base.label)
+        rounds.baseline, rounds.baseline_cache = index, getattr(base, "cache_label", base.label)
     for job in [job for job in jobs if job is not base and job.failed is None] if by_call else []:
         job.paired_note = firmness_note(job.per_round[STOPPING_FIGURE], paired(job, base), rounds.baseline_cache)
     return rounds

@@ -96,10 +96,11 @@ def register_schemas() -> None:
     global _stored_for
     parsed_once.install()
     composed_once.install()
-    if _stored_for != _registered_plugins():
+    plugins = _registered_plugins()
+    if _stored_for != plugins:
         _build_group_schemas()
         ConfigStore.instance().store(name="kvpipe_schema", node=KvpipeConfig)
-        _stored_for = _registered_plugins()
+        _stored_for = plugins
 
 
 # compose's results in this process: Hydra reads and merges ~20 YAML files a composition (0.25 s on
