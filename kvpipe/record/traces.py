@@ -14,6 +14,7 @@ took 2.2 s (docs/workloads.md has the measurements).
 from __future__ import annotations
 
 import logging
+import os
 
 from kvpipe.workload import Answer
 
@@ -27,6 +28,7 @@ SOURCE_RUN = "mlflow.sourceRun"  # a trace's link to its run: the run page's Tra
 ASSESSMENT_RUN = "mlflow.assessment.sourceRunId"  # as mlflow.genai.evaluate marks its assessments
 # Says at INFO, as the process exits, that it flushes its queue: here flushed already, so not news
 EXPORT_QUEUE_LOGGER = "mlflow.tracing.export.async_export_queue"
+ASYNC_TRACES = "MLFLOW_ENABLE_ASYNC_TRACE_LOGGING"
 
 
 def log_answers(experiment_id: str, run_id: str, answers: list[Answer], scorer: str, cache: str) -> int:
@@ -43,6 +45,10 @@ def log_answers(experiment_id: str, run_id: str, answers: list[Answer], scorer: 
 
 
 def _log_answers(experiment_id: str, run_id: str, answers: list[Answer], scorer: str, cache: str) -> int:
+    # Each trace written as its span ends, not by MLflow's export threads: the flush below waits for
+    # their queue's one-second poll (1.5 s for 10 answers against 0.65 s written directly, 2-core VM).
+    # Read where MLflow first sets up its tracer, which in kvpipe is here; a user's own setting stands.
+    os.environ.setdefault(ASYNC_TRACES, "false")
     import mlflow
     from mlflow.entities import AssessmentSource
 
