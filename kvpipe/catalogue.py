@@ -122,6 +122,9 @@ CORE = (
     _m("requests_per_s", "requests", "req/s", ".2f", HIGHER, in_run_table=True, compare=True),
     _m("goodput_requests_per_s", "goodput", "req/s", ".2f", HIGHER, in_run_table=True, compare=True),
     _m("within_targets", "within latency targets", "", ".0%", HIGHER),
+    # where the workload judges answers: goodput that counts a request only if its answer was also right
+    _m("goodput_correct_requests_per_s", "goodput, right answers", "req/s", ".2f", HIGHER, True, True),
+    _m("correct_within_targets", "right and within latency targets", "", ".0%", HIGHER),
     _m("max_in_flight", "most in flight", "", ".0f", in_run_table=True),
     _m("kv_held_bytes", "KV held at peak", value_format="bytes", lower=LOWER, in_run_table=True),
     _m("served_requests", "requests served", "", ".0f"),

@@ -40,7 +40,8 @@ ONLY_UNDER = {
     "optuna": ("kvpipe.orchestrate.search",),
     "datasets": ("kvpipe.workload.dataset",),  # a user's own prompt file
     "lm_eval": ("kvpipe.workload.lm_eval",),  # lm-evaluation-harness tasks (an optional extra)
-    "matplotlib": ("kvpipe.decide", "kvpipe.workload"),  # compare's plots, and a workload's own (passkey's heatmap)
+    # compare's plots, a workload's own (passkey's heatmap), and a served run's timeline as it is recorded
+    "matplotlib": ("kvpipe.decide", "kvpipe.workload", "kvpipe.record.requests"),
 }
 # The floors a config is validated on, before a job loads anything (kvpipe.jobspec and what it reads):
 # none of their modules imports these at its top level.

@@ -386,3 +386,56 @@ def test_advise_for_a_service_refuses_a_bad_concurrency_and_too_few_trials(tmp_p
     assert said.returncode == 2 and "--concurrency='0,4' is not valid" in said.stderr
     said = run_cli(["advise", *job, "--objective", "goodput", "--trials", "2"], cwd=tmp_path)
     assert said.returncode == 2 and "3 caches x 3 concurrencies is 9 jobs; expected --trials 9 or more" in said.stderr
+
+
+def test_goodput_of_right_answers_counts_a_request_only_if_it_met_the_targets_and_answered_right():
+    runs = [served(0.0, [0.1, 0.2, 0.3]), served(0.5, [0.55, 0.6]), served(1.0, [1.2, 1.6, 2.0])]
+    # met the targets: the first two (the third's TPOT is 400 ms); right: the first and the third
+    figures = serving_metrics([runs], 2, max_ttft_ms=250, max_tpot_ms=150, verdicts=[[True, False, True]])
+    assert figures["goodput_requests_per_s"] == pytest.approx(2 / 2.0)
+    assert figures["goodput_correct_requests_per_s"] == pytest.approx(1 / 2.0)  # only the first is both
+    assert figures["correct_within_targets"] == pytest.approx(1 / 3)
+    # no verdicts (a workload that judges no answers), or no targets: no such figure
+    assert "goodput_correct_requests_per_s" not in serving_metrics([runs], 2, 250, 150)
+    assert "goodput_correct_requests_per_s" not in serving_metrics([runs], 2, None, None, [[True] * 3])
+
+
+def test_each_request_is_kept_as_served_and_its_rows_give_back_the_runs_percentiles():
+    from kvpipe.measure.request_figures import request_rows
+
+    first = [served(10.0, [10.1, 10.2, 10.3]), served(10.5, [10.9, 11.0], started=10.7)]
+    second = [served(20.0, [20.2, 20.4, 20.6]), served(20.0, [20.5, 22.0])]
+    figures = serving_metrics([first, second], 2, max_ttft_ms=250, max_tpot_ms=None)
+    rows = request_rows([first, second], [[True, False], [False, True]], 250, None)
+    assert [(r["pass"], r["request"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    late = rows[1]  # from its pass's first arrival: arrived at 0.5 s, taken at 0.7 s, first token at 0.9 s
+    assert (late["arrival_ms"], late["admitted_ms"], late["first_token_ms"], late["end_ms"]) == (500, 700, 900, 1000)
+    assert late["ttft_ms"] == 400 and late["queue_ms"] == 200 and late["itl_ms"] == [100]
+    assert late["within_targets"] is False and late["correct"] is False and late["output_tokens"] == 2
+    assert rows[0]["within_targets"] is True and rows[2]["correct"] is False
+    for name in ("ttft", "tpot", "e2e", "queue"):
+        for share in (50, 90, 99):
+            kept = [r[f"{name}_ms"] for r in rows if r[f"{name}_ms"] is not None]
+            assert percentile(kept, share / 100) == pytest.approx(figures[f"{name}_p{share}_ms"], abs=1e-3)
+    gaps = [gap for r in rows for gap in r["itl_ms"]]
+    assert percentile(gaps, 0.9) == pytest.approx(figures["itl_p90_ms"], abs=1e-3)
+    assert all(r["correct"] is None for r in request_rows([first], None, None, None))
+
+
+def test_a_served_runs_requests_make_a_chrome_trace_and_a_timeline(tmp_path):
+    from kvpipe.measure.request_figures import request_rows
+    from kvpipe.record import requests
+
+    one_pass = [served(0.0, [0.1, 0.2, 0.3]), served(0.5, [0.9, 1.0], started=0.7)]
+    rows = request_rows([one_pass, one_pass], [[True, False], [True, True]], 250, 150)
+    trace_path, timeline = requests.write_files(rows, tmp_path, "dynamic · tiny_random")
+    trace = json.loads(trace_path.read_text())
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == 3 * len(rows)  # wait, prefill and decode of each request
+    late = {e["name"]: e for e in spans if (e["pid"], e["tid"]) == (0, 1)}
+    assert (late["wait"]["ts"], late["wait"]["dur"]) == (500_000, 200_000)  # microseconds
+    assert (late["prefill"]["ts"], late["prefill"]["dur"]) == (700_000, 200_000)
+    assert (late["decode"]["ts"], late["decode"]["dur"]) == (900_000, 100_000)
+    assert late["decode"]["args"]["correct"] is False
+    assert {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"} == {"pass 1", "pass 2"}
+    assert timeline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

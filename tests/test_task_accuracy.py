@@ -290,3 +290,42 @@ def test_answers_served_under_a_load_are_scored_as_a_batch_jobs_are(tmp_path, ca
         assert row["score"] == scoring.SCORERS["contains"].best(row["answer"], row["expected"])
     right = sum(row["score"] for row in rows)
     assert result.metrics["task_accuracy"] == pytest.approx(right / 6) and result.metrics["task_answers"] == 6
+
+
+@pytest.mark.slow  # a served job on the tiny model, recorded in MLflow: ~10 s
+def test_a_served_run_keeps_every_request_judged_and_counts_goodput_of_right_answers(tmp_path, existing_store):
+    import mlflow
+
+    from kvpipe.measure.request_figures import percentile
+    from kvpipe.record.result import Result
+
+    from conftest import kvpipe_here
+
+    # regex answers: "." is right for any answer but an empty one, "^$" for an empty one only
+    rows = [{"prompt": "Say something.", "answer": "."}, {"prompt": "Say nothing.", "answer": "^$"}]
+    write_jsonl(tmp_path / "q.jsonl", rows)
+    existing_store(tmp_path)
+    load = ("load=concurrency", "load.concurrency=2", "load.requests=4", "load.max_ttft_ms=60000")
+    tiny = ("model=tiny_random", "model.threads=1", "workload.max_new_tokens=4", "workload.warmup=0", "quality=off")
+    args = [*tiny, "workload=dataset", "workload.path=q.jsonl", "workload.scorer=regex", *load, "workload.repeats=2"]
+    done = kvpipe_here(args, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = next((tmp_path / "outputs" / "runs").glob("*/*"))
+    result = Result.load(run_dir / "result.json")
+    served = result.requests
+    assert len(served) == 2 * 4 and {r["pass"] for r in served} == {0, 1}
+    # the first pass's verdicts are its scored answers' (greedy answers are scored once: the first pass)
+    assert [r["correct"] for r in served if r["pass"] == 0] == [a.correct for a in result.scored().answers]
+    span_s = result.metrics["serve_span_ms"] * 2 / 1e3
+    right = sum(r["correct"] and r["within_targets"] for r in served)
+    assert result.metrics["goodput_correct_requests_per_s"] == pytest.approx(right / span_s)
+    assert result.metrics["goodput_requests_per_s"] == pytest.approx(8 / span_s)  # every request met 60 s
+    ttft = [r["ttft_ms"] for r in served]
+    assert percentile(ttft, 0.9) == pytest.approx(result.metrics["ttft_p90_ms"], abs=1e-3)
+    # beside result.json, and in the run's MLflow artifacts
+    assert (run_dir / "requests.trace.json").is_file() and (run_dir / "requests_timeline.png").is_file()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    logged = {a.path for a in mlflow.MlflowClient().list_artifacts(result.mlflow_run_id, "requests")}
+    assert logged == {"requests/requests.json", "requests/requests.trace.json", "requests/requests_timeline.png"}
+    table = mlflow.artifacts.load_dict(f"runs:/{result.mlflow_run_id}/requests/requests.json")  # MLflow's table form
+    assert [row[table["columns"].index("correct")] for row in table["data"]] == [r["correct"] for r in served]

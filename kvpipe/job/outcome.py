@@ -17,6 +17,7 @@ class JobResult:
     notes: list[str] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)  # what the job resolved: dtype, device, architecture
     scored: Scored = field(default_factory=Scored)  # the workload's own scoring (its metrics are in `metrics` too)
+    requests: list[dict] = field(default_factory=list)  # a served job's: each request as served (request_rows)
     # wall-clock span (time.time()) from the job's first step to its summary: MLflow's Duration
     started_epoch_s: float | None = None
     ended_epoch_s: float | None = None

@@ -36,6 +36,7 @@ class Job(RoundTaker):
         self.setup = None  # the cache it builds (CacheSetup); None where its server builds its own
         self.warmup_ms: list[float] = []
         self.scored_answers = Scored()  # the workload's own scoring of its answers (none by default)
+        self.request_rows: list[dict] = []  # a served job's requests, each as it was served
         self.own_s = 0.0  # its own phases' wall time: a sweep's turns of other jobs are not its harness
         self.started_epoch_s: float | None = None  # when prepare() began: the job's own start
         self.process_setup_s: float | None = None  # set by prepare(): see JobResult.process_setup_s
@@ -193,7 +194,7 @@ class Job(RoundTaker):
         spent = self.load_paid_ms + metrics["warmup_ms"] + metrics["measured_ms"] + metrics.get("quality_ms", 0.0)
         metrics["harness_ms"] = max(own_ms - spent, 0.0)
         return JobResult(metrics=metrics, tags=tags, texts=self.texts(), notes=notes, params=params,
-                         scored=self.scored_answers, started_epoch_s=self.started_epoch_s, ended_epoch_s=time.time(),
+                         scored=self.scored_answers, requests=self.request_rows, started_epoch_s=self.started_epoch_s, ended_epoch_s=time.time(),
                          process_setup_s=self.process_setup_s)  # fmt: skip
 
     def _rounds_notes(self, metrics: dict) -> list[str]:

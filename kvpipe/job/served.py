@@ -14,7 +14,13 @@ from kvpipe.job.phases import Job, eos_ids
 from kvpipe.job.servers import Outcome, requests_of, serve_continuously, serve_static_batches
 from kvpipe.measure.memory import PeakMemory, release_freed_memory
 from kvpipe.measure.metrics import repeat_noise
-from kvpipe.measure.request_figures import SERVED_FIGURES, arrival_figures, pass_figures, serving_metrics
+from kvpipe.measure.request_figures import (
+    SERVED_FIGURES,
+    arrival_figures,
+    pass_figures,
+    request_rows,
+    serving_metrics,
+)
 
 SHOWN_TEXTS = 4  # completions kept in result.json, as a batch job keeps one per prompt
 
@@ -75,7 +81,10 @@ class ServedJob(Job):
     def summary(self) -> tuple[dict[str, float], list[str], dict[str, str]]:
         passes, common = self.passes, self.load.config
         most_in_flight = max(outcome.max_in_flight for outcome in passes)
-        metrics = serving_metrics([o.served for o in passes], most_in_flight, common.max_ttft_ms, common.max_tpot_ms)
+        served = [o.served for o in passes]
+        verdicts = self.verdicts()
+        metrics = serving_metrics(served, most_in_flight, common.max_ttft_ms, common.max_tpot_ms, verdicts)
+        self.request_rows = request_rows(served, verdicts, common.max_ttft_ms, common.max_tpot_ms)
         if not self.load.closed:  # a closed loop's arrivals are its own answers' ends, not an offered load
             metrics.update(arrival_figures(self.arrivals))
         held = [o.kv_held_bytes for o in passes if o.kv_held_bytes is not None]
@@ -97,6 +106,24 @@ class ServedJob(Job):
         metrics.update(self.scored_answers.values())
         tags = {"load": self.load.served_label(self.requests), "peak_memory_source": self.peaks[0].source}
         return metrics, self.load.notes(self.requests), tags
+
+    def verdicts(self) -> list[list[bool]] | None:
+        """Per pass, per request: whether the answer it was served was right, each judged alone by the
+        workload's own scoring (greedy passes too: under a load, one prompt's answers may differ); None
+        where the workload judges no answers, or not every one."""
+        batches, calls = self.answered()
+        if not batches:
+            return None
+        tokenizer, stops, workload = self.loaded.tokenizer, eos_ids(self.loaded.model), self.workload
+        judged = []
+        for index, call in enumerate(calls):
+            answers = workload.scored(
+                workload.answers(tokenizer, stops, [batches[index % len(batches)]], [call])
+            ).answers
+            if not answers:
+                return None
+            judged.append(all(answer.correct for answer in answers))
+        return [judged[start : start + len(batches)] for start in range(0, len(judged), len(batches))]
 
     def answered(self) -> tuple[list, list]:
         """Every served request of every pass as the workload's scoring reads a batch job's calls:

@@ -3,8 +3,9 @@
 TTFT from the request's arrival (its queueing delay included), TPOT over its own tokens after the
 first, ITL between consecutive tokens of one request (pooled over requests), end-to-end from arrival
 to its last token, output tokens and requests per second over the run (first arrival to last
-token, each pass's), and goodput: the requests per second that met both latency targets. A served
-job's round is one pass over its requests (`pass_figures`)."""
+token, each pass's), and goodput: the requests per second that met both latency targets (and, where
+the workload judges answers, those that also answered right). A served job's round is one pass over
+its requests (`pass_figures`); `request_rows` keeps each request as it was served."""
 
 from __future__ import annotations
 
@@ -79,10 +80,11 @@ def pass_figures(served: list[Served]) -> dict[str, float]:
 
 
 def serving_metrics(passes: list[list[Served]], max_in_flight: int, max_ttft_ms: float | None,
-                    max_tpot_ms: float | None) -> dict[str, float]:  # fmt: skip
+                    max_tpot_ms: float | None, verdicts: list[list[bool]] | None = None) -> dict[str, float]:  # fmt: skip
     """The run's figures over its passes (each serves every request once): means and p50/p90/p99 per
     request, pooled; throughput and goodput over the passes' spans together; requests, tokens and
-    span per pass."""
+    span per pass. `verdicts`, per pass per request, whether its answer was right, where the workload
+    judged every one: goodput of right answers beside goodput."""
     served = [s for one_pass in passes for s in one_pass]
     span_s = sum(_span_s(one_pass) for one_pass in passes)
     ttft = [s.ttft_ms for s in served]
@@ -107,10 +109,44 @@ def serving_metrics(passes: list[list[Served]], max_in_flight: int, max_ttft_ms:
         for share in (50, 90, 99):
             metrics[f"{name}_p{share}_ms"] = percentile(values, share / 100)
     if max_ttft_ms is not None or max_tpot_ms is not None:
-        met = sum(s.meets(max_ttft_ms, max_tpot_ms) for s in served)
-        metrics["goodput_requests_per_s"] = met / span_s
-        metrics["within_targets"] = met / len(served)
+        met = [s.meets(max_ttft_ms, max_tpot_ms) for s in served]
+        metrics["goodput_requests_per_s"] = sum(met) / span_s
+        metrics["within_targets"] = sum(met) / len(served)
+        if verdicts is not None:  # the workload judged every answer: goodput counts the right ones only
+            right = [m and v for m, v in zip(met, (v for one_pass in verdicts for v in one_pass))]
+            metrics["goodput_correct_requests_per_s"] = sum(right) / span_s
+            metrics["correct_within_targets"] = sum(right) / len(served)
     return metrics
+
+
+def request_rows(passes: list[list[Served]], verdicts: list[list[bool]] | None, max_ttft_ms: float | None,
+                 max_tpot_ms: float | None) -> list[dict]:  # fmt: skip
+    """Every request of every pass as it was served, compact enough for result.json: its times in ms
+    from its pass's first arrival (arrival, admission by the server, first token, end), its figures,
+    its tokens and the gaps between them, whether it met the latency targets (None: none set) and
+    whether its answer was right (None: the workload judges no answers). Any percentile of the run
+    can be read back from these rows."""
+    rows = []
+    for number, one_pass in enumerate(passes):
+        zero = min(s.arrival_s for s in one_pass)
+        judged = verdicts[number] if verdicts is not None else [None] * len(one_pass)
+        for index, (s, right) in enumerate(zip(one_pass, judged)):
+            targets = None if max_ttft_ms is None and max_tpot_ms is None else s.meets(max_ttft_ms, max_tpot_ms)
+            rows.append({
+                "pass": number, "request": index,
+                "arrival_ms": _ms(s.arrival_s - zero), "admitted_ms": _ms(s.started_s - zero),
+                "first_token_ms": _ms(s.token_s[0] - zero), "end_ms": _ms(s.finished_s - zero),
+                "ttft_ms": _ms(s.ttft_ms / 1e3), "tpot_ms": None if s.tpot_ms is None else _ms(s.tpot_ms / 1e3),
+                "e2e_ms": _ms(s.e2e_ms / 1e3), "queue_ms": _ms(s.queue_ms / 1e3),
+                "prompt_tokens": s.prompt_tokens, "output_tokens": len(s.tokens),
+                "itl_ms": [_ms(gap / 1e3) for gap in s.itl_ms()],
+                "within_targets": targets, "correct": right,
+            })  # fmt: skip
+    return rows
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 3)
 
 
 def arrival_figures(arrivals: list[float]) -> dict[str, float]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from kvpipe import kill_points
-from kvpipe.record import tracking
+from kvpipe.record import requests, tracking
 from kvpipe.record.result import RESULT_FILE, Result, new_job_id
 from kvpipe.record.scored import write_files
 from kvpipe.record.store import TrackingUnavailable, store_paths
@@ -29,6 +29,9 @@ def record(spec, result: Result, run_dir: Path, launch_dir: Path, parent_run_id:
     kill_points.reached("after_result")
     if result.answers:  # the workload's own files (passkey: its heatmap)
         for written in write_files(result.scored(), run_dir, tracking.run_name(result)):
+            log.info("wrote %s", written)
+    if result.requests:  # a served run's requests: its trace and timeline
+        for written in requests.write_files(result.requests, run_dir, tracking.run_name(result)):
             log.info("wrote %s", written)
     if spec.tracking.enabled:
         upload(spec, result, run_dir, launch_dir, parent_run_id)

@@ -51,6 +51,7 @@ class Result:
     notes: list[str] = field(default_factory=list)
     texts: list[dict[str, str]] = field(default_factory=list)
     answers: Optional[list[dict]] = None  # the workload's own scoring, a row per answer (passkey: per key asked)
+    requests: Optional[list[dict]] = None  # a served job's requests, each as it was served (kvpipe.record.requests)
     measurement_key: Optional[str] = None
     # this record's own id, its MLflow run's tag: an upload looks for it first, so no record is in MLflow twice
     job_id: Optional[str] = None
@@ -83,6 +84,7 @@ class Result:
             notes=job.notes,
             texts=job.texts,
             answers=job.scored.rows or None,
+            requests=job.requests or None,
             started_at=_iso(job.started_epoch_s),
             finished_at=_iso(job.ended_epoch_s) or _now(),
             process_setup_s=None if job.process_setup_s is None else round(job.process_setup_s, 3),

@@ -20,6 +20,7 @@ from kvpipe.record import tags as mlflow_tags
 from kvpipe.record import worker
 from kvpipe.record.auth import check_at_door, recording, refusals
 from kvpipe.record.exactly_once import run_holding
+from kvpipe.record.requests import log_requests
 from kvpipe.record.result import RESULT_FILE, Result
 from kvpipe.record.scored import log_scored
 from kvpipe.record.traces import log_answers
@@ -101,6 +102,8 @@ def _log_job(tracking, experiment_id, run_dir, params, result: Result, config_ya
             scored = result.scored()
             log_scored(run.info.run_id, run_dir, scored)
             log_answers(experiment_id, run.info.run_id, scored.answers, scored.scorer, cache_label(result))
+        if result.requests:
+            log_requests(run_dir, result.requests)
         mlflow.log_artifact(str(run_dir / RESULT_FILE))
         # Last: a run killed while logging never claims to hold a complete result
         mlflow.set_tag(mlflow_tags.STATUS, result.status)
