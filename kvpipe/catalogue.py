@@ -30,6 +30,11 @@ class Metric:
     compare: bool = False  # a column of compare's table (where some run has it)
 
     @property
+    def is_share(self) -> bool:
+        """A proportion (shown as a percentage: an accuracy, a share of requests)."""
+        return self.format.endswith("%")
+
+    @property
     def column(self) -> str:
         """Its column among recorded runs (MLflow's runs frame, kvpipe.record.read_back): metrics.NAME."""
         return f"metrics.{self.name}"

@@ -23,6 +23,9 @@ JOB = [o for o in TINY if o != "tracking=off"] + ["workload.repeats=1"]
         (["--max-tpot-ms", "80", "load=concurrency"], "load='concurrency' is not valid: the walk sets the load"),
         (["--max-tpot-ms", "80", "--memory-budget", "lots"], "--memory-budget='lots' is not valid"),
         (["--max-tpot-ms", "80", "cache=nope"], "cache=nope is not a known option"),
+        (["--max-tpot-ms", "80", "--min-accuracy", "0"], "--min-accuracy=0.0 is not valid: expected the share of"),
+        # the default chat workload carries no answers to judge: said before any model loads
+        (["--max-tpot-ms", "80", "--min-accuracy", "0.8"], "--min-accuracy=0.8 is not valid: workload=chat judges"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(tmp_path, flags, says):
@@ -94,3 +97,20 @@ def test_a_subcommand_that_reads_a_store_takes_tracking_uri_as_its_store(monkeyp
     )
     cli._run_subcommand(["compare", "tracking.uri=sqlite:////tmp/given.db"])
     assert seen["a"].tracking_uri == "sqlite:////tmp/given.db"
+
+
+@pytest.mark.slow  # one tiny cache's search over labelled prompts, served jobs recorded in MLflow
+def test_an_accuracy_floor_binds_where_the_answers_are_wrong_at_every_rate(tmp_path, existing_store):
+    existing_store(tmp_path)
+    # a regex that only an empty answer matches: the tiny model's answers are all wrong, at any rate
+    (tmp_path / "q.jsonl").write_text(
+        '{"prompt": "Say nothing.", "answer": "^$"}\n{"prompt": "Hush.", "answer": "^$"}\n'
+    )
+    labelled = ["workload=dataset", "workload.path=q.jsonl", "workload.scorer=regex"]
+    said = run_cli(["capacity", *JOB, *labelled, "cache=dynamic", "--max-ttft-ms", "60000", "--max-tpot-ms", "60000",
+                    "--min-accuracy", "0.5", "--requests", "4"], cwd=tmp_path)  # fmt: skip
+    assert said.returncode == 1, said.stderr[-3000:]  # latency met everywhere; accuracy nowhere
+    row = next(line for line in said.stdout.splitlines() if line.startswith("dynamic "))
+    assert " none " in row and " accuracy " in row
+    assert "dynamic: accuracy binds: misses even at " in said.stdout and "accuracy 0% (" in said.stdout
+    assert "no cache meets TTFT p90 ≤ 60000 ms · TPOT p90 ≤ 60000 ms · accuracy ≥ 50% at any rate" in said.stdout

@@ -143,7 +143,8 @@ def test_every_command_the_docs_show_runs_as_they_say(shown, page_dirs, monkeypa
         return
     # a limit the tiny model cannot meet: an answer, not a failure, says that no run meets it
     if any(w in CANNOT_MEET for w in words) and done.returncode == 1:
-        assert "no measured run meets the limits" in said and "Traceback" not in said, said[-3000:]
+        answered = ("no measured run meets the limits", "no cache meets")  # recommend's and advise's; capacity's
+        assert any(words in said for words in answered) and "Traceback" not in said, said[-3000:]
     else:
         assert done.returncode == 0, f"kvpipe {' '.join(args)} exited {done.returncode}:\n{said[-3000:]}"
     given = {override_key(w) for w in args}

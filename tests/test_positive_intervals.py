@@ -120,3 +120,14 @@ def test_repeats_auto_reads_the_same_half_width_as_before_for_a_few_rounds():
     values = [10.0, 10.4, 9.7, 10.1]
     expected = uncertainty._t(0.95, 4) * np.std(values, ddof=1) / np.mean(values) / 2
     assert relative_half_width(values) == pytest.approx(expected)
+
+
+def test_an_accuracy_prints_its_interval_however_wide_it_is():
+    """A share over few answers: Wilson's 0%-49% is what says there were few, not noise to hide."""
+    from kvpipe import workload
+
+    accuracy = workload.metrics()["task_accuracy"]
+    metrics = {"task_accuracy": 0.0, "task_accuracy_ci_low": 0.0, "task_accuracy_ci_high": 0.49}
+    assert dict(run_rows(metrics, {}))["task accuracy"] == "0% (0%–49%)"
+    assert accuracy.is_share and interval_note(0.0, 0.49, [], share=True) is None
+    assert interval_note(0.0, 0.49, []) == "too noisy for an interval"  # a latency's would be

@@ -6,12 +6,14 @@ request at once: the search's ceiling), then searches the open-loop request rate
 for the highest at which the targets hold at their percentile, each point a child run of one MLflow
 parent, the caches still searching taking turns at each batch (hydra/sweeper=capacity). It answers per
 cache: the rate carried, the lowest failing rate above it, the goodput there, and what binds (TTFT,
-TPOT, goodput's share, or memory, with plan's memory-bound capacity beside it); then the cache that
+TPOT, goodput's share, accuracy with --min-accuracy, or memory, with plan's memory-bound capacity
+beside it); then the cache that
 carries the most and the command that measures it again. Exit 0 with an answer, 1 with none, 2 for a
 usage error. A repeated (or killed) search reuses the points it measured (resume=true).
 
     kvpipe capacity --max-ttft-ms 2000 --max-tpot-ms 150
     kvpipe capacity cache=dynamic,paged --max-tpot-ms 80 --percentile 99 --min-goodput 0.95
+    kvpipe capacity workload=dataset workload.path=examples/questions.jsonl --max-tpot-ms 150 --min-accuracy 0.8
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f" (default {CapacitySettings.percentile})")  # fmt: skip
     parser.add_argument("--min-goodput", type=float, metavar="SHARE",
                         help="and at least this share of requests within both targets, e.g. 0.95")  # fmt: skip
+    parser.add_argument("--min-accuracy", type=float, metavar="SHARE",
+                        help="and at least this share of answers right, where the workload judges answers "
+                        "(labelled prompts, pass keys, RULER, tasks), e.g. 0.8")  # fmt: skip
     parser.add_argument("--resolution", type=float, default=CapacitySettings.resolution, metavar="SHARE",
                         help=f"search to within this share of the rate (default {CapacitySettings.resolution})")  # fmt: skip
     parser.add_argument("--requests", type=int, default=CapacitySettings.requests,
@@ -52,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def checked(args: argparse.Namespace) -> Targets:
     """The targets and search settings, each checked: one line naming the flag, before anything loads."""
-    targets = Targets(args.max_ttft_ms, args.max_tpot_ms, args.percentile, args.min_goodput).check()
+    targets = Targets(args.max_ttft_ms, args.max_tpot_ms, args.percentile, args.min_goodput, args.min_accuracy).check()
     if not 0 < args.resolution < 1:
         raise ConfigError("--resolution", args.resolution, "expected a share of the rate above 0 and below 1, e.g. 0.1")
     if args.requests < 2:
@@ -79,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
     caches, fixed = split_arguments(args.overrides)
     for cache in caches:  # every cache's config checked (one line) before any model loads
         spec = spec_from([*fixed, f"cache={cache}", "load=rate"])
+    if targets.min_accuracy is not None and not spec.bound_workload.judges_answers():
+        raise ConfigError("--min-accuracy", targets.min_accuracy, f"workload={spec.workload.kind} judges no answers "
+                          "here; expected a labelled workload: workload=dataset with an answer column, passkey, "
+                          "ruler, lm_eval or shared_context")  # fmt: skip
     auth.check_credentials(spec.tracking, Path.cwd())
     sweep_dir = sweep_dir_of(args.overrides, "capacity")
     print(f"capacity: {', '.join(caches)} within {targets.describe()}; points in {sweep_dir}", flush=True)
@@ -86,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     parent, found = launch_capacity(
         [*fixed, f"cache={','.join(caches)}", f"sweep_name={name!r}"], sweep_dir, trials=args.trials,
         max_ttft_ms=args.max_ttft_ms, max_tpot_ms=args.max_tpot_ms, percentile=args.percentile,
-        min_goodput=args.min_goodput, resolution=args.resolution, requests=args.requests,
+        min_goodput=args.min_goodput, min_accuracy=args.min_accuracy, resolution=args.resolution, requests=args.requests,
         memory_budget=args.memory_budget,
     )  # fmt: skip
     print()
@@ -100,14 +109,18 @@ def run(args: argparse.Namespace) -> int:
 def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
     """The table of what each cache carries, the one that carries the most and its command; 0 with
     an answer, 1 with none."""
-    rows = [("cache", "carries", "fails at", "binds", "goodput there", "max throughput", "plan's memory bound")]
+    judged = targets.min_accuracy is not None  # the accuracy at the rate carried, beside its goodput
+    rows = [("cache", "carries", "fails at", "binds", "goodput there", *(["accuracy there"] if judged else []),
+             "max throughput", "plan's memory bound")]  # fmt: skip
     for cache in found["caches"]:
+        accuracy = cache.get("accuracy")
         rows.append((
             cache["cache"],
             f"{cache['rate']:.3g} req/s" if cache["rate"] else "none",
             _rate(cache["failing_rate"]) if cache["binds"] != THROUGHPUT else "(its ceiling)",
             cache["binds"],
             _rate(cache["goodput_requests_per_s"]),
+            *([f"{accuracy:.0%}" if accuracy is not None else "–"] if judged else []),
             _rate(cache["max_throughput"]),
             f"{cache['memory_requests']:,} requests" if cache["memory_requests"] is not None else "–",
         ))  # fmt: skip

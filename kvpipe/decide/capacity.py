@@ -1,13 +1,15 @@
 """Judging a capacity search (`kvpipe capacity`): whether one measured rate meets the latency targets
-at their percentile, and per cache the verdict: the highest rate carried, the lowest rate above it that
-failed (its resolution), and what binds there: TTFT, TPOT, the share of requests within targets, or
-memory (the point ran out, or plan's memory-bound capacity is below the requests it held in flight)."""
+at their percentile (and the accuracy floor, where the workload judges answers), and per cache the
+verdict: the highest rate carried, the lowest rate above it that failed (its resolution), and what
+binds there: TTFT, TPOT, the share of requests within targets, accuracy, or memory (the point ran
+out, or plan's memory-bound capacity is below the requests it held in flight)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
+from kvpipe import workload
 from kvpipe.errors import ConfigError
 from kvpipe.units import counted
 
@@ -27,12 +29,14 @@ def _positive(field_name: str, value: float | None) -> float | None:
 @dataclass(frozen=True)
 class Targets:
     """The latency targets a rate must meet at `percentile` of its requests (TTFT from arrival, TPOT
-    after the first token), and optionally the share of requests within both (goodput's share)."""
+    after the first token), and optionally the share of requests within both (goodput's share) and
+    the share of answers right (the workload's own accuracy, over every request served there)."""
 
     max_ttft_ms: float | None = None
     max_tpot_ms: float | None = None
     percentile: int = 90
     min_goodput: float | None = None
+    min_accuracy: float | None = None
 
     def check(self, prefix: str = "--") -> Targets:
         """Itself, or a one-line ConfigError naming the flag (prefix '--') or field (prefix 'hydra.sweeper.')."""
@@ -48,6 +52,9 @@ class Targets:
         if self.min_goodput is not None and not 0 < self.min_goodput <= 1:
             raise ConfigError(name("min_goodput"), self.min_goodput,
                               "expected the share of requests within the targets, above 0 and at most 1, e.g. 0.95")  # fmt: skip
+        if self.min_accuracy is not None and not 0 < self.min_accuracy <= 1:
+            raise ConfigError(name("min_accuracy"), self.min_accuracy,
+                              "expected the share of answers right, above 0 and at most 1, e.g. 0.8")  # fmt: skip
         return self
 
     def describe(self) -> str:
@@ -55,6 +62,8 @@ class Targets:
         parts = [f"{what} p{self.percentile} ≤ {target:g} ms" for what, target in self._latencies()]
         if self.min_goodput is not None:
             parts.append(f"goodput ≥ {self.min_goodput:.0%} of requests")
+        if self.min_accuracy is not None:
+            parts.append(f"accuracy ≥ {self.min_accuracy:.0%}")
         return " · ".join(parts)
 
     def _latencies(self) -> list[tuple[str, float]]:
@@ -71,18 +80,37 @@ class Targets:
         share = metrics.get("within_targets", math.nan)
         if self.min_goodput is not None and not share >= self.min_goodput:
             missed.append(Miss("goodput", share, self.min_goodput, "share", minimum=True))
+        if self.min_accuracy is not None:
+            accuracy, interval = accuracy_of(metrics)
+            if not accuracy >= self.min_accuracy:
+                missed.append(
+                    Miss("accuracy", accuracy, self.min_accuracy, "accuracy", minimum=True, interval=interval)
+                )
         return missed
+
+
+def accuracy_of(metrics: dict[str, float]) -> tuple[float, tuple[float, float] | None]:
+    """The workload's own accuracy at a point (task, retrieval or RULER accuracy: the one it measured),
+    with its 95% interval where it has one; NaN where it measured none."""
+    for quality in workload.quality_metrics().values():
+        name = quality.metric.name
+        value = metrics.get(name)
+        if value is not None and value == value:
+            low, high = metrics.get(f"{name}_ci_low"), metrics.get(f"{name}_ci_high")
+            return value, (low, high) if low is not None and high is not None else None
+    return math.nan, None
 
 
 @dataclass(frozen=True)
 class Miss:
     """One target a point missed: what, the measured figure, the target."""
 
-    what: str  # "TTFT p90", "TPOT p90", "goodput"
+    what: str  # "TTFT p90", "TPOT p90", "goodput", "accuracy"
     measured: float
     target: float
-    unit: str  # "ms" or "share"
+    unit: str  # "ms", "share" (of requests), "accuracy" or "requests" (in flight)
     minimum: bool = False  # a figure that must reach the target, not stay under it
+    interval: tuple[float, float] | None = None  # the measured figure's 95% interval, where it has one
 
     @property
     def over(self) -> float:
@@ -97,6 +125,11 @@ class Miss:
             return f"{counted(self.measured, 'request')} in flight; plan's memory bound is {self.target:,.0f}"
         if self.unit == "share":
             return f"{self.what} {self.measured:.0%} < {self.target:.0%} of requests"
+        if self.unit == "accuracy":
+            if self.measured != self.measured:
+                return "accuracy not measured: the workload judged no answers"
+            between = f" ({self.interval[0]:.0%}–{self.interval[1]:.0%})" if self.interval else ""
+            return f"accuracy {self.measured:.0%}{between} < {self.target:.0%}"
         return f"{self.what} {self.measured:.0f} ms > {self.target:g} ms (+{self.over:.0%})"
 
 
@@ -139,7 +172,7 @@ class Verdict:
     max_throughput: float | None  # requests/s with every request at once: the search's ceiling
     carried: Point | None  # the highest rate that met every target
     failing: Point | None  # the lowest rate above it that did not: the answer's resolution
-    binds: str  # TTFT, TPOT, goodput, memory, throughput (met at its ceiling) or nothing (none measured)
+    binds: str  # TTFT, TPOT, goodput, accuracy, memory, throughput (met at its ceiling) or nothing (none measured)
     why: str  # by how much, in words
     memory_requests: int | None  # plan's memory-bound capacity: requests of the workload's size in flight
 
@@ -152,7 +185,14 @@ class Verdict:
             "cache": self.cache, "rate": self.rate, "max_throughput": self.max_throughput,
             "failing_rate": self.failing.rate if self.failing else None, "binds": self.binds, "why": self.why,
             "goodput_requests_per_s": goodput(self.carried), "memory_requests": self.memory_requests,
+            "accuracy": self.accuracy,
         }  # fmt: skip
+
+    @property
+    def accuracy(self) -> float | None:
+        """The workload's own accuracy at the rate carried, where it judged answers there."""
+        value = accuracy_of(self.carried.metrics)[0] if self.carried and self.carried.metrics else math.nan
+        return None if value != value else value
 
 
 def goodput(point: Point | None) -> float | None:

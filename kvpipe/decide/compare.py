@@ -104,8 +104,8 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
         if metric.compare and values.notna().any():
             spreads = column(runs, metric.companion("std"))
             lows, highs = column(runs, metric.companion("ci_low")), column(runs, metric.companion("ci_high"))
-            notes = [interval_note(low, high, paired.series(run, metric.name)) or "" for (_, run), low, high
-                     in zip(runs.iterrows(), lows, highs)]  # fmt: skip
+            notes = [interval_note(low, high, paired.series(run, metric.name), metric.is_share) or ""
+                     for (_, run), low, high in zip(runs.iterrows(), lows, highs)]  # fmt: skip
             table[metric.header()] = [
                 metric.cell(v, s if pd.notna(s) else None, (low, high), note)
                 for v, s, low, high, note in zip(values, spreads, lows, highs, notes)

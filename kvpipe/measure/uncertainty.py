@@ -152,11 +152,15 @@ TARGET = 0.10  # the interval a "too noisy" note says how many rounds would give
 WORTH_PRINTING = 2.0  # an interval whose high end is over twice its low does not place its figure
 
 
-def interval_note(low: float | None, high: float | None, rounds: list[float]) -> str | None:
+def interval_note(low: float | None, high: float | None, rounds: list[float], share: bool = False) -> str | None:
     """None where the interval (low, high) is worth printing beside its figure; else the words to
     print in its place: '1 round, no interval', or '3 rounds: too noisy for an interval; ~74 would
     give ±10%', the rounds needed read from the spread of `rounds` (the figure's round means).
-    `rounds` empty (a run recorded before round means were kept): judged on the interval alone."""
+    `rounds` empty (a run recorded before round means were kept): judged on the interval alone.
+    `share`: a proportion (accuracy over answers), whose interval (Wilson's) is printed however wide:
+    0% (0%-49%) says how few answers there were, which is the point of printing it."""
+    if share and _finite(low, high) and high >= low:
+        return None
     if len(rounds) == 1:
         return "1 round, no interval"
     if not _finite(low, high):

@@ -81,7 +81,7 @@ def figure_text(metric: catalogue.Metric, metrics: dict, tags: dict, unit: bool 
     the words that say why not ('67.9 ms (1 round, no interval)'); without its unit for a table cell
     whose header names it (unit=False). Benchmarks print theirs through it too."""
     interval = metric.interval_of(metrics)
-    note = interval_note(*interval, parse_series(tags.get(TAG_PREFIX + metric.name))) or ""
+    note = interval_note(*interval, parse_series(tags.get(TAG_PREFIX + metric.name)), metric.is_share) or ""
     shown = metric.show if unit else metric.number
     return shown(metrics[metric.name], metrics.get(metric.name + "_std"), interval, note)
 

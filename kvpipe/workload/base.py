@@ -295,6 +295,11 @@ class Workload(Registered):
             raise TypeError(f"{type(self).__name__} scored {undeclared}, which its `metrics` do not declare")
         return scored
 
+    def judges_answers(self) -> bool:
+        """Whether its prompts carry what judges their answers (its `quality` metric is measured):
+        what an accuracy floor (`kvpipe capacity --min-accuracy`) needs, checked before the model loads."""
+        return self.quality is not None
+
     def answers(self, tokenizer, eos_ids: set[int], batches: list[Batch], calls: list) -> list[dict]:
         """A row per answer of the measured calls (what result.json keeps); none by default."""
         return []

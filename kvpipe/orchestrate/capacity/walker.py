@@ -173,8 +173,8 @@ class Walker:
 
 def targets_of(settings) -> Targets:
     """The rate search's targets from the sweeper's settings, checked (one line naming the field)."""
-    return Targets(settings.max_ttft_ms, settings.max_tpot_ms, settings.percentile,
-                   settings.min_goodput).check("hydra.sweeper.")  # fmt: skip
+    return Targets(settings.max_ttft_ms, settings.max_tpot_ms, settings.percentile, settings.min_goodput,
+                   settings.min_accuracy).check("hydra.sweeper.")  # fmt: skip
 
 
 def memory_bounds(spec, fixed: list[str], caches: list[str], budget: str | None) -> dict[str, int | None]:

@@ -106,6 +106,10 @@ class Dataset(Workload):
         the user set workload.ignore_eos; a file without answers runs to max_new_tokens, as ever."""
         return self._answer_column is None
 
+    def judges_answers(self) -> bool:
+        """A labelled file only (an answer column)."""
+        return self._answer_column is not None
+
     @property
     def scorer(self) -> scoring.Scorer:
         return scoring.SCORERS[self.settings.scorer or scoring.DEFAULT]
