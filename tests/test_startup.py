@@ -105,3 +105,25 @@ print("never reached")
     assert "never reached" not in good.stdout and (tmp_path / "thread").read_text() == "done"
     bad = subprocess.run([sys.executable, "-c", script, "plan", "--hardware", "abacus"], capture_output=True, text=True)
     assert bad.returncode == 2 and "hardware" in bad.stderr and bad.stdout.endswith("exit handler ran\n")
+
+
+@pytest.mark.slow  # a fresh interpreter running kvpipe up to its refusal
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (["workload=long_context", "workload.prompt_tokens=100000"], "workload.prompt_tokens=100000"),
+        (["workload=passkey", "workload.context_tokens=[500,9000]"], "workload.context_tokens=[500, 9000]"),
+    ],
+)
+def test_a_prompt_longer_than_the_models_positions_is_refused_before_torch_is_imported(tmp_path, overrides, field):
+    """What the settings alone refuse (the prompt's length against the model's config.json) takes
+    a second of CPU, not the five that importing torch and transformers first would add."""
+    probe = (
+        "import atexit, runpy, sys; atexit.register(lambda: print('torch imported:', 'torch' in sys.modules, "
+        f"file=sys.stderr)); sys.argv = ['kvpipe', 'model=tiny_random', *{overrides!r}]; "
+        "runpy.run_module('kvpipe', run_name='__main__')"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"kvpipe: error: {field} is not valid: expected " in done.stderr and "exceed the model's 4096" in done.stderr
+    assert "torch imported: False" in done.stderr

@@ -100,10 +100,11 @@ class Job(RoundTaker):
         started = time.perf_counter()
         self.started_epoch_s = time.time()
         spec = self.spec
-        imports_paid_s = model.import_libraries()  # once per process, with the collector off
         shape = model.read_shape(spec.model)
-        tokenizer = model.load_tokenizer(spec.model)
         self.workload = spec.bound_workload
+        self.workload.check_fits_config(shape)  # what the settings alone refuse, before the imports
+        imports_paid_s = model.import_libraries()  # once per process, with the collector off
+        tokenizer = model.load_tokenizer(spec.model)
         self.batches = self.workload.batches(tokenizer, model.resolve_device(spec.model.device))
         self.workload.check_fits(shape, self.batches)
         longest_prompt = self.workload.longest_prompt(tokenizer, self.batches)

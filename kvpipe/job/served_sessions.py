@@ -46,7 +46,7 @@ class SessionsJob(ServedJob):
     def queue(self) -> SessionTurns:
         new_tokens = self.spec.workload.max_new_tokens
         turns = SessionTurns(self.sessions, self.arrivals, self.cap, self.load.closed,
-                             self.workload.settings.think_time_s, self._render, self.longest_turn,
+                             self.workload.think_time_s, self._render, self.longest_turn,
                              new_tokens)  # fmt: skip
         self.rounds_turns.append(turns)
         return turns

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Optional
+from typing import Any, ClassVar, Mapping, Optional, Sequence
 
 from kvpipe import catalogue
 from kvpipe.errors import ConfigError
@@ -221,6 +221,21 @@ class Workload(Registered):
         if not self.common.max_measure_s > 0:
             raise ConfigError("workload.max_measure_s", self.common.max_measure_s, "expected seconds above 0")
 
+    # ---- the sessions protocol: what a workload in sessions (in_sessions) gives kvpipe.job.served_sessions
+
+    def sessions(self) -> list:
+        """The conversations a job serves, in order (a load picks among them as among prompts)."""
+        raise NotImplementedError(f"{type(self).__name__} serves prompts, not sessions (in_sessions is False)")
+
+    def turn_ids(self, tokenizer, session, turn: int, answers: Sequence[str]) -> list[int]:
+        """Turn `turn`'s prompt ids, the history with the model's `answers` to the turns before it."""
+        raise NotImplementedError(f"{type(self).__name__} serves prompts, not sessions (in_sessions is False)")
+
+    @property
+    def think_time_s(self) -> float:
+        """Seconds from an answer back to the session's next message."""
+        return 0.0
+
     @property
     def keeps_session_cache(self) -> bool:
         """A workload in sessions that keeps each session's cache between its turns (workload.keep_session_cache)."""
@@ -233,17 +248,27 @@ class Workload(Registered):
     def check_fits(self, shape, batches: list[Batch]) -> None:
         """Every prompt plus its new tokens must fit the model's positions; checked before the
         weights load, naming the setting that made it so."""
-        positions = shape.max_positions
         for batch in batches:
-            new = batch.max_new_tokens or self.common.max_new_tokens
-            if positions and batch.prompt_tokens + new > positions:
-                field, value, expected = self.too_long(batch.prompt_tokens, new, positions)
-                raise ConfigError(
-                    field,
-                    value,
-                    f"expected {expected}: prompt ({batch.prompt_tokens}) + new tokens ({new}) exceed the "
-                    f"model's {positions} positions",
-                )
+            self._refuse_past_positions(batch.prompt_tokens, batch.max_new_tokens or self.common.max_new_tokens, shape)
+
+    def longest_prompt_from_config(self) -> int | None:
+        """The longest prompt in tokens where its settings alone say it (long_context's prompt_tokens,
+        passkey's and RULER's context_tokens); None where only the tokenizer can tell."""
+        return None
+
+    def check_fits_config(self, shape) -> None:
+        """check_fits where the settings alone give the prompt length: made before a job imports
+        torch and transformers (a second of CPU for the refusal, not five)."""
+        longest = self.longest_prompt_from_config()
+        if longest is not None:
+            self._refuse_past_positions(longest, self.common.max_new_tokens, shape)
+
+    def _refuse_past_positions(self, prompt_tokens: int, new: int, shape) -> None:
+        positions = shape.max_positions
+        if positions and prompt_tokens + new > positions:
+            field, value, expected = self.too_long(prompt_tokens, new, positions)
+            raise ConfigError(field, value, f"expected {expected}: prompt ({prompt_tokens}) + new tokens ({new}) "
+                              f"exceed the model's {positions} positions")  # fmt: skip
 
     def longest_prompt(self, tokenizer, batches: list[Batch]) -> int:
         """The prompt length caches are sized for (longest_prompt_of its batches); a workload whose

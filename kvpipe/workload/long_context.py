@@ -31,6 +31,9 @@ class LongContext(Workload):
     def size_label(self) -> str:
         return f"{self.settings.prompt_tokens}+{self.common.max_new_tokens}"
 
+    def longest_prompt_from_config(self) -> int:
+        return self.settings.prompt_tokens
+
     def too_long(self, prompt_tokens, new_tokens, positions):
         return "workload.prompt_tokens", self.settings.prompt_tokens, f"at most {positions - new_tokens}"
 

@@ -76,6 +76,10 @@ class Conversation(Workload):
         """The conversations a job serves, in order (a load picks among them as among prompts)."""
         return self._sessions
 
+    @property
+    def think_time_s(self) -> float:
+        return self.settings.think_time_s
+
     def identity_extras(self) -> dict:
         return {} if self.settings.path is None else {"digest": sessions.digest(self.settings.path)}
 

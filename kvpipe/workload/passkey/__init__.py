@@ -61,6 +61,9 @@ class Passkey(Workload):
     def size_label(self) -> str:
         return ",".join(str(n) for n in self.settings.context_tokens)
 
+    def longest_prompt_from_config(self) -> int:
+        return max(self.settings.context_tokens)
+
     def too_long(self, prompt_tokens, new_tokens, positions):
         return "workload.context_tokens", self.settings.context_tokens, f"lengths of at most {positions - new_tokens}"
 
