@@ -2,7 +2,8 @@
 after another (hydra/launcher=basic), in interleaved rounds whose turn is a job's whole pass
 (hydra.launcher.turn=pass, the rounds kvpipe took before its turns were calls) and in turns by call
 (the default launcher), while background processes make the machine slow for 15 s and fast for 15 s,
-over and over.
+over and over (--neighbour drift, the default); or beside one process spinning at normal priority for
+the whole sweep (--neighbour steady: a colleague's job, a CI runner's other build), or none (--neighbour none).
 
 The sweep: cache=dynamic,quantized (quanto int2) × workload.seed=0,1, so that
   A  = dynamic, seed 0      A′ = dynamic, seed 1  (the same work: seed changes nothing greedy decoding does)
@@ -26,6 +27,7 @@ idle sweeps with whole-pass turns and with turns by call, in turn: turns by call
 
     python benchmarks/drift.py                    # both settings, 3 orders, 5 runs each, 2 idle pairs
     python benchmarks/drift.py --settings default-chat --orders pass call --repeats auto
+    python benchmarks/drift.py --neighbour steady --settings default-chat --orders call --repeats auto
     python benchmarks/drift.py --runs 1 --settings one-prompt --orders call --repeats 2 --cost-pairs 1 \
         --busy 3 --idle 3 --model tiny_random       # a smoke run: the script end to end, in a minute
 
@@ -73,6 +75,8 @@ class Drift(threading.Thread):
         self.spinners: list[subprocess.Popen] = []
 
     def run(self) -> None:
+        if not self.hogs:  # --neighbour none
+            return
         with self.log_path.open("a") as log:
             while not self.stopped.is_set():
                 log.write(f"{time.time():.1f} busy\n")
@@ -157,6 +161,8 @@ def verdict_row(setting: str, index: int, order: str, wall: float, jobs: dict) -
         "B/A holds": slower.clear and slower.value > 1,
         "rounds": int(jobs[("dynamic", 0)]["metrics"].get("rounds", 0)),
         "calls left out": int(jobs[("dynamic", 0)]["metrics"].get("calls_excluded", 0)),
+        "of calls": int(jobs[("dynamic", 0)]["metrics"].get("rounds", 0)) * CALLS_PER_ROUND[setting],
+        "stopped by": jobs[("dynamic", 0)]["tags"].get("rounds_stopped_by", "repeats"),
         "A TPOT ms": round(tpot[("dynamic", 0)], 1),
         "sweep s": round(wall, 1),
         "_ratios": {name: [r.value, r.low, r.high, r.paired, r.rounds] for name, r in ratios.items()},
@@ -164,6 +170,12 @@ def verdict_row(setting: str, index: int, order: str, wall: float, jobs: dict) -
 
 
 GOALS = ("raw holds", "interval holds", "B/A holds")
+CALLS_PER_ROUND = {"one-prompt": 1, "default-chat": 4}  # its batches: a call each per round
+NEIGHBOURS = {  # name: (spinning processes, busy s, idle s) given the drift's --busy and --idle
+    "drift": lambda args, setting: (SETTINGS[setting][1], args.busy, args.idle),
+    "steady": lambda args, setting: (1, 1e9, 0.0),  # one process, the whole sweep: killed when it ends
+    "none": lambda args, setting: (0, 0.0, 0.0),
+}
 
 
 def main() -> None:
@@ -172,6 +184,12 @@ def main() -> None:
     parser.add_argument("--orders", nargs="+", choices=list(ORDERS), default=list(ORDERS))
     parser.add_argument("--runs", type=int, default=5, help="sweeps of each setting and order under the drift")
     parser.add_argument("--repeats", help="workload.repeats for every sweep (a number or auto); default: the setting's")
+    parser.add_argument(
+        "--neighbour",
+        choices=list(NEIGHBOURS),
+        default="drift",
+        help="beside the sweeps: the 15 s busy / 15 s idle drift, one steady spinning process, or none",
+    )
     parser.add_argument("--busy", type=float, default=15.0)
     parser.add_argument("--idle", type=float, default=15.0)
     parser.add_argument("--cost-pairs", type=int, default=2, help="idle pass + call sweeps per setting, for the cost")
@@ -184,7 +202,7 @@ def main() -> None:
 
     rows = []
     for setting in args.settings if args.runs else ():  # --runs 0: no drift, only the idle cost below
-        background = Drift(SETTINGS[setting][1], args.busy, args.idle, phases)
+        background = Drift(*NEIGHBOURS[args.neighbour](args, setting), phases)
         background.start()
         try:
             for index in range(1, args.runs + 1):
@@ -231,10 +249,14 @@ def write_table(args, rows: list[dict], summary: dict, cost: dict, cost_ratio: d
     import pandas as pd
 
     command = " ".join(["python benchmarks/drift.py", *sys.argv[1:]])
+    beside = {
+        "drift": f"drift busy {args.busy:g} s, idle {args.idle:g} s (one-prompt: 2 spinning processes, "
+        "model.threads=1; default-chat: 1, model.threads=2)",
+        "steady": "one process spinning at normal priority through every sweep",
+        "none": "nothing else running",
+    }[args.neighbour]
     lines = [
-        f"`{command}`: drift busy {args.busy:g} s, idle {args.idle:g} s (one-prompt: 2 spinning processes, "
-        "model.threads=1; default-chat: 1, model.threads=2); each sweep 4 jobs, quality off. "
-        "† not paired (measured in different rounds).",
+        f"`{command}`: {beside}; each sweep 4 jobs, quality off. † not paired (measured in different rounds).",
         "",
     ]
     if rows:  # --runs 0 measures only the idle cost

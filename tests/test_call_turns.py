@@ -118,7 +118,7 @@ def test_a_call_under_other_processes_load_is_left_out_of_its_job_and_its_pairs_
         assert job.excluded_calls == len(left_out)
         assert [i for i, v in enumerate(job.paired_calls()["tpot_ms"]) if math.isnan(v)] == left_out
     assert paired_calls_kept(jobs[1], jobs[0]) == 6  # each left-out call takes its pair with it
-    assert machine.waits == [3, 14]  # the call after each contended one waited for quiet
+    assert machine.waits == [4, 14]  # the turn after each that left a call out waited for quiet first
     assert rounds.waited_s == [3.0, 3.0] and rounds.to_dict(["#0", "#1"])["quiet_wait_s"] == [3.0, 3.0]
 
 
@@ -127,11 +127,36 @@ def paired_calls_kept(job, baseline) -> int:
     return sum(1 for a, b in both if not (math.isnan(a) or math.isnan(b)))
 
 
-def test_where_every_call_was_contended_every_call_is_kept_as_it_is():
-    jobs = [CallJob(f"#{i}", [], repeats=1, tpot=lambda r, c: 10.0 + c) for i in range(2)]
-    busy = Machine(busy=range(8))
-    run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=busy, wait=lambda: (20.0, False))
-    assert jobs[0].excluded_calls == 4 and jobs[0].paired_calls()["tpot_ms"] == [10.0, 11.0, 12.0, 13.0]
+def test_a_steady_neighbour_crowds_both_calls_of_every_pair_alike_and_every_pair_is_kept():
+    # other processes hold every core through every call: each turn's calls saw the same machine
+    waits = []
+    jobs = [CallJob(f"#{i}", [], repeats=2, tpot=lambda r, c: 10.0 + c) for i in range(2)]
+    rounds = run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=Machine(busy=range(16)), wait=waits.append)
+    assert rounds.excluded == [[], []] and not waits  # nothing left out, nothing waited for
+    assert jobs[0].excluded_calls == 0 and jobs[0].paired_calls()["tpot_ms"] == [10.0, 11.0, 12.0, 13.0] * 2
+    assert all(held == [cores(), cores()] for one_round in rounds.other_cores for held in one_round)  # recorded
+    from kvpipe.job.call_turns import paired as paired_ratio
+
+    assert paired_ratio(jobs[1], jobs[0])[0] == pytest.approx(1.0)
+
+
+def test_where_one_partner_lacked_cores_the_other_did_not_its_call_is_out_however_busy_the_turn():
+    # a 2-thread job beside a neighbour that took one core for one call and every core for its partner's
+    class Halves(Machine):
+        def __call__(self):
+            call, after = divmod(self.samples, 2)
+            self.samples += 1
+            if after:
+                self.wall, self.own = self.wall + 1.0, self.own + 1.0
+                self.others += cores() if call % 2 else cores() / 2
+            return CpuSample(self.wall, self.own + self.others, self.own)
+
+    jobs = [CallJob(f"#{i}", [], repeats=1) for i in range(2)]
+    for job in jobs:
+        job.threads = cores()
+    rounds = run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=Halves(), wait=lambda: (0.0, True))
+    second = [order[1] for order in rounds.call_orders[0]]  # each turn's second call: the one that lacked more
+    assert rounds.excluded == [[[call, job] for call, job in enumerate(second)]]
 
 
 def test_a_neighbour_that_stays_ends_the_waiting_for_quiet():
@@ -141,9 +166,12 @@ def test_a_neighbour_that_stays_ends_the_waiting_for_quiet():
         waits.append(1)
         return 20.0, False
 
+    # it arrives during the second turn's second call and stays: that call is out, and the wait for quiet
+    # runs out; then it crowds every call alike, and they count
     jobs = [CallJob(f"#{i}", [], repeats=2) for i in range(2)]
-    rounds = run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=Machine(busy=range(16)), wait=still_busy)
+    rounds = run_rounds(jobs, seed=0, shuffle=True, turn="call", sampler=Machine(busy=range(3, 16)), wait=still_busy)
     assert len(waits) == 1 and rounds.waited_s == [20.0, 0.0]  # one wait ran out: the rest measure on
+    assert [len(excluded) for excluded in rounds.excluded] == [1, 0]
 
 
 def test_waiting_for_quiet_reads_the_machine_window_by_window():

@@ -269,19 +269,18 @@ def test_the_sweeps_baseline_is_the_dynamic_cache_wherever_it_stands_and_compare
 def test_with_most_calls_left_out_every_figure_lies_inside_its_own_interval(tmp_path, monkeypatch):
     import dataclasses
 
-    from kvpipe.job import runner
-    from kvpipe.measure import contention
+    from kvpipe.job import call_turns, runner
 
     # A neighbour that slows every judged call but one fourfold (and is seen there): the calls left
     # out are the slow ones, as on a busy machine, so figures and intervals from different calls disagree
     made = iter(range(10_000))
-    slowed = [False]
+    slowed = []  # per call made
 
     def generate(*args, **kwargs):
         call = measured_generate(*args, **kwargs)
         index = next(made)
-        slowed[0] = index >= 8 and index != 9  # each job's first round (no warm-up) is not judged
-        if not slowed[0]:
+        slowed.append(index >= 8 and index != 9)  # each job's first round (no warm-up) is not judged
+        if not slowed[-1]:
             return call
         timing = call.timing
         slow = dataclasses.replace(timing, ttft_ms=4 * timing.ttft_ms, e2e_ms=4 * timing.e2e_ms,
@@ -290,7 +289,9 @@ def test_with_most_calls_left_out_every_figure_lies_inside_its_own_interval(tmp_
 
     measured_generate = runner.measured_generate
     monkeypatch.setattr(runner, "measured_generate", generate)
-    monkeypatch.setattr(contention, "call_contended", lambda *args, **kwargs: slowed[0])
+    # the guard leaves out each call of a turn that the neighbour slowed (here every one but one)
+    monkeypatch.setattr(call_turns, "left_out_of_turn",
+                        lambda jobs, samples: [i for (i, _, _), s in zip(samples, slowed[-len(samples):]) if s])  # fmt: skip
     overrides = ["-m", *TINY[:-1], "tracking=off", "cache=static,dynamic", "workload.repeats=8"]
     proc = run_cli(overrides, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,9 +1,13 @@
 """Turns by call: in an interleaved sweep each measured call is a turn of its own, every job making
 call i, in a counterbalanced order, before any makes call i + 1, with the machine sampled around each
-job's call; a call taken while other processes held a core is left out of its job's figures and of
-every paired estimate it is part of, and the next call waits for the machine to go quiet. A turn that
-lasts one call, not a job's whole pass, is short against a noisy neighbour that comes and goes within
-seconds."""
+job's call. A turn's calls are the pairs every paired ratio is made of, so a pair counts where its
+calls saw the same conditions (`left_out_of_turn`): a call that lacked more cores than its partners
+did (a neighbour arrived or left within the turn) is left out of its job's figures and of every
+paired estimate it is part of, and the next turn waits for the machine to go quiet; a neighbour that
+held its cores through the whole turn slowed every call of it alike, which the paired ratio cancels,
+so those calls count (the job's own figures say they were measured beside it: kvpipe.measure.contention's
+verdict). A turn that lasts one call, not a job's whole pass, is short against a noisy neighbour that
+comes and goes within seconds."""
 
 from __future__ import annotations
 
@@ -101,24 +105,43 @@ def call_round(jobs, wanted, balanced, advance, sampler, measured_s, quiet: Quie
         if not taking:
             continue
         order = balanced.next(taking)
-        held = []
+        samples = []
         for index in order:
             quiet.before_call()
-            job, before = jobs[index], sampler()
-            take_turn(job, lambda job, call=call: job.measure_call(call, advance), measured_s, index)
-            after = sampler()
-            others_held = contention.other_cores(before, after)
-            held.append(None if math.isnan(others_held) else round(others_held, 3))  # null in rounds.json, not NaN
-            if job.failed is None and contention.call_contended(before, after, job.threads, job.on_cpu):
-                job.exclude_last_call()
-                excluded.append([call, index])
-                quiet.pending = True
+            before = sampler()
+            take_turn(jobs[index], lambda job, call=call: job.measure_call(call, advance), measured_s, index)
+            samples.append((index, before, sampler()))
+        held = [contention.other_cores(before, after) for _, before, after in samples]
+        for index in left_out_of_turn(jobs, samples):
+            jobs[index].exclude_last_call()
+            excluded.append([call, index])
+            quiet.pending = True
         orders.append(order)
-        others.append(held)
+        others.append([None if math.isnan(h) else round(h, 3) for h in held])  # null in rounds.json, not NaN
     for index in wanted:
         if jobs[index].failed is None:
             jobs[index].close_round()
     return orders, excluded, others
+
+
+def left_out_of_turn(jobs: list[RoundTaker], samples: list[tuple]) -> list[int]:
+    """The jobs whose call of one turn is left out, from (job, sample before, sample after) per call.
+    A job alone in its turn, or where the machine's accounting cannot tell: by its call's own verdict
+    (contention.call_contended). Else a call is out where its conditions differ from its partners':
+    it lacked more cores than the turn's least-crowded call did (contention.shortfall) by more than a
+    twentieth of a core and what the accounting's rounding can show over either call, or its own
+    verdict is contended while another call's is not. A steady neighbour crowds every call of a turn
+    alike: none is left out."""
+    live = [(index, before, after) for index, before, after in samples if jobs[index].failed is None]
+    own = [i for i, b, a in live if contention.call_contended(b, a, jobs[i].threads, jobs[i].on_cpu)]
+    short = {i: contention.shortfall(b, a, jobs[i].threads) for i, b, a in live}
+    if len(live) < 2 or any(math.isnan(v) for v in short.values()):
+        return own
+    least = min(live, key=lambda sample: short[sample[0]])
+    floor = short[least[0]] + contention.CALL_SLACK_CORES + contention.rounding_cores(*least[1:])
+    crowded = {i for i, b, a in live if short[i] > floor + contention.rounding_cores(b, a)}
+    differs = set(own) if len(own) < len(live) else set()  # every call contended alike: a steady neighbour
+    return sorted(crowded | differs, key=[i for i, _, _ in live].index)
 
 
 def paired(job: RoundTaker, baseline: RoundTaker) -> tuple[float, float, float]:

@@ -139,6 +139,18 @@ def accounting_error_s() -> float:
     return (cores() + 2) / os.sysconf("SC_CLK_TCK")
 
 
+def rounding_cores(before: CpuSample, after: CpuSample) -> float:
+    """The cores that the accounting's rounding alone can show as other processes' over this window."""
+    wall = after.wall_s - before.wall_s
+    return accounting_error_s() / wall if wall > 0 else math.inf
+
+
+def shortfall(before: CpuSample, after: CpuSample, threads: int) -> float:
+    """The cores that `threads` threads lacked between two samples: how far they and other processes'
+    busy cores together went past the machine's (0 where there was room; NaN where unknown)."""
+    return max(threads + other_cores(before, after) - cores(), 0.0)
+
+
 def call_contended(before: CpuSample, after: CpuSample, threads: int, on_cpu: bool) -> bool:
     """Whether one call between two samples ran while other processes held a core that its `threads`
     needed: judge's rule on the call's own samples (no load average: a minute's, not a call's), with
