@@ -87,3 +87,18 @@ def test_a_concurrency_above_the_requests_says_so_and_labels_what_was_in_flight(
     assert concurrency.notes(["a"] * 4) == [
         "load.concurrency=16 but only 4 requests: at most 4 in flight (load.requests sets how many)"]  # fmt: skip
     assert concurrency.served_label(["a"] * 16) == "concurrency(16)" and concurrency.notes(["a"] * 20) == []
+
+
+def test_goodput_counts_right_answers_where_every_run_weighed_judged_them():
+    # at 16 in flight it serves more within the targets, but more of its answers are wrong (a batch of
+    # 16 changes the numerics: greedy answers can differ)
+    runs = served({"asked": 4, "tok_s": 50.0}, {"asked": 16, "tok_s": 60.0})
+    runs["metrics.goodput_requests_per_s"] = [2.0, 3.0]
+    runs["metrics.goodput_correct_requests_per_s"] = [1.8, 1.0]
+    chosen, (what, why) = choose_for_service(runs, Limits(), "goodput")
+    assert what.startswith("dynamic at concurrency(4)") and "the most goodput of right answers" in why
+    assert "goodput 2.00 req/s, 1.80 req/s of right answers" in what
+    # a run that judged none: latency's goodput for every run, as vLLM's and GuideLLM's count it
+    runs.loc[runs.index[1], "metrics.goodput_correct_requests_per_s"] = float("nan")
+    chosen, (what, why) = choose_for_service(runs, Limits(), "goodput")
+    assert what.startswith("dynamic at concurrency(16)") and why.startswith("the most goodput of the 2 serving runs")

@@ -17,6 +17,8 @@ OBJECTIVES = {  # --objective -> the figure it maximises
     "throughput": catalogue.column("output_tokens_per_s"),
     "goodput": catalogue.column("goodput_requests_per_s"),
 }
+# goodput where every run weighed judged its answers: the requests within the targets that answered right
+RIGHT_GOODPUT = catalogue.column("goodput_correct_requests_per_s")
 
 
 def add_objective_argument(parser, latency: str, service: str) -> None:
@@ -44,6 +46,8 @@ def choose_for_service(runs, limits: Limits, objective: str):
         return None, ("no run served a load", "run a sweep with load=concurrency or load=rate, e.g. "
                       "kvpipe -m cache=dynamic,paged load=concurrency load.concurrency=1,4,16")  # fmt: skip
     ok = served[[not limits.misses(run) for _, run in served.iterrows()]]
+    if objective == "goodput" and not ok.empty and column(ok, RIGHT_GOODPUT).notna().all():
+        figure, objective = RIGHT_GOODPUT, "goodput of right answers"
     if not ok.empty and column(ok, figure).isna().all():
         return None, (f"no serving run measured {objective}",
                       "goodput counts requests within latency targets: run with load.max_ttft_ms and/or load.max_tpot_ms")  # fmt: skip
@@ -130,10 +134,12 @@ def _describe(run) -> str:
 
     load = run.get(mlflow_tags.column(mlflow_tags.LOAD), "")
     goodput = run.get(catalogue.column("goodput_requests_per_s"), math.nan)
+    right = run.get(RIGHT_GOODPUT, math.nan)
     parts = [
         show("output_tokens_per_s"),
         show("requests_per_s"),
         *([f"goodput {show('goodput_requests_per_s')}"] if goodput == goodput else []),
+        *([f"{show('goodput_correct_requests_per_s')} of right answers"] if right == right else []),
         f"TPOT p90 {show('tpot_p90_ms')}",
         f"TTFT p90 {show('ttft_p90_ms')}",
     ]
