@@ -169,6 +169,8 @@ CORE = (
     _m("quality_windows", "quality windows", "", ".0f"),
     _m("quality_scored_tokens", "scored tokens", "tokens", ".0f"),
     _m("quality_ms", "quality pass", "ms", lower=LOWER),
+    # the quality pass's full-precision answers to the same prompts, judged as the run's are
+    _m("reference_accuracy", "accuracy at full precision", "", ".0%", HIGHER),
     _m("load_ms", "load", "ms"),
     _m("warmup_ms", "warm-up", "ms"),
     _m("measured_ms", "measured calls", "ms"),

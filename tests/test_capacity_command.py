@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import TINY, run_cli
+from conftest import REPO, TINY, run_cli
 
 JOB = [o for o in TINY if o != "tracking=off"] + ["workload.repeats=1"]
+LABELLED = ["workload=dataset", f"workload.path={REPO / 'examples' / 'questions.jsonl'}"]
 
 
 @pytest.mark.parametrize(
@@ -26,6 +27,11 @@ JOB = [o for o in TINY if o != "tracking=off"] + ["workload.repeats=1"]
         (["--max-tpot-ms", "80", "--min-accuracy", "0"], "--min-accuracy=0.0 is not valid: expected the share of"),
         # the default chat workload carries no answers to judge: said before any model loads
         (["--max-tpot-ms", "80", "--min-accuracy", "0.8"], "--min-accuracy=0.8 is not valid: workload=chat judges"),
+        (["--max-tpot-ms", "80", "--max-accuracy-drop", "1"], "--max-accuracy-drop=1.0 is not valid: expected the"),
+        (["--max-tpot-ms", "80", "--max-accuracy-drop", "0.1"], "workload=chat does not judge full precision's"),
+        # pass keys are judged, but not beside full precision's answers: --min-accuracy is theirs
+        (["--max-tpot-ms", "80", "--max-accuracy-drop", "0.1", "workload=passkey"], "workload=passkey does not judge"),
+        (["--max-tpot-ms", "80", "--max-accuracy-drop", "0.1", *LABELLED, "cache=paged"], "expected a cache whose"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(tmp_path, flags, says):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -150,3 +151,20 @@ def test_compare_shows_a_param_that_a_ceiling_point_did_not_log_as_blank():
     runs = pd.DataFrame({"params.cache.strategy": ["dynamic", "dynamic"], "params.load.kind": ["offline", "rate"],
                          "params.load.rate": [float("nan"), "0.5"]}).astype({"params.load.rate": object})  # fmt: skip
     assert param_values(runs, "load.rate") == ["", "0.5"]  # load=offline logs no load.rate: blank, never "nan"
+
+
+def test_an_accuracy_drop_floors_each_rate_at_full_precisions_accuracy_less_the_drop():
+    from kvpipe.decide.capacity import Targets
+
+    targets = Targets(max_ttft_ms=2000, max_accuracy_drop=0.1).check()
+    point = {"ttft_p90_ms": 100.0, "task_accuracy": 0.7, "task_accuracy_ci_low": 0.5, "task_accuracy_ci_high": 0.85}
+    unmeasured = targets.misses(point)  # no ceiling has measured full precision's accuracy yet: no rate carries
+    assert [m.what for m in unmeasured] == ["accuracy"] and "full precision's, not measured" in unmeasured[0].text()
+    known = dataclasses.replace(targets, reference_accuracy=0.9)
+    (missed,) = known.misses(point)
+    assert missed.text() == "accuracy 70% (50%–85%) < 80% (full precision's 90% less 10%)"
+    assert not known.misses({**point, "task_accuracy": 0.8})
+    # with --min-accuracy too, the higher floor holds
+    both = dataclasses.replace(known, min_accuracy=0.85)
+    assert both.accuracy_floor() == 0.85 and both.misses({**point, "task_accuracy": 0.82})
+    assert "accuracy ≥ full precision's less 10%" in targets.describe()

@@ -3,8 +3,8 @@ docs/*.md runs here on the tiny model, each page's in page order against a store
 `compare` or `recommend` finds the sweeps the page showed before it. Every command is shrunk the
 same way (`shrunk`): the tiny model; one round, one thread, no warm-up call and eight tokens of one
 window scored for quality unless it sets them; at most two new tokens and one sample of each task
-even where it sets more (RULER's examples ask 64 tokens of two samples); three advise trials, two
-requests per capacity point, at most 16 per load; what it says stays. A command shown with its
+even where it sets more (RULER's examples ask 64 tokens of two samples); two rounds at most on
+repeats=auto; three advise trials, two requests per capacity point, at most 16 per load; what it says stays. A command shown with its
 `kvpipe: error:` must fail with that error; every other one must exit 0 and warn of no setting it
 did not give.
 
@@ -46,6 +46,8 @@ AT_MOST = {
     "workload.max_new_tokens": 2,
     "workload.samples": 1,
 }
+# A command on repeats=auto measures until its figures settle, up to 30 rounds: its rule runs in two
+AUTO_AT_MOST = "workload.max_repeats=2"
 # advise's --trials counts configurations, each a whole job; capacity's counts rate points, which
 # --requests keeps short, and its search stops where it converges (6 points on the tiny model)
 TRIALS = {"advise": 3}
@@ -83,6 +85,8 @@ def shrunk(words: list[str]) -> list[str]:
             out[index] = f"{flag}={min(int(value), at_most[flag])}"
     given = {override_key(w) for w in out}
     added = [w for w in (*MODEL, *([] if subcommand == "plan" else RUN)) if override_key(w) not in given]
+    if "workload.repeats=auto" in out and "workload.max_repeats" not in given:
+        added.append(AUTO_AT_MOST)  # rounds until the figures settle: two are enough to run the rule
     if subcommand is not None:
         parser = argparse.ArgumentParser()
         importlib.import_module(f"kvpipe.commands.{subcommand}").add_arguments(parser)

@@ -184,6 +184,7 @@ def test_a_labelled_job_records_its_scored_answers_and_accuracy_with_its_interva
     # the dense cache is the reference itself: every answer is the reference's own
     assert all(row["reference_answer"] == row["answer"] for row in rows)
     assert (metrics["answers_changed"], metrics["flipped_to_wrong"], metrics["flipped_to_right"]) == (0, 0, 0)
+    assert metrics["reference_accuracy"] == metrics["task_accuracy"]  # the reference's answers, judged alike
     assert all(0 < row["answer_tokens"] == row["reference_tokens"] <= 32 for row in rows)  # ran to EOS or the cap
     assert metrics["output_length_ratio"] == 1.0
 

@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-accuracy", type=float, metavar="SHARE",
                         help="and at least this share of answers right, where the workload judges answers "
                         "(labelled prompts, pass keys, RULER, tasks), e.g. 0.8")  # fmt: skip
+    parser.add_argument("--max-accuracy-drop", type=float, metavar="SHARE",
+                        help="and at most this much below the accuracy of full precision's answers to the same "
+                        "prompts (the ceiling's quality pass measures it), e.g. 0.05")  # fmt: skip
     parser.add_argument("--resolution", type=float, default=CapacitySettings.resolution, metavar="SHARE",
                         help=f"search to within this share of the rate (default {CapacitySettings.resolution})")  # fmt: skip
     parser.add_argument("--requests", type=int, default=CapacitySettings.requests,
@@ -57,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def checked(args: argparse.Namespace) -> Targets:
     """The targets and search settings, each checked: one line naming the flag, before anything loads."""
-    targets = Targets(args.max_ttft_ms, args.max_tpot_ms, args.percentile, args.min_goodput, args.min_accuracy).check()
+    targets = Targets(args.max_ttft_ms, args.max_tpot_ms, args.percentile, args.min_goodput, args.min_accuracy,
+                      args.max_accuracy_drop).check()  # fmt: skip
     if not 0 < args.resolution < 1:
         raise ConfigError("--resolution", args.resolution, "expected a share of the rate above 0 and below 1, e.g. 0.1")
     if args.requests < 2:
@@ -82,12 +86,9 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     targets = checked(args)
     caches, fixed = split_arguments(args.overrides)
-    for cache in caches:  # every cache's config checked (one line) before any model loads
-        spec = spec_from([*fixed, f"cache={cache}", "load=rate"])
-    if targets.min_accuracy is not None and not spec.bound_workload.judges_answers():
-        raise ConfigError("--min-accuracy", targets.min_accuracy, f"workload={spec.workload.kind} judges no answers "
-                          "here; expected a labelled workload: workload=dataset with an answer column, passkey, "
-                          "ruler, lm_eval or shared_context")  # fmt: skip
+    specs = [spec_from([*fixed, f"cache={cache}", "load=rate"]) for cache in caches]  # each checked: one line
+    spec = specs[0]
+    check_accuracy_floor(targets, specs)
     auth.check_credentials(spec.tracking, Path.cwd())
     sweep_dir = sweep_dir_of(args.overrides, "capacity")
     print(f"capacity: {', '.join(caches)} within {targets.describe()}; points in {sweep_dir}", flush=True)
@@ -95,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     parent, found = launch_capacity(
         [*fixed, f"cache={','.join(caches)}", f"sweep_name={name!r}"], sweep_dir, trials=args.trials,
         max_ttft_ms=args.max_ttft_ms, max_tpot_ms=args.max_tpot_ms, percentile=args.percentile,
-        min_goodput=args.min_goodput, min_accuracy=args.min_accuracy, resolution=args.resolution, requests=args.requests,
+        min_goodput=args.min_goodput, min_accuracy=args.min_accuracy, max_accuracy_drop=args.max_accuracy_drop,
+        resolution=args.resolution, requests=args.requests,
         memory_budget=args.memory_budget,
     )  # fmt: skip
     print()
@@ -106,10 +108,29 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
+def check_accuracy_floor(targets: Targets, specs: list) -> None:
+    """An accuracy floor needs answers to judge, and --max-accuracy-drop the full-precision answers beside
+    them (the ceilings' quality pass): one line naming the flag, before any model loads."""
+    workload = specs[0].bound_workload
+    if targets.min_accuracy is not None and not workload.judges_answers():
+        raise ConfigError("--min-accuracy", targets.min_accuracy, f"workload={specs[0].workload.kind} judges no "
+                          "answers here; expected a labelled workload: workload=dataset with an answer column, "
+                          "passkey, ruler, lm_eval or shared_context")  # fmt: skip
+    if targets.max_accuracy_drop is None:
+        return
+    if not workload.judges_beside_reference():
+        raise ConfigError("--max-accuracy-drop", targets.max_accuracy_drop, f"workload={specs[0].workload.kind} "
+                          "does not judge full precision's answers beside its own here; expected greedy "
+                          "workload=dataset with an answer column, or lm_eval (or --min-accuracy)")  # fmt: skip
+    if not any(spec.quality.enabled for spec in specs) or all(spec.strategy.continuous for spec in specs):
+        raise ConfigError("--max-accuracy-drop", targets.max_accuracy_drop, "expected a cache whose quality pass "
+                          "runs (quality on; cache=paged's server has none): it answers at full precision")  # fmt: skip
+
+
 def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
     """The table of what each cache carries, the one that carries the most and its command; 0 with
     an answer, 1 with none."""
-    judged = targets.min_accuracy is not None  # the accuracy at the rate carried, beside its goodput
+    judged = targets.judges_accuracy  # the accuracy at the rate carried, beside its goodput
     rows = [("cache", "carries", "fails at", "binds", "goodput there", *(["accuracy there"] if judged else []),
              "max throughput", "plan's memory bound")]  # fmt: skip
     for cache in found["caches"]:

@@ -37,6 +37,8 @@ class Targets:
     percentile: int = 90
     min_goodput: float | None = None
     min_accuracy: float | None = None
+    max_accuracy_drop: float | None = None  # below the full-precision answers' accuracy on the same prompts
+    reference_accuracy: float | None = None  # theirs, once a ceiling's quality pass has measured it
 
     def check(self, prefix: str = "--") -> Targets:
         """Itself, or a one-line ConfigError naming the flag (prefix '--') or field (prefix 'hydra.sweeper.')."""
@@ -55,7 +57,33 @@ class Targets:
         if self.min_accuracy is not None and not 0 < self.min_accuracy <= 1:
             raise ConfigError(name("min_accuracy"), self.min_accuracy,
                               "expected the share of answers right, above 0 and at most 1, e.g. 0.8")  # fmt: skip
+        if self.max_accuracy_drop is not None and not 0 <= self.max_accuracy_drop < 1:
+            raise ConfigError(name("max_accuracy_drop"), self.max_accuracy_drop, "expected the accuracy a cache may "
+                              "lose against full precision, 0 or more and below 1, e.g. 0.05")  # fmt: skip
         return self
+
+    @property
+    def judges_accuracy(self) -> bool:
+        return self.min_accuracy is not None or self.max_accuracy_drop is not None
+
+    def accuracy_floor(self) -> float:
+        """The accuracy a rate must keep: --min-accuracy, or full precision's less --max-accuracy-drop,
+        the higher of the two; NaN while the drop's reference is not measured."""
+        floors = [] if self.min_accuracy is None else [self.min_accuracy]
+        if self.max_accuracy_drop is not None:
+            if self.reference_accuracy is None:
+                return math.nan
+            floors.append(self.reference_accuracy - self.max_accuracy_drop)
+        return max(floors)
+
+    def _floor_words(self) -> str:
+        """'80%', or '79% (full precision's 89% less 10 points)'."""
+        floor = self.accuracy_floor()
+        if self.max_accuracy_drop is None or floor != floor:
+            return f"{floor:.0%}" if floor == floor else "full precision's, not measured"
+        if self.min_accuracy is not None and floor == self.min_accuracy:
+            return f"{floor:.0%}"
+        return f"{floor:.0%} (full precision's {self.reference_accuracy:.0%} less {self.max_accuracy_drop:.0%})"
 
     def describe(self) -> str:
         """'TTFT p90 ≤ 2000 ms · TPOT p90 ≤ 150 ms · goodput ≥ 95% of requests'."""
@@ -64,6 +92,8 @@ class Targets:
             parts.append(f"goodput ≥ {self.min_goodput:.0%} of requests")
         if self.min_accuracy is not None:
             parts.append(f"accuracy ≥ {self.min_accuracy:.0%}")
+        if self.max_accuracy_drop is not None:
+            parts.append(f"accuracy ≥ full precision's less {self.max_accuracy_drop:.0%}")
         return " · ".join(parts)
 
     def _latencies(self) -> list[tuple[str, float]]:
@@ -80,12 +110,12 @@ class Targets:
         share = metrics.get("within_targets", math.nan)
         if self.min_goodput is not None and not share >= self.min_goodput:
             missed.append(Miss("goodput", share, self.min_goodput, "share", minimum=True))
-        if self.min_accuracy is not None:
+        if self.judges_accuracy:
             accuracy, interval = accuracy_of(metrics)
-            if not accuracy >= self.min_accuracy:
-                missed.append(
-                    Miss("accuracy", accuracy, self.min_accuracy, "accuracy", minimum=True, interval=interval)
-                )
+            floor = self.accuracy_floor()
+            if not accuracy >= floor:  # NaN either side (not measured) misses too
+                missed.append(Miss("accuracy", accuracy, floor, "accuracy", minimum=True, interval=interval,
+                                   floor=self._floor_words()))  # fmt: skip
         return missed
 
 
@@ -111,11 +141,12 @@ class Miss:
     unit: str  # "ms", "share" (of requests), "accuracy" or "requests" (in flight)
     minimum: bool = False  # a figure that must reach the target, not stay under it
     interval: tuple[float, float] | None = None  # the measured figure's 95% interval, where it has one
+    floor: str = ""  # how an accuracy floor came about, in words ("79% (full precision's 89% less 10%)")
 
     @property
     def over(self) -> float:
         """How far past the target, relative (0.2: 20% over; for a minimum, 20% short)."""
-        if self.measured != self.measured:
+        if self.measured != self.measured or self.target != self.target:
             return math.inf
         return 1 - self.measured / self.target if self.minimum else self.measured / self.target - 1
 
@@ -129,7 +160,7 @@ class Miss:
             if self.measured != self.measured:
                 return "accuracy not measured: the workload judged no answers"
             between = f" ({self.interval[0]:.0%}–{self.interval[1]:.0%})" if self.interval else ""
-            return f"accuracy {self.measured:.0%}{between} < {self.target:.0%}"
+            return f"accuracy {self.measured:.0%}{between} < {self.floor or format(self.target, '.0%')}"
         return f"{self.what} {self.measured:.0f} ms > {self.target:g} ms (+{self.over:.0%})"
 
 

@@ -253,6 +253,9 @@ class Job(RoundTaker):
             )
             self.scored_answers = self.workload.scored(rows)
             metrics.update(self.scored_answers.values())
+            answers = self.scored_answers.answers
+            if answers and all(answer.reference_correct is not None for answer in answers):
+                metrics["reference_accuracy"] = sum(a.reference_correct for a in answers) / len(answers)
         tags["quality_reference"] = f"DynamicCache, {self.loaded.dtype}"  # the same weights and dtype as the run
         metrics["quality_ms"] = (time.perf_counter() - started) * 1e3
         params["quality.scored_tokens"] = str(int(metrics["quality_scored_tokens"]))

@@ -325,6 +325,12 @@ class Workload(Registered):
         what an accuracy floor (`kvpipe capacity --min-accuracy`) needs, checked before the model loads."""
         return self.quality is not None
 
+    def judges_beside_reference(self) -> bool:
+        """Whether the quality pass judges the reference's answers beside its own (its
+        `reference_accuracy`): what `kvpipe capacity --max-accuracy-drop` measures its floor from."""
+        overridden = type(self).against_reference is not Workload.against_reference
+        return self.judges_answers() and self.compares_greedy_path and overridden and not self.common.do_sample
+
     def answers(self, tokenizer, eos_ids: set[int], batches: list[Batch], calls: list) -> list[dict]:
         """A row per answer of the measured calls (what result.json keeps); none by default."""
         return []

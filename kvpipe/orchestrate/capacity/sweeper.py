@@ -19,6 +19,7 @@ class _Settings:
     max_ttft_ms: Optional[float] = None  # the rate search's targets, on percentile of the requests
     percentile: int = 90
     min_goodput: Optional[float] = None  # the share of requests within both targets a rate must keep
+    max_accuracy_drop: Optional[float] = None  # rate: the accuracy a rate may lose against full precision
     resolution: float = 0.1  # the rate search stops within this share of the rate it carries
     requests: int = 16  # requests per rate point (load.requests)
     levels: list = field(default_factory=lambda: [1, 4, 16])  # the concurrency walk's levels

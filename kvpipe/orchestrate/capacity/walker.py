@@ -5,6 +5,7 @@ what was found in capacity.json."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -124,9 +125,22 @@ class Walker:
             returns.append(results)
             for (cache, what, _), job in zip(batch, results, strict=True):
                 figures = self._figures(job)
+                self._share_reference(figures)
                 self._say_point(cache, what, figures, self.walks[cache].tell(figures))
         self._save()
         return returns
+
+    def _share_reference(self, figures: Figures) -> None:
+        """--max-accuracy-drop's reference: the full-precision answers' accuracy that a ceiling's
+        quality pass measured (the same model and prompts for every cache), given to every rate walk
+        before any rate is judged (the ceilings are the first batch)."""
+        reference = (figures.metrics or {}).get("reference_accuracy")
+        if reference is None or reference != reference:
+            return
+        for walk in self.walks.values():
+            targets = getattr(walk, "targets", None)
+            if targets is not None and targets.max_accuracy_drop is not None and targets.reference_accuracy is None:
+                walk.targets = dataclasses.replace(targets, reference_accuracy=reference)
 
     # ---- reading a job back ----------------------------------------------------------------------
 
@@ -189,7 +203,7 @@ class Walker:
 def targets_of(settings) -> Targets:
     """The rate search's targets from the sweeper's settings, checked (one line naming the field)."""
     return Targets(settings.max_ttft_ms, settings.max_tpot_ms, settings.percentile, settings.min_goodput,
-                   settings.min_accuracy).check("hydra.sweeper.")  # fmt: skip
+                   settings.min_accuracy, settings.max_accuracy_drop).check("hydra.sweeper.")  # fmt: skip
 
 
 def memory_bounds(spec, fixed: list[str], caches: list[str], budget: str | None) -> dict[str, int | None]:
