@@ -77,7 +77,7 @@ class Targets:
         return max(floors)
 
     def _floor_words(self) -> str:
-        """'80%', or '79% (full precision's 89% less 10 points)'."""
+        """'80%', or '79% (full precision's 89% less 10%)'."""
         floor = self.accuracy_floor()
         if self.max_accuracy_drop is None or floor != floor:
             return f"{floor:.0%}" if floor == floor else "full precision's, not measured"
