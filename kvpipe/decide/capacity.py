@@ -79,9 +79,9 @@ class Targets:
     def _floor_words(self) -> str:
         """'80%', or '79% (full precision's 89% less 10%)'."""
         floor = self.accuracy_floor()
-        if self.max_accuracy_drop is None or floor != floor:
-            return f"{floor:.0%}" if floor == floor else "full precision's, not measured"
-        if self.min_accuracy is not None and floor == self.min_accuracy:
+        if floor != floor:
+            return "full precision's, not measured"
+        if self.max_accuracy_drop is None or floor == self.min_accuracy:
             return f"{floor:.0%}"
         return f"{floor:.0%} (full precision's {self.reference_accuracy:.0%} less {self.max_accuracy_drop:.0%})"
 

@@ -82,7 +82,9 @@ class ServedJob(Job):
         passes, common = self.passes, self.load.config
         most_in_flight = max(outcome.max_in_flight for outcome in passes)
         served = [o.served for o in passes]
-        verdicts = self.verdicts()
+        tokenizer, stops = self.loaded.tokenizer, eos_ids(self.loaded.model)
+        answered = self.answered()  # the served answers as the workload's scoring reads them, made once
+        verdicts = self.verdicts(tokenizer, stops, *answered)
         metrics = serving_metrics(served, most_in_flight, common.max_ttft_ms, common.max_tpot_ms, verdicts)
         self.request_rows = request_rows(served, verdicts, common.max_ttft_ms, common.max_tpot_ms)
         if not self.load.closed:  # a closed loop's arrivals are its own answers' ends, not an offered load
@@ -102,19 +104,18 @@ class ServedJob(Job):
         )
         # The workload's own scoring (labelled answers, pass keys, tasks) of what each request was
         # answered under the load, as a batch job's calls are scored
-        self.scored_answers = self.workload.score(self.loaded.tokenizer, eos_ids(self.loaded.model), *self.answered())
+        self.scored_answers = self.workload.score(tokenizer, stops, *answered)
         metrics.update(self.scored_answers.values())
         tags = {"load": self.load.served_label(self.requests), "peak_memory_source": self.peaks[0].source}
         return metrics, self.load.notes(self.requests), tags
 
-    def verdicts(self) -> list[list[bool]] | None:
-        """Per pass, per request: whether the answer it was served was right, each judged alone by the
-        workload's own scoring (greedy passes too: under a load, one prompt's answers may differ); None
-        where the workload judges no answers, or not every one."""
-        batches, calls = self.answered()
+    def verdicts(self, tokenizer, stops: set[int], batches: list, calls: list) -> list[list[bool]] | None:
+        """Per pass, per request: whether the answer it was served was right (`answered`'s batches and
+        calls), each judged alone by the workload's own scoring (greedy passes too: under a load, one
+        prompt's answers may differ); None where the workload judges no answers, or not every one."""
         if not batches:
             return None
-        tokenizer, stops, workload = self.loaded.tokenizer, eos_ids(self.loaded.model), self.workload
+        workload = self.workload
         judged = []
         for index, call in enumerate(calls):
             answers = workload.scored(

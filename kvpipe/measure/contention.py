@@ -157,7 +157,7 @@ def call_contended(before: CpuSample, after: CpuSample, threads: int, on_cpu: bo
     a twentieth of a core of slack, or what the accounting's rounding can show over so short a call."""
     own = own_cores(before, after) if on_cpu else math.nan
     wall = after.wall_s - before.wall_s
-    slack = max(CALL_SLACK_CORES, accounting_error_s() / wall) if wall > 0 else CALL_SLACK_CORES
+    slack = max(CALL_SLACK_CORES, rounding_cores(before, after)) if wall > 0 else CALL_SLACK_CORES
     return contended(other_cores(before, after), threads, cores(), math.nan, own, slack=slack)
 
 

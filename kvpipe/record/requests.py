@@ -70,7 +70,8 @@ def draw_timeline(rows: list[dict], path: Path, title: str) -> None:
     from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator
 
-    passes = sorted({row["pass"] for row in rows})[:SHOWN_PASSES]
+    every_pass = sorted({row["pass"] for row in rows})
+    passes = every_pass[:SHOWN_PASSES]
     most = max(sum(row["pass"] == p for row in rows) for p in passes)
     height = max(2.8, 1.4 + 0.16 * most)
     # margins fixed in inches, not constrained layout: it drew each picture twice (0.25 s a run, 2-core VM)
@@ -89,7 +90,7 @@ def draw_timeline(rows: list[dict], path: Path, title: str) -> None:
             missed = [(row["end_ms"] / 1e3, y) for y, row in zip(ys, mine) if row[key] is False]
             if missed:
                 ax.plot(*zip(*missed), linestyle="none", **marker)
-        ax.set_title(f"pass {number + 1} of {len({row['pass'] for row in rows})}", fontsize=9)
+        ax.set_title(f"pass {number + 1} of {len(every_pass)}", fontsize=9)
         ax.set_xlabel("seconds from the first arrival")
     axes[0].invert_yaxis()  # the first arrival on top (the panels share the axis: once inverts them all)
     axes[0].yaxis.set_major_locator(MaxNLocator(integer=True))
