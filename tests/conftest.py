@@ -211,7 +211,10 @@ def embedded_model():
 # the tests that share one run on one worker, which makes it once. Session fixtures are named here;
 # a module's expensive fixture (MODULE_FIXTURES) groups the tests of its module that use it.
 SHARED_FIXTURES = ("embedded_model", "tiny_sweep")
-MODULE_FIXTURES = ("reduced", "passkey_sweep", "failed_sweep", "good_model", "advised", "auth_server", "labelled_jobs")
+MODULE_FIXTURES = (
+    "reduced", "passkey_sweep", "failed_sweep", "good_model", "advised", "auth_server", "labelled_jobs", "kvpipe_kept",
+    "kvpipe_answers",
+)  # fmt: skip
 
 
 def xdist_group(item) -> str | None:

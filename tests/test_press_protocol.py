@@ -182,3 +182,49 @@ def test_query_agnostic_without_a_press_is_ignored_with_one_warning_and_keyed_as
     assert [w for w in ignored.warnings if "press.protocol" in w] == [
         "press.protocol=query_agnostic is ignored: press=none compresses nothing, so the prompt is read whole"
     ]
+
+
+# ---- compressed once, or rolling: press.rolling -----------------------------------------------------
+
+
+def test_under_query_agnostic_streaming_compresses_the_context_once_unless_asked_to_roll():
+    question = _question_tokens()
+    context = 120 - question
+    once = run_job(spec_for(*PASSKEY, "quality=off", "press=streaming", AGNOSTIC))
+    rolling = run_job(spec_for(*PASSKEY, "quality=off", "press=streaming", AGNOSTIC, "press.rolling=true"))
+    aware = run_job(spec_for(*PASSKEY, "quality=off", "press=streaming"))
+    assert once.metrics["kv_cache_tokens"] == int(context * 0.5) + question + 4 - 1  # as kvpress's pipeline holds it
+    assert rolling.metrics["kv_cache_tokens"] == int(context * 0.5)  # StreamingLLM's window: never past its budget
+    assert aware.metrics["kv_cache_tokens"] == 60  # query_aware rolls, as every run before the setting
+
+
+def test_rolling_is_keyed_logged_and_labelled_only_where_it_differs_from_what_runs_before_it_did():
+    aware = spec_for(*PASSKEY, "press=streaming")
+    assert aware.measurement_key() == spec_for(*PASSKEY, "press=streaming", "press.rolling=true").measurement_key()
+    assert "press.rolling" not in aware.params() and aware.strategy.press.label() == "streaming0.5"
+    once = spec_for(*PASSKEY, "press=streaming", AGNOSTIC)
+    rolling = spec_for(*PASSKEY, "press=streaming", AGNOSTIC, "press.rolling=true")
+    assert once.params()["press.rolling"] == "false" and "press.rolling" not in rolling.params()
+    assert once.measurement_key() != rolling.measurement_key()
+    assert once.strategy.press.label() == "streaming0.5-query_agnostic"
+    assert rolling.strategy.press.label() == "streaming0.5-query_agnostic-rolling"
+    aware_once = spec_for(*PASSKEY, "press=streaming", "press.rolling=false")
+    assert aware_once.params()["press.rolling"] == "false" and aware_once.strategy.press.label() == "streaming0.5-once"
+    assert "press.rolling=false" in aware_once.strategy.describe().split()
+    knorm = spec_for(*PASSKEY, "press=knorm", AGNOSTIC)  # nothing to roll: keyed as before the setting
+    assert "press.rolling" not in knorm.params()
+    assert knorm.measurement_key() == spec_for(*PASSKEY, "press=knorm", AGNOSTIC, "press.rolling=false").measurement_key()
+
+
+def test_rolling_a_press_that_scores_the_prompt_once_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as refused:
+        spec_for(*PASSKEY, "press=snapkv", "press.rolling=true")
+    message = str(refused.value)
+    assert "press.rolling" in message and "press=streaming" in message and "\n" not in message
+
+
+def test_query_agnostic_keeps_kvpresss_count_where_the_ratios_share_is_not_whole():
+    aware = spec_for(*PASSKEY, "press=knorm", "press.ratio=0.25").strategy.press
+    agnostic = spec_for(*PASSKEY, "press=knorm", "press.ratio=0.25", AGNOSTIC).strategy.press
+    assert aware.kept(101) == 101 - 25 and agnostic.kept(101) == int(101 * 0.75) == 75
+    assert aware.kept(100) == agnostic.kept(100) == 75

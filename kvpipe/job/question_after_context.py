@@ -6,12 +6,13 @@ Why not generate(): on a cache that already holds a compressed context, generate
 question's positions from the cache's shorter length. As kvpress's pipeline does
 (`kvpress/pipeline.py`: prefill the context with the press, then its own greedy loop with explicit
 `position_ids`), each question token gets its true position (context length + i) and each new token
-the next; the causal mask is sized by transformers from what each layer holds. A bounded press
-(streaming) keeps trimming while the question and the answer are fed, as it does under generate().
+the next; the causal mask is sized by transformers from what each layer holds. The press fires once, on the
+context, as kvpress's does; only a rolling press (`press.rolling=true`: streaming's window, which
+query_agnostic leaves off by default) keeps trimming while the question and the answer are fed.
 
 Many questions: each is answered from a fork of the compressed cache (`forked`): new layer objects
 that share the context's tensors. Cropping the cache back after each answer (kvpress's way) would be
-wrong under a bounded press, which has already evicted context tokens to make room for the answer,
+wrong under a rolling press, which has already evicted context tokens to make room for the answer,
 and under a quantized layer, which has folded the answer's tokens into its quantized part; a deep
 copy would pay the context's bytes for each question, and quanto's quantized tensors refuse it.
 """

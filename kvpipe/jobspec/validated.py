@@ -177,6 +177,9 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
     for index, strategy in enumerate(typed.fallback):
         require_choice(f"fallback[{index}]", strategy, cache_strategies.names())
         require_choice(f"fallback[{index}]", strategy, batch_caches)  # it retries one batch: no continuous one
+    # press.rolling as the protocol means it, so that the spec, its key and its params say what runs
+    press_class = presses.get(typed.press.name)
+    typed.press = replace(typed.press, rolling=press_class.resolved_rolling(typed.press.protocol, typed.press.rolling))
     spec = Spec(
         model=typed.model,
         cache=typed.cache,
@@ -196,8 +199,7 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
     for group in [g for g in chosen if g != "cache"]:
         warnings += options.ignored_warnings(group, chosen[group])
     naming = tuple(kind.name for kind in workloads.registered() if kind.names_question)
-    press = presses.get(typed.press.name)
-    warnings += press.check_protocol(typed.press.protocol, spec.bound_workload, naming)
+    warnings += press_class.check_protocol(typed.press.protocol, spec.bound_workload, naming)
     warnings += spec.bound_workload.notes()
     _check_questions_after_context(spec)
     _check_sessions(spec)

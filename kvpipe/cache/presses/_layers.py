@@ -24,7 +24,7 @@ def evicting_update(layer, key_states, value_states, *args, **kwargs):
     `attach`), so the layer stays of its own class."""
     if layer.is_initialized:
         keys, values = type(layer).update(layer, key_states, value_states, *args, **kwargs)
-        if layer.press.bounds:
+        if layer.press.rolls:
             layer.press.trim(layer, layer.prompt_tokens)
         return keys, values
     layer.prompt = key_states, value_states, args, kwargs  # stored by `store_what_the_press_keeps`

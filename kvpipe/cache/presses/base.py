@@ -5,7 +5,7 @@ A press removes prompt tokens from each full-attention layer's cache once the pr
 settings, their checks, how it scores prompt tokens (its `score`, on torch tensors, loaded only when
 a cache is built) and so the tokens and bytes a layer holds. Prefill attention still reads
 every prompt token; the cache keeps the press's choice, then grows as usual (or, for a press that
-`bounds` the cache, stays at its budget). Sliding-window layers are left as they are: they already
+rolls, `press.rolling`, stays at its budget). Sliding-window layers are left as they are: they already
 keep a window. A strategy composes the press with its own layers (`CacheStrategy.press`); nobody
 else names a press. Definitions follow NVIDIA's kvpress (`kvpress/presses/*_press.py`) and the
 papers it cites; the code is kvpipe's own. Pure Python at import.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import ClassVar, Mapping, Optional
 
 from kvpipe.errors import ConfigError, require_choice
 from kvpipe.registry import Registered, Registry
@@ -41,6 +41,10 @@ class Common:
     """The press.* settings every press reads."""
 
     protocol: str = QUERY_AWARE  # query_aware | query_agnostic: whether the press sees the question
+    # whether a press that has a rolling form (streaming) presses the cache again while the question and
+    # the answer are fed; null: the protocol's (rolling under query_aware, as every run before this
+    # setting; compressed once under query_agnostic, as kvpress's pipeline and leaderboard do)
+    rolling: Optional[bool] = None
 
 
 class Press(Registered):
@@ -49,7 +53,9 @@ class Press(Registered):
     registry: ClassVar[Registry[Press]] = Registry("press.name")
     Settings: ClassVar[type]
     evicts: ClassVar[bool] = True  # False only for press=none
-    bounds: ClassVar[bool] = False  # keeps evicting while decoding: the cache never grows past its budget
+    # has a rolling form (press.rolling): keeps evicting while decoding, so the cache never grows past its
+    # budget; every such press rolled, under either protocol, before press.rolling existed
+    can_roll: ClassVar[bool] = False
     needs_queries: ClassVar[bool] = False  # recomputes the prompt's queries: only from attention kvpipe has read
     # model types whose attention kvpipe has read: q_proj, an optional q_norm, then rotary embeddings on
     # every channel (tests/test_presses.py checks each against transformers' own classes)
@@ -65,6 +71,7 @@ class Press(Registered):
     def __init__(self, press_cfg):
         self.settings = self.Settings(**{f.name: getattr(press_cfg, f.name) for f in dataclasses.fields(self.Settings)})
         self.protocol = getattr(press_cfg, "protocol", None) or QUERY_AWARE  # a run recorded before protocols: aware
+        self.rolls = self.rolling_for(self.protocol, getattr(press_cfg, "rolling", None))
 
     # ---- what it reads ------------------------------------------------------------------------
 
@@ -75,9 +82,34 @@ class Press(Registered):
         if not cls.evicts:
             return ()  # press=none: every job keyed and logged as before presses existed
         own = ("press.name", *(f"press.{f.name}" for f in dataclasses.fields(cls.Settings)))
-        if press_cfg is not None and (getattr(press_cfg, "protocol", None) or QUERY_AWARE) == QUERY_AWARE:
-            return own
-        return (*own, "press.protocol")
+        if press_cfg is None:
+            return (*own, "press.protocol", "press.rolling")
+        protocol = getattr(press_cfg, "protocol", None) or QUERY_AWARE
+        rolls = cls.rolling_for(protocol, getattr(press_cfg, "rolling", None))
+        # press.rolling only where it does otherwise than every run recorded before it (a rolling press rolled)
+        return (*own, *(("press.protocol",) if protocol != QUERY_AWARE else ()), *(("press.rolling",) if rolls != cls.can_roll else ()))
+
+    @classmethod
+    def rolling_for(cls, protocol: str, rolling: Optional[bool]) -> bool:
+        """Whether the press rolls under `protocol` with press.rolling set to `rolling` (None: unset)."""
+        if not cls.can_roll:
+            return False
+        return protocol == QUERY_AWARE if rolling is None else bool(rolling)
+
+    @classmethod
+    def resolved_rolling(cls, protocol: str, rolling: Optional[bool]) -> Optional[bool]:
+        """press.rolling as a spec holds it: what it means under `protocol` (None for press=none);
+        true refused in one line for a press with no rolling form."""
+        if not cls.evicts:
+            return rolling
+        if rolling and not cls.can_roll:
+            rollers = " or ".join(f"press={c.name}" for c in cls.registry.registered() if c.can_roll)
+            raise ConfigError(
+                "press.rolling", rolling,
+                f"press={cls.name} scores the prompt once and has no rolling form; expected press.rolling=false "
+                f"(or null), or {rollers}",
+            )  # fmt: skip
+        return cls.rolling_for(protocol, rolling)
 
     @classmethod
     def command_overrides(cls, params: Mapping[str, str]) -> list[str]:
@@ -97,8 +129,12 @@ class Press(Registered):
         return [{"press": cls.name, "press.ratio": str(ratio)} for ratio in cls.search_ratios] if cls.evicts else []
 
     def label(self) -> str:
-        """'snapkv0.5' ('snapkv0.5-query_agnostic'): how tables name it beside the cache."""
-        return self.name_with_settings() + ("" if self.protocol == QUERY_AWARE else f"-{self.protocol}")
+        """'snapkv0.5' ('snapkv0.5-query_agnostic', 'streaming0.5-query_agnostic-rolling'): how tables
+        name it beside the cache; press.rolling only where it is not the protocol's."""
+        label = self.name_with_settings() + ("" if self.protocol == QUERY_AWARE else f"-{self.protocol}")
+        if self.rolls != self.rolling_for(self.protocol, None):
+            label += "-rolling" if self.rolls else "-once"
+        return label
 
     def name_with_settings(self) -> str:
         """'snapkv0.5': the press and what it keeps."""
@@ -194,7 +230,11 @@ class Press(Registered):
     # ---- tokens -------------------------------------------------------------------------------
 
     def kept(self, prompt_tokens: int) -> int:
-        """Prompt tokens a full-attention layer keeps after prefill: the ratio's share removed, rounded down."""
+        """Prompt tokens a full-attention layer keeps after prefill: the ratio's share removed, rounded
+        down; under query_agnostic, kvpress's count, int(n x (1 - ratio)), one fewer where n x ratio is
+        not whole (query_aware keeps the count every run before the protocols was made with)."""
+        if self.protocol == QUERY_AGNOSTIC:
+            return int(prompt_tokens * (1 - self.settings.ratio))
         return prompt_tokens - math.floor(prompt_tokens * self.settings.ratio)
 
     def kept_in(self, module, prompt_tokens: int) -> int:
@@ -244,7 +284,7 @@ class Press(Registered):
         return scores.topk(self.kept_in(module, tokens), dim=-1).indices.sort(dim=-1).values
 
     def trim(self, layer, prompt_tokens: int) -> None:
-        """After a decoding step: what a `bounds` press evicts from the layer (dense layers only)."""
+        """After a decoding step: what a rolling press evicts from the layer (dense layers only)."""
 
 
 REGISTRY = Press.registry.classes  # name -> press class

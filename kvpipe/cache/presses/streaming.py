@@ -1,6 +1,9 @@
 """press=streaming: StreamingLLM (Xiao et al. 2023, "Efficient streaming language models with
 attention sinks"; kvpress's StreamingLLMPress): keep the first `press.sinks` tokens and a recent
-window, at prefill and at every decoding step after it, so the cache never grows past its budget.
+window of the prompt. Rolling (`press.rolling`, the default under press.protocol=query_aware), it
+keeps them again at every decoding step, so the cache never grows past its budget: StreamingLLM's own
+window. Compressed once (the default under query_agnostic, as kvpress's StreamingLLMPress does), the
+question and the answer are appended after what the prompt kept.
 
 `press.window` is the recent window as transformers' sliding layers count it: a decoding step
 attends to the sinks and the last `window` tokens, itself included, so `window - 1` stay cached
@@ -20,8 +23,8 @@ from kvpipe.errors import ConfigError
 class Streaming(Press):
     name = "streaming"
     order = 10
-    bounds = True
-    in_label = ("press.name", "press.ratio", "press.window", "press.protocol")
+    can_roll = True
+    in_label = ("press.name", "press.ratio", "press.window", "press.protocol", "press.rolling")
     composes_with = ("dense",)  # re-quantizing a layer at every step would cost more than it saves
     test_overrides = ("press.sinks=2",)
 
@@ -83,6 +86,8 @@ class Streaming(Press):
         return 0 if s.window is None else s.sinks + s.window - 1
 
     def layer_tokens(self, prompt_tokens: int, new_tokens: int) -> int:
+        if not self.rolls:
+            return super().layer_tokens(prompt_tokens, new_tokens)
         return min(prompt_tokens + new_tokens - 1, self.budget(prompt_tokens))
 
     def protected(self, prompt_tokens: int) -> tuple[int, int]:
