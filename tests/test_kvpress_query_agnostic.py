@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_kvpress_parity import assert_same_kept
 from transformers import DynamicCache
 
 from kvpipe import model as models
@@ -28,7 +29,6 @@ from kvpipe.workload.base import Batch
 from kvpipe.workload.passkey.prompts import found
 
 from conftest import spec_for
-from test_kvpress_parity import assert_same_kept
 
 DATA = Path(__file__).parent / "data" / "kvpress_query_agnostic.npz"
 PASSKEY = ("workload=passkey", "workload.context_tokens=[1024]", "workload.depths=[0.1,0.5,0.9]", "workload.trials=2")  # fmt: skip
@@ -96,7 +96,9 @@ def answers_for_prompt(loaded, carrier, presses, ratios, index: int, prompt: dic
             for layer, ((keys, values), chosen) in enumerate(zip(stored, layers)):
                 at = chosen[None, :, :, None].expand(-1, -1, -1, keys.shape[-1])
                 gathered.update(keys.gather(2, at), values.gather(2, at), layer)
-            tokens = answer(model, gathered, question, context.shape[1], TokenClock(False), NEW_TOKENS, stops, False, pad)
+            tokens = answer(
+                model, gathered, question, context.shape[1], TokenClock(False), NEW_TOKENS, stops, False, pad
+            )
             mask = [torch.zeros(keys.shape[1:3], dtype=torch.bool).scatter(-1, c, True) for c in layers]
             results[f"{name}/{ratio}/{index}"] = (mask, decoded(loaded, tokens[0]))
     return results

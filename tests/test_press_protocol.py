@@ -213,7 +213,9 @@ def test_rolling_is_keyed_logged_and_labelled_only_where_it_differs_from_what_ru
     assert "press.rolling=false" in aware_once.strategy.describe().split()
     knorm = spec_for(*PASSKEY, "press=knorm", AGNOSTIC)  # nothing to roll: keyed as before the setting
     assert "press.rolling" not in knorm.params()
-    assert knorm.measurement_key() == spec_for(*PASSKEY, "press=knorm", AGNOSTIC, "press.rolling=false").measurement_key()
+    assert (
+        knorm.measurement_key() == spec_for(*PASSKEY, "press=knorm", AGNOSTIC, "press.rolling=false").measurement_key()
+    )
 
 
 def test_rolling_a_press_that_scores_the_prompt_once_is_refused_in_one_line():

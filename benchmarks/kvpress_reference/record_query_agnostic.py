@@ -26,7 +26,6 @@ import torch
 import transformers
 from kvpress import KnormPress, SnapKVPress, StreamingLLMPress
 from kvpress.pipeline import KVPressTextGenerationPipeline
-
 from record import kept_mask
 
 RATIOS = (0.25, 0.5, 0.75)
@@ -66,7 +65,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     prompts = json.loads(Path(args.prompts).read_text())
-    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="sdpa", dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        args.model, attn_implementation="sdpa", dtype=torch.float32
+    )
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     pipe = KVPressTextGenerationPipeline(model=model.eval(), tokenizer=tokenizer)
     arrays, answers = {}, {}

@@ -87,7 +87,11 @@ class Press(Registered):
         protocol = getattr(press_cfg, "protocol", None) or QUERY_AWARE
         rolls = cls.rolling_for(protocol, getattr(press_cfg, "rolling", None))
         # press.rolling only where it does otherwise than every run recorded before it (a rolling press rolled)
-        return (*own, *(("press.protocol",) if protocol != QUERY_AWARE else ()), *(("press.rolling",) if rolls != cls.can_roll else ()))
+        return (
+            *own,
+            *(("press.protocol",) if protocol != QUERY_AWARE else ()),
+            *(("press.rolling",) if rolls != cls.can_roll else ()),
+        )
 
     @classmethod
     def rolling_for(cls, protocol: str, rolling: Optional[bool]) -> bool:
