@@ -169,6 +169,8 @@ class Press(Registered):
             f"cache={strategy} preallocates or moves its layers, so evicting would free nothing"
             if layers is None
             else f"press={self.name} evicts at every decoding step, which a {layers} layer would redo in full each time"
+            if self.rolls
+            else f"kvpipe keeps press={self.name} on {' or '.join(self.composes_with)} layers only, not {layers} ones"
         )
         raise ConfigError("press.name", self.name, f"{why}; expected {self.compatible_caches()}")
 
