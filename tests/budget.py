@@ -19,6 +19,7 @@ FILES_S: dict[str, float] = {
     "test_resilience.py": 59,
     "test_pipeline.py": 45,
     "test_kvpress_parity.py": 43,
+    "test_kvpress_query_agnostic.py": 60,  # six 1,024-token prefills and 24 answers of the embedded model (2026-12-06)
     "test_launchers.py": 43,
     "test_capacity.py": 41,
     "test_sliding_window.py": 39,

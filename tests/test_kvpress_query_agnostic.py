@@ -6,8 +6,8 @@ and 0.75, kvpipe keeps the same positions in every layer and KV head and finds t
 
 One prefill per prompt serves every press: the context's forward does not depend on what the cache
 keeps, so the hook of the job's own cache (streaming 0.5, query_agnostic, answered by the job's own
-`generate_after_context`) hands each press what it would see, and each other press answers from the
-context's keys and values gathered at what it keeps."""
+`generate_after_context`) hands each press what it would see, and the presses answer from the context's
+keys and values gathered at what each keeps, the three of one ratio as one batch (they keep as many)."""
 
 from __future__ import annotations
 
@@ -91,16 +91,19 @@ def answers_for_prompt(loaded, carrier, presses, ratios, index: int, prompt: dic
     with torch.inference_mode():
         generated, _ = generate_after_context(model, batch, cache, TokenClock(False), NEW_TOKENS, stops, False, pad)
         results = {f"{CARRIER[0]}/{CARRIER[1]}/{index}/job": (None, decoded(loaded, generated[0, ids.shape[1] :]))}
-        for (name, ratio), layers in kept.items():
-            gathered = DynamicCache(config=model.config)
-            for layer, ((keys, values), chosen) in enumerate(zip(stored, layers)):
-                at = chosen[None, :, :, None].expand(-1, -1, -1, keys.shape[-1])
-                gathered.update(keys.gather(2, at), values.gather(2, at), layer)
-            tokens = answer(
-                model, gathered, question, context.shape[1], TokenClock(False), NEW_TOKENS, stops, False, pad
-            )
-            mask = [torch.zeros(keys.shape[1:3], dtype=torch.bool).scatter(-1, c, True) for c in layers]
-            results[f"{name}/{ratio}/{index}"] = (mask, decoded(loaded, tokens[0]))
+        for ratio in sorted({ratio for _, ratio in kept}):  # every press keeps as many at one ratio: one batch
+            names, gathered = list(presses), DynamicCache(config=model.config)
+            for layer, (keys, values) in enumerate(stored):
+                chosen = torch.stack([kept[name, ratio][layer] for name in names])
+                at = chosen[..., None].expand(-1, -1, -1, keys.shape[-1])
+                rows = (len(names), -1, -1, -1)
+                gathered.update(keys.expand(rows).gather(2, at), values.expand(rows).gather(2, at), layer)
+            asked = question.expand(len(names), -1)
+            tokens = answer(model, gathered, asked, context.shape[1], TokenClock(False), NEW_TOKENS, stops, False, pad)
+            for row, name in enumerate(names):
+                layers = kept[name, ratio]
+                mask = [torch.zeros(keys.shape[1:3], dtype=torch.bool).scatter(-1, c, True) for c in layers]
+                results[f"{name}/{ratio}/{index}"] = (mask, decoded(loaded, tokens[row]))
     return results
 
 
