@@ -14,7 +14,7 @@ from kvpipe.job.runner import run_job
 from kvpipe.measure import quality
 from kvpipe.model.fingerprint import fingerprint
 
-from conftest import spec_for
+from conftest import REPO, spec_for
 
 TINY = ("model=tiny_random", "tracking=off", "workload.max_new_tokens=4", "workload.warmup=0",
         "workload.repeats=1", "quality.windows=2", "quality.scored_tokens=16")  # fmt: skip
@@ -70,9 +70,20 @@ def test_an_unusable_entry_is_recomputed_never_trusted(store, monkeypatch, damag
 def _keys(spec) -> list[str]:
     loaded = model.load(spec.model)
     workload = spec.bound_workload
+    tokens = f"tokens of {quality.batches_digest(workload.batches(loaded.tokenizer, loaded.device))}"
     return [
-        quality.disk_key(loaded, spec, quality.reference_key(loaded, spec, workload, w)) for w in ("tokens", "windows")
+        quality.disk_key(loaded, spec, quality.reference_key(loaded, spec, workload, w)) for w in (tokens, "windows")
     ]
+
+
+@pytest.mark.slow  # a served job and a batch job with their quality passes
+def test_a_served_jobs_reference_is_not_taken_for_a_batch_job_on_the_same_prompts(store):
+    labelled = (*TINY, "workload=dataset", f"workload.path={REPO / 'examples' / 'questions.jsonl'}")
+    served = run_job(spec_for(*labelled, "load=concurrency", "load.requests=2"))  # two of the file's prompts
+    whole = run_job(spec_for(*labelled))
+    assert len(served.scored.answers) == 2  # hence a reference for those two only
+    assert len(whole.scored.answers) == len((REPO / "examples" / "questions.jsonl").read_text().splitlines())
+    assert all(answer.reference_correct is not None for answer in whole.scored.answers)
 
 
 def _writer(folder: str, key: str, seed: int) -> None:

@@ -165,7 +165,7 @@ def measure(loaded: LoadedModel, spec, workload, batches, generated: list, setup
 def reference_key(loaded: LoadedModel, spec, workload, what: str) -> tuple:
     """What a reference depends on: the model, its dtype, the workload's own defining fields (with
     how its calls generate, for the greedy tokens), and for windows the quality settings."""
-    generation = what == "tokens"
+    generation = what.startswith("tokens")
     quality = () if generation else (spec.quality.windows, scored_tokens(spec))
     return (what, config_key(spec.model), loaded.dtype, workload.reference_key(generation), quality)
 
@@ -206,8 +206,22 @@ def disk_key(loaded: LoadedModel, spec, key: tuple) -> str | None:
 
 
 def reference_tokens(loaded: LoadedModel, spec, workload, batches) -> list:
-    """Greedy tokens of the full-precision DynamicCache on the job's batches ([batch, steps] each)."""
-    return stored(loaded, spec, workload, "tokens", lambda: _greedy_tokens(loaded, spec, batches))
+    """Greedy tokens of the full-precision DynamicCache on the job's batches ([batch, steps] each),
+    keyed by those batches too: a served job scores only the prompts it served, in its own batches,
+    and another job on the same workload must not read that reference as its own."""
+    what = f"tokens of {batches_digest(batches)}"
+    return stored(loaded, spec, workload, what, lambda: _greedy_tokens(loaded, spec, batches))
+
+
+def batches_digest(batches) -> str:
+    """The batches' prompts and masks, hashed: equal for the same tokens in the same batches."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for batch in batches:
+        for tensor in (batch.input_ids, batch.attention_mask):
+            digest.update(repr(tuple(tensor.shape)).encode() + tensor.cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _greedy_tokens(loaded: LoadedModel, spec, batches) -> list:
