@@ -101,7 +101,9 @@ def test_a_job_scores_every_question_and_records_the_compression_once_and_the_co
     assert metrics["task_answers"] == 6 and 0 <= metrics["task_accuracy"] <= 1
     assert 0 < metrics["context_prefill_ms"] < metrics["ttft_ms"]
     context = int(metrics["prompt_tokens"])
-    assert metrics["kv_cache_tokens"] == int(context * 0.5)  # the compressed context (kvpress's count), as questions found it
+    assert metrics["kv_cache_tokens"] == int(
+        context * 0.5
+    )  # the compressed context (kvpress's count), as questions found it
     assert plain.metrics["kv_cache_tokens"] == context
     assert metrics["kv_cache_bytes"] * context == plain.metrics["kv_cache_bytes"] * metrics["kv_cache_tokens"]
 
