@@ -11,6 +11,7 @@ which a struct schema per option would refuse at composition. Pure Python.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from typing import Any
 
@@ -42,7 +43,9 @@ def typed(group: str, node) -> Typed:
     shared = {f.name for f in dataclasses.fields(common)} if common else set()
     given = {k: v for k, v in values.items() if k in own and (v is not None or k in shared)}
     try:
-        checked = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(option), given))
+        checked = plainly_typed(option, given)
+        if checked is None:
+            checked = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(option), given))
     except ValidationError as exc:
         key = str(exc.key)
         expected = type_text(typing.get_type_hints(option)[key])
@@ -51,6 +54,60 @@ def typed(group: str, node) -> Typed:
         ) from None
     ignored = {k: v for k, v in values.items() if k not in own and _given(registry, k, v)}
     return Typed(checked, ignored)
+
+
+_NOT_PLAIN = object()
+
+
+def plainly_typed(option: type, given: dict[str, Any]):
+    """The option's dataclass built straight from `given`, where each value already has its field's
+    plain type (bool, int, str, a float or an int for a float, null where the field allows it) and
+    every other field has a default: what OmegaConf's merge and to_object build, without their cost
+    (~2 ms a group, ~10 ms a composition). None where OmegaConf must convert or check something."""
+    hints = _hints(option)
+    for setting in dataclasses.fields(option):
+        if not setting.init or (setting.name not in given and _has_no_default(setting)):
+            return None
+    plain = {key: _plain(hints[key], value) for key, value in given.items()}
+    if any(value is _NOT_PLAIN for value in plain.values()):
+        return None
+    return option(**plain)
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(option: type) -> dict[str, Any]:
+    return typing.get_type_hints(option)
+
+
+def _has_no_default(setting: dataclasses.Field) -> bool:
+    return setting.default is dataclasses.MISSING and setting.default_factory is dataclasses.MISSING
+
+
+def _plain(hint, value):
+    """`value` as a field of type `hint` holds it, or _NOT_PLAIN where OmegaConf would have to decide."""
+    if typing.get_origin(hint) is typing.Union:
+        rest = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        if value is None:
+            return None if len(rest) < len(typing.get_args(hint)) else _NOT_PLAIN
+        if len(rest) != 1:
+            return _NOT_PLAIN
+        hint = rest[0]
+    kind = type(value)
+    if hint is typing.Any:  # a value of any plain kind, or a list of such (workload.repeats, context_tokens)
+        if kind is list:
+            return _plain(list[typing.Any], value)
+        return _plain(kind, value) if kind in (bool, int, float, str) else _NOT_PLAIN
+    if typing.get_origin(hint) is list and kind is list:
+        (item,) = typing.get_args(hint) or (typing.Any,)
+        items = [_NOT_PLAIN if type(v) is list else _plain(item, v) for v in value]
+        return _NOT_PLAIN if any(v is _NOT_PLAIN for v in items) else items
+    if hint is float and kind in (int, float):
+        return float(value)
+    if hint in (bool, int) and kind is hint:
+        return value
+    if hint is str and kind is str and value != "???" and "${" not in value:  # OmegaConf's missing and interpolations
+        return value
+    return _NOT_PLAIN
 
 
 def ignored_warnings(group: str, typed_option: Typed) -> list[str]:
