@@ -230,3 +230,14 @@ def test_query_agnostic_keeps_kvpresss_count_where_the_ratios_share_is_not_whole
     agnostic = spec_for(*PASSKEY, "press=knorm", "press.ratio=0.25", AGNOSTIC).strategy.press
     assert aware.kept(101) == 101 - 25 and agnostic.kept(101) == int(101 * 0.75) == 75
     assert aware.kept(100) == agnostic.kept(100) == 75
+
+
+def test_a_run_that_rolled_is_spelled_back_as_rolling_and_one_compressed_once_as_the_default():
+    streaming = presses.get("streaming")
+    before = {"press.name": "streaming", "press.ratio": "0.5", "press.protocol": "query_agnostic"}  # logged no rolling
+    assert "press.rolling=true" in streaming.command_overrides(before)
+    once = spec_for(*PASSKEY, "press=streaming", AGNOSTIC)
+    words = streaming.command_overrides(once.params())
+    assert "press.rolling=false" in words and spec_for(*PASSKEY, *words).measurement_key() == once.measurement_key()
+    aware = spec_for(*PASSKEY, "press=streaming")
+    assert not any("rolling" in w for w in streaming.command_overrides(aware.params()))

@@ -102,3 +102,15 @@ def test_goodput_counts_right_answers_where_every_run_weighed_judged_them():
     runs.loc[runs.index[1], "metrics.goodput_correct_requests_per_s"] = float("nan")
     chosen, (what, why) = choose_for_service(runs, Limits(), "goodput")
     assert what.startswith("dynamic at concurrency(16)") and why.startswith("the most goodput of the 2 serving runs")
+
+
+def test_a_use_line_for_a_streaming_run_that_rolled_under_query_agnostic_says_so():
+    from kvpipe.decide.recommend import use_command
+
+    params = {"press.name": "streaming", "press.ratio": "0.5", "press.protocol": "query_agnostic"}
+    recorded = "workload=passkey press=streaming press.protocol=query_agnostic"  # before press.rolling existed
+    rolled = with_overrides(fake_runs({"cache": "dynamic+streaming0.5-query_agnostic", "params": params}), recorded)
+    assert use_command(rolled.iloc[0]).endswith("press.protocol=query_agnostic press.rolling=true")
+    once = {**params, "press.rolling": "false"}  # compressed once, the default since: logged
+    runs = with_overrides(fake_runs({"cache": "dynamic+streaming0.5-query_agnostic", "params": once}), recorded)
+    assert "rolling" not in use_command(runs.iloc[0])

@@ -213,8 +213,11 @@ def use_command(run) -> str:
     strategy's overrides from the registry."""
     recorded = run.get(mlflow_tags.column(mlflow_tags.OVERRIDES))
     if isinstance(recorded, str):
-        words = [] if recorded == "(defaults)" else shlex.split(recorded)
-        return shlex.join(["python", "-m", "kvpipe", *reproducing(words, read_by(run))])
+        words = reproducing([] if recorded == "(defaults)" else shlex.split(recorded), read_by(run))
+        params, _, press = _cache_of(run)
+        if press.rolled_unsaid(params) and not any(word.startswith("press.rolling=") for word in words):
+            words.append("press.rolling=true")  # it rolled, where its recorded words now compress once
+        return shlex.join(["python", "-m", "kvpipe", *words])
     return "python -m kvpipe " + " ".join(cache_overrides(run))
 
 

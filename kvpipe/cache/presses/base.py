@@ -117,7 +117,9 @@ class Press(Registered):
 
     @classmethod
     def command_overrides(cls, params: Mapping[str, str]) -> list[str]:
-        """press=NAME and the settings off their YAML defaults."""
+        """press=NAME and the settings off their YAML defaults; press.rolling=true for a run of a
+        rolling press that logged no press.rolling under query_agnostic (it rolled, as every run before
+        the setting did, where the protocol's default now compresses once)."""
         if not cls.evicts:
             return []
         words = [f"press={cls.name}"]
@@ -125,7 +127,15 @@ class Press(Registered):
             value = params.get(f"press.{setting.name}")
             if value is not None and value != param_text(setting.default):
                 words.append(f"press.{setting.name}={value}")
-        return words
+        return [*words, "press.rolling=true"] if cls.rolled_unsaid(params) else words
+
+    @classmethod
+    def rolled_unsaid(cls, params: Mapping[str, str]) -> bool:
+        """Whether a run with these params rolled where the protocol's default now does not, without
+        logging press.rolling (a rolling press's run under query_agnostic made before the setting, or
+        with press.rolling=true, which is keyed as those were): its command must say press.rolling=true."""
+        protocol = params.get("press.protocol") or QUERY_AWARE
+        return cls.can_roll and "press.rolling" not in params and not cls.rolling_for(protocol, None)
 
     @classmethod
     def search_points(cls) -> list[dict[str, str]]:
