@@ -59,8 +59,9 @@ def kept_mask(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     return same.any(dim=-2)
 
 
-def record_press(model, press, input_ids) -> np.ndarray:
-    """[layers, kv_heads, tokens] bool: what `press` keeps in each layer, for one prompt."""
+def recording(press) -> dict:
+    """`press` made to record what its own `compress` keeps, into the dict returned (layer index ->
+    [kv_heads, tokens] bool mask), as it runs."""
     masks = {}
     compress = press.compress
 
@@ -70,9 +71,30 @@ def record_press(model, press, input_ids) -> np.ndarray:
         return kept_keys, kept_values
 
     press.compress = recording_compress
+    return masks
+
+
+def stacked(masks: dict) -> np.ndarray:
+    """[layers, kv_heads, tokens] bool, from `recording`'s masks."""
+    return torch.stack([masks[index] for index in sorted(masks)]).numpy()
+
+
+def made_by() -> dict:
+    """How a recording was made: the command, the versions and the machine (its `meta`)."""
+    return {
+        "command": "python " + " ".join(shlex.quote(word) for word in sys.argv),
+        "versions": {p: version(p) for p in ("kvpress", "transformers", "torch", "numpy")},
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
+
+
+def record_press(model, press, input_ids) -> np.ndarray:
+    """[layers, kv_heads, tokens] bool: what `press` keeps in each layer, for one prompt."""
+    masks = recording(press)
     with torch.no_grad(), press(model):
         model(input_ids, past_key_values=transformers.DynamicCache(config=model.config))
-    return torch.stack([masks[index] for index in sorted(masks)]).numpy()
+    return stacked(masks)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -97,10 +119,7 @@ def main(argv: list[str] | None = None) -> None:
                 arrays[f"{name}/{ratio}/{index}"] = np.packbits(mask, axis=-1)
             print(f"{name} {ratio}: recorded", file=sys.stderr)
     meta = {
-        "command": "python " + " ".join(shlex.quote(word) for word in sys.argv),
-        "versions": {p: version(p) for p in ("kvpress", "transformers", "torch", "numpy")},
-        "python": platform.python_version(),
-        "machine": platform.machine(),
+        **made_by(),
         "presses": {
             name: {"kvpress": c.__name__, "settings": s, "attn_implementation": a}
             for name, (c, s, a) in PRESSES.items()

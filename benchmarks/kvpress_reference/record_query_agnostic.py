@@ -1,7 +1,7 @@
 """Record kvpress under its own query-agnostic protocol: for each press x compression ratio and each
 passkey prompt, the context pressed alone by kvpress's pipeline (`KVPressTextGenerationPipeline._forward`:
 prefill with the press, then its greedy `generate_answer` on the question), the positions each layer
-and KV head kept, and the answer. `tests/test_kvpress_parity.py` holds kvpipe's
+and KV head kept, and the answer. `tests/test_kvpress_query_agnostic.py` holds kvpipe's
 `press.protocol=query_agnostic` to them.
 
 Like record.py, this runs in kvpress's own venv and never imports kvpipe; the prompts come from
@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import re
-import shlex
 import sys
-from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +23,7 @@ import torch
 import transformers
 from kvpress import KnormPress, SnapKVPress, StreamingLLMPress
 from kvpress.pipeline import KVPressTextGenerationPipeline
-from record import kept_mask
+from record import made_by, recording, stacked
 
 RATIOS = (0.25, 0.5, 0.75)
 PRESSES = {"streaming": (StreamingLLMPress, {"n_sink": 4}), "knorm": (KnormPress, {}), "snapkv": (SnapKVPress, {"window_size": 64})}  # fmt: skip
@@ -40,21 +37,11 @@ def found(answer: str, key: str) -> bool:
 
 def answer_with(pipe, press, prompt: dict) -> tuple[str, np.ndarray | None]:
     """kvpress's own pipeline on token ids: the answer, and what each layer kept ([layers, heads, tokens])."""
-    masks = {}
-    if press is not None:
-        compress = press.compress
-
-        def recording_compress(module, hidden_states, keys, values, attentions, kwargs):
-            kept_keys, kept_values = compress(module, hidden_states, keys, values, attentions, kwargs)
-            masks[module.layer_idx] = kept_mask(keys, kept_keys)[0]
-            return kept_keys, kept_values
-
-        press.compress = recording_compress
+    masks = {} if press is None else recording(press)
     inputs = {"context_ids": torch.tensor([prompt["context"]]), "questions_ids": [torch.tensor([prompt["question"]])]}
     with torch.no_grad():
         (answer,) = pipe._forward(inputs, max_new_tokens=MAX_NEW_TOKENS, press=press)
-    kept = torch.stack([masks[index] for index in sorted(masks)]).numpy() if masks else None
-    return answer, kept
+    return answer, stacked(masks) if masks else None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,10 +69,7 @@ def main(argv: list[str] | None = None) -> None:
             hits = sum(found(answers[f"{name}/{ratio}/{i}"], p["key"]) for i, p in enumerate(prompts))
             print(f"{name} {ratio}: {hits} of {len(prompts)} keys found", file=sys.stderr)
     meta = {
-        "command": "python " + " ".join(shlex.quote(word) for word in sys.argv),
-        "versions": {p: version(p) for p in ("kvpress", "transformers", "torch", "numpy")},
-        "python": platform.python_version(),
-        "machine": platform.machine(),
+        **made_by(),
         "presses": {name: {"kvpress": c.__name__, "settings": s} for name, (c, s) in PRESSES.items()},
         "attn_implementation": "sdpa",
         "max_new_tokens": MAX_NEW_TOKENS,
