@@ -43,10 +43,16 @@ KINDS = (
     ("Hydra", ("/hydra/", "/omegaconf/")),
     ("plots", ("/matplotlib/",)),
 )
+# kvpipe's own Python (a job's set-up, its workload's prompts, its records), where no kind above is inside it
+KVPIPE, KVPIPE_CODE = "kvpipe's own code", str(Path(__file__).resolve().parents[1] / "kvpipe") + "/"
 
 
 def _kind_of(frame) -> str:
-    """The kind of the innermost frame (from the top of the stack down) that KINDS names."""
+    """The kind of the innermost frame (from the top of the stack down) that KINDS names. Hydra runs
+    kvpipe's jobs (its launcher calls the task function), so a sample in kvpipe's own code under
+    Hydra's frames, with nothing more specific inside, is kvpipe's, not Hydra's; so is one that no
+    kind names at all."""
+    in_kvpipe = False
     while frame is not None:
         code = frame.f_code
         where = code.co_filename.replace(os.sep, "/")
@@ -54,9 +60,10 @@ def _kind_of(frame) -> str:
             for mark in marks:
                 file_part, _, function = mark.partition(":")
                 if file_part in where and (not function or function == code.co_name):
-                    return kind
+                    return KVPIPE if kind == "Hydra" and in_kvpipe else kind
+        in_kvpipe = in_kvpipe or where.startswith(KVPIPE_CODE)
         frame = frame.f_back
-    return "other"
+    return KVPIPE if in_kvpipe else "other"
 
 
 class _Sampler(threading.Thread):

@@ -22,6 +22,24 @@ def test_a_moment_is_filed_under_the_innermost_kind_on_the_stack():
     assert census._kind_of(frame_in("/repo/kvpipe/model/loading.py", "dtype_name")) == "other"
 
 
+def frame_under(outer_path: str, inner_path: str):
+    """A live frame in `inner_path`, called from a frame in `outer_path` (Hydra's launcher running a
+    job, or a job composing a config)."""
+    namespace: dict = {}
+    exec(compile("def inner(sys):\n    return sys._getframe()\n", inner_path, "exec"), namespace)
+    exec(compile("def outer(sys):\n    return inner(sys)\n", outer_path, "exec"), namespace)
+    return namespace["outer"](sys)
+
+
+def test_kvpipe_s_own_code_under_hydra_s_launcher_is_kvpipe_s_and_hydra_inside_kvpipe_is_hydra_s():
+    job = census.KVPIPE_CODE + "job/runner.py"
+    launcher = "/venv/site-packages/hydra/core/utils.py"
+    assert census._kind_of(frame_under(launcher, job)) == census.KVPIPE
+    assert census._kind_of(frame_under(job, launcher)) == "Hydra"
+    assert census._kind_of(frame_in(job)) == census.KVPIPE  # no kind named: kvpipe's, not "other"
+    assert census._kind_of(frame_under(launcher, census.KVPIPE_CODE + "measure/quality.py")) == "quality"
+
+
 def test_workers_parts_add_up_file_by_file_and_kind_by_kind():
     one = {"files": {"tests/test_a.py": {"wall_s": 2.0, "children_cpu_s": 1.0, "tests": 3}},
            "kinds_s": {"imports": 5.0}, "before_first_test_s": 4.0, "session_s": 9.0}  # fmt: skip
