@@ -15,12 +15,17 @@ _PARSED: dict[tuple[str, str], object] = {}
 
 
 def install() -> None:
-    """From now on, a packaged config file is parsed at its first load in this process (idempotent)."""
-    from hydra._internal.core_plugins.importlib_resources_config_source import ImportlibResourcesConfigSource
+    """From now on, a packaged config file is parsed at its first load in this process (idempotent).
+    The class patched is the one Hydra resolves `pkg://` sources to: its plugin scan executes its core
+    plugins' modules again, and registers the class that run makes, not the one imported here."""
+    from hydra._internal.sources_registry import SourcesRegistry
+    from hydra.core.plugins import Plugins
 
-    if getattr(ImportlibResourcesConfigSource.load_config, "parsed_once", False):
+    Plugins.instance()  # Hydra's plugin scan, which registers its config sources (once per process)
+    source = SourcesRegistry.instance().resolve("pkg")
+    if getattr(source.load_config, "parsed_once", False):
         return
-    parse = ImportlibResourcesConfigSource.load_config
+    parse = source.load_config
 
     def load_config(self, config_path: str):
         key = (self.path, config_path)
@@ -29,4 +34,4 @@ def install() -> None:
         return copy.deepcopy(_PARSED[key])
 
     load_config.parsed_once = True
-    ImportlibResourcesConfigSource.load_config = load_config
+    source.load_config = load_config
