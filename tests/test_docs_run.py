@@ -2,12 +2,13 @@
 docs/*.md runs here on the tiny model, each page's in page order against a store of its own, so a
 `compare` or `recommend` finds the sweeps the page showed before it. Every command is shrunk the
 same way (`shrunk`): the tiny model; one round, one thread, no warm-up call and eight tokens of one
-window scored for quality unless it sets them; at most two new tokens and one sample of each task
-even where it sets more (RULER's examples ask 64 tokens of two samples); two rounds at most on
-repeats=auto; three advise trials, two requests per capacity point, at most 16 per load; what it says stays. A command shown with its
-`kvpipe: error:` must fail with that error; every other one must exit 0 and warn of no setting it
-did not give. A command shown again, shrunk alike, runs where it is shown first, unless a compare or
-recommend after it on its page reads what it makes (`shown_before`).
+window scored for quality unless it sets them; at most two new tokens and one prompt per cell
+(RULER's samples, passkey's trials) even where it or its workload sets more (RULER's examples ask
+64 tokens of two samples); two rounds at most on repeats=auto; three advise trials, two requests per
+capacity point, at most 16 per load; what it says stays. A command shown with its `kvpipe: error:`
+must fail with that error; every other one must exit 0 and warn of no setting it did not give. A
+command shown again, shrunk alike, runs where it is shown first, unless a compare or recommend after
+it on its page reads what it makes (`shown_before`).
 
 A page's commands run on one xdist worker, in page order; the pages spread over the workers. Where
 the time goes: `make test-census` (tests/census.py)."""
@@ -46,7 +47,11 @@ AT_MOST = {
     "hydra.sweeper.trials": 3,
     "workload.max_new_tokens": 2,
     "workload.samples": 1,
+    "workload.trials": 1,
 }
+# Prompts per cell, where a workload draws several (RULER's samples per task and length, passkey's
+# trials per length and depth): one, whether the command sets them or its workload's defaults do
+PER_CELL = {"ruler": "workload.samples=1", "passkey": "workload.trials=1"}
 # A command on repeats=auto measures until its figures settle, up to 30 rounds: its rule runs in two
 AUTO_AT_MOST = "workload.max_repeats=2"
 # advise's --trials counts configurations, each a whole job; capacity's counts rate points, which
@@ -88,6 +93,9 @@ def shrunk(words: list[str]) -> list[str]:
             out[index] = f"{flag}={min(int(value), at_most[flag])}"
     given = {override_key(w) for w in out}
     added = [w for w in (*MODEL, *([] if subcommand == "plan" else RUN)) if override_key(w) not in given]
+    per_cell = PER_CELL.get(workload_of(out), "")
+    if per_cell and subcommand != "plan" and override_key(per_cell) not in given:
+        added.append(per_cell)
     if "workload.repeats=auto" in out and "workload.max_repeats" not in given:
         added.append(AUTO_AT_MOST)  # rounds until the figures settle: two are enough to run the rule
     if subcommand is not None:
@@ -122,6 +130,19 @@ def shown_before() -> dict[str, str]:
         if same != shown.id and not read_later:
             again[shown.id] = same
     return again
+
+
+def workload_of(words: list[str]) -> str | None:
+    """The one workload a command runs, as it names it or as the preset it names does."""
+    for word in words:
+        key, _, value = word.partition("=")
+        if key == "workload":
+            return value
+        preset = REPO / "conf" / "experiment" / f"{value}.yaml"
+        if key == "+experiment" and preset.exists():
+            named = re.search(r"override /workload: (\w+)", preset.read_text())
+            return named.group(1) if named else None
+    return None
 
 
 def users_own(words: list[str]) -> str | None:
