@@ -40,7 +40,8 @@ FILES_S: dict[str, float] = {
     "test_references.py": 17,
     "test_config.py": 16,
     "test_options_typed.py": 2,  # every option of every group typed both ways (2026-12-06)
-    "test_parsed_once.py": 2,  # a sweep's two jobs composed through Hydra's own loader (2026-12-07)
+    "test_parsed_once.py": 2,
+    "test_composed_once.py": 4,  # 13 choices composed both ways (2026-12-07)  # a sweep's two jobs composed through Hydra's own loader (2026-12-07)
     "test_sweep.py": 22,  # + two real sweeps: the dynamic baseline, figures inside their intervals
     "test_advise_sweep_dir.py": 14,
     "test_press_protocol.py": 14,

@@ -150,6 +150,8 @@ def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     for cache in found["caches"]:
         print(f"  {cache['cache']}: {cache['binds']} binds: {cache['why']}")
+    print(f"  carries: the arrival rate sent · goodput there: requests within both targets a second, over "
+          f"the {requests} requests' first arrival to their last answer")  # fmt: skip
     carrying = [c for c in found["caches"] if c["rate"]]
     if not carrying:
         print(f"\ncapacity: no cache meets {targets.describe()} at any rate tried")
