@@ -2,9 +2,7 @@
 configs that differ in a value each time (as a sweep's jobs and the test suite's specs do), with its
 parts timed. Where kvpipe types each group's chosen option without OmegaConf
 (`kvpipe.jobspec.options.plainly_typed`), the same compositions are also run with that shortcut off,
-alternating with it on, so their ratio comes from one run. Then a first composition of each choice of
-groups (what a new sweep job or test pays), with Hydra's own entries merged once per process
-(`kvpipe.jobspec.composed_once`) and merged again every time, alternating.
+alternating with it on, so their ratio comes from one run.
 
     python benchmarks/composition.py            # 10 rounds of 6 configs
     python benchmarks/composition.py --rounds 30
@@ -16,7 +14,7 @@ import argparse
 import statistics
 import time
 
-from kvpipe.jobspec import compose, composed_once, make_spec, options, schema
+from kvpipe.jobspec import compose, make_spec, options
 
 CONFIGS = [(), ("cache=quantized",), ("press=knorm",), ("workload=passkey",), ("cache=static",), ("load=rate", "cache=paged")]  # fmt: skip
 COMMON = ("model=tiny_random", "tracking=off", "quality=off")
@@ -46,20 +44,6 @@ def composed_ms(round_index: int, shortcut: bool) -> tuple[float, float]:
     return total / len(CONFIGS) * 1e3, typing_s[0] / len(CONFIGS) * 1e3
 
 
-def first_composition_ms(round_index: int, kept: bool) -> float:
-    """ms per first composition of each config's choice of groups (their kept merges forgotten)."""
-    composed_once._MERGED.clear()
-    composed_once._DEFAULTS.clear()
-    node, composed_once.HYDRAS_NODE = composed_once.HYDRAS_NODE, composed_once.HYDRAS_NODE if kept else "-"
-    try:
-        started = time.perf_counter()
-        for config in CONFIGS:
-            schema._compose([*COMMON, *config, f"workload.seed={round_index}"], with_hydra=False)
-        return (time.perf_counter() - started) / len(CONFIGS) * 1e3
-    finally:
-        composed_once.HYDRAS_NODE = node
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -76,16 +60,6 @@ def main() -> None:
         print(f"{label:30s}  {total:6.1f} ms a composition, of which typing the options {typing_ms:5.1f} ms")
     ratios = [a[0] / b[0] for a, b in zip(runs[True], runs[False])]
     print(f"composition time, shortcut / without: {statistics.median(ratios):.2f} (median of {len(ratios)} pairs)")
-    first = {True: [], False: []}
-    for index in range(args.rounds):
-        for kept in (True, False) if index % 2 == 0 else (False, True):
-            first[kept].append(first_composition_ms(index, kept))
-    for kept, label in ((False, "Hydra's entries merged each time"), (True, "Hydra's entries merged once")):
-        print(f"{label:30s}  {statistics.median(first[kept]):6.1f} ms a first composition of a choice of groups")
-    ratios = [a / b for a, b in zip(first[True], first[False])]
-    print(
-        f"first composition, merged once / each time: {statistics.median(ratios):.2f} (median of {len(ratios)} pairs)"
-    )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ FILES_S: dict[str, float] = {
     "test_resilience.py": 59,
     "test_pipeline.py": 45,
     "test_kvpress_parity.py": 43,
-    "test_kvpress_query_agnostic.py": 100,  # six 1,024-token prefills and 24 answer calls of the embedded model: 89 s (2026-12-06)
+    "test_kvpress_query_agnostic.py": 110,  # six 1,024-token prefills and 24 answer calls of the embedded model: 86-103 s (2026-12-07)
     "test_launchers.py": 43,
     "test_capacity.py": 41,
     "test_sliding_window.py": 39,
@@ -41,7 +41,6 @@ FILES_S: dict[str, float] = {
     "test_config.py": 16,
     "test_options_typed.py": 2,  # every option of every group typed both ways (2026-12-06)
     "test_parsed_once.py": 2,
-    "test_composed_once.py": 4,  # 13 choices composed both ways (2026-12-07)  # a sweep's two jobs composed through Hydra's own loader (2026-12-07)
     "test_sweep.py": 22,  # + two real sweeps: the dynamic baseline, figures inside their intervals
     "test_advise_sweep_dir.py": 14,
     "test_press_protocol.py": 14,
