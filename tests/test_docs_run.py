@@ -120,14 +120,14 @@ def shown_before() -> dict[str, str]:
     recommend read the page's runs, so a showing before one of them still runs). The command is the
     same, so what it checks is checked once; compare and recommend themselves read each page's own
     store and always run."""
+    said = [words_shown(shown) for shown in CASES]
+    last_read = {shown.page: index for index, (shown, words) in enumerate(zip(CASES, said)) if reads_runs(words)}
     first, again = {}, {}
-    for index, shown in enumerate(CASES):
-        words = words_shown(shown)
+    for index, (shown, words) in enumerate(zip(CASES, said)):
         if reads_runs(words) or shown.error or shown.id in NOT_HERE or users_own(words):
             continue
         same = first.setdefault(tuple(shrunk(words)), shown.id)
-        read_later = any(c.page == shown.page and reads_runs(words_shown(c)) for c in CASES[index + 1 :])
-        if same != shown.id and not read_later:
+        if same != shown.id and index > last_read.get(shown.page, -1):
             again[shown.id] = same
     return again
 
