@@ -36,6 +36,10 @@ import pytest
 # two threads wait on each other: the same embedded-model job then takes ~15x longer (30 s, not 2 s).
 # Speed is measured by benchmarks/, not by these tests.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# pytest keeps each test file with its asserts rewritten as bytecode in tests/__pycache__, unless
+# writing bytecode is off ($PYTHONDONTWRITEBYTECODE, set on kvpipe's CI machines): then every worker
+# parses and rewrites all ~90 files again at every run, ~5 s of CPU each. The suite writes its own.
+sys.dont_write_bytecode = False
 # A sweep's call after a contended one waits up to 20 s for the machine to go quiet; the tests' workers
 # are each other's neighbours, so it never would: their sweeps measure on (the waiting is tested alone).
 os.environ["KVPIPE_QUIET_WAIT_S"] = "0"
