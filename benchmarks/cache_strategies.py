@@ -1,5 +1,5 @@
 """Every cache strategy on one model and workload, in one process, the jobs taking turns in interleaved
-rounds (kvpipe.job.shared_rounds, as a sweep's do): KV bytes, compression, peak memory (absolute, and over the
+rounds (kvpipe.schedule, as a sweep's do): KV bytes, compression, peak memory (absolute, and over the
 state before the call), decode speed and TPOT with their 95% intervals over the rounds, TPOT against
 dynamic's measured in the same rounds (kvpipe.decide.paired), noise, roofline fraction and compile
 time (table.md), and quality against the full-precision reference (quality.md). Writes markdown

@@ -114,7 +114,7 @@ def test_a_ramp_outlasting_one_request_per_prompt_is_refused_before_the_model_lo
 @pytest.mark.slow  # two quick served jobs on the tiny model: ~3 s
 def test_an_open_loop_records_its_offered_load_and_a_closed_one_does_not(monkeypatch):
     from kvpipe.job.runner import job_for
-    from kvpipe.job.shared_rounds import run_rounds
+    from kvpipe.schedule import run_rounds
 
     monkeypatch.chdir(REPO)
     results = {}

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from types import SimpleNamespace
 
 import pytest
 
 from kvpipe.decide import paired
 from kvpipe.errors import ConfigError
-from kvpipe.job.shared_rounds import RoundTaker, check_turn, run_rounds
 from kvpipe.measure.contention import CpuSample, call_contended, cores, wait_for_quiet
 from kvpipe.measure.round_figures import BATCH_FIGURES, call_tags, decided, firmness_note, mean, round_tags
+from kvpipe.schedule import RoundTaker, check_turn, run_rounds
 
 CALLS = ("short", "long", "short again", "long again")
 
@@ -135,7 +136,7 @@ def test_a_steady_neighbour_crowds_both_calls_of_every_pair_alike_and_every_pair
     assert rounds.excluded == [[], []] and not waits  # nothing left out, nothing waited for
     assert jobs[0].excluded_calls == 0 and jobs[0].paired_calls()["tpot_ms"] == [10.0, 11.0, 12.0, 13.0] * 2
     assert all(held == [cores(), cores()] for one_round in rounds.other_cores for held in one_round)  # recorded
-    from kvpipe.job.call_turns import paired as paired_ratio
+    from kvpipe.schedule import paired as paired_ratio
 
     assert paired_ratio(jobs[1], jobs[0])[0] == pytest.approx(1.0)
 
@@ -231,6 +232,22 @@ def test_repeats_auto_goes_on_to_its_cap_while_a_ratio_is_undecided():
     rounds = run_rounds(wobbly, seed=0, shuffle=True, turn="call", sampler=Machine())
     assert len(rounds.seconds) == 5 and rounds.stopped_by == "max_repeats"
     assert rounds.to_dict(["#0", "#1"])["stopped_by"] == "max_repeats"
+
+
+@pytest.mark.parametrize("turn", ["call", "pass"])
+def test_max_measure_s_caps_every_jobs_measured_seconds_together_under_either_rule(turn, monkeypatch):
+    # a clock that moves 0.5 s each time it is read: every turn (a call, or a whole pass) measures 0.5 s
+    clock = iter(range(100_000))
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock) / 2)
+    # neither rule ever settles: each job's rounds and their ratio swing between 0.75x and 1.3x
+    wobbly = [CallJob(f"#{i}", [], repeats="auto", tpot=lambda r, c, i=i: 10.0 * (1.3 if (r + i) % 2 else 0.75))
+              for i in range(2)]  # fmt: skip
+    for job in wobbly:
+        job.timing.max_measure_s = 20.0
+    rounds = run_rounds(wobbly, seed=0, shuffle=True, turn=turn, sampler=Machine(), quiet_wait_s=0)
+    # 20 s of both jobs' turns: by call, 5 rounds of 2 x 4 calls; by pass, 20 rounds of 2 passes
+    assert len(rounds.seconds) == (5 if turn == "call" else 20)
+    assert rounds.stopped_by == ("max_measure_s" if turn == "call" else None)  # by pass: each job's own rule
 
 
 @pytest.mark.parametrize(

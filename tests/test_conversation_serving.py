@@ -11,7 +11,7 @@ import pytest
 
 from kvpipe.job.phases import eos_ids
 from kvpipe.job.runner import job_for
-from kvpipe.job.shared_rounds import run_rounds
+from kvpipe.schedule import run_rounds
 from kvpipe.workload.base import until_eos
 
 from conftest import TINY, run_cli, spec_for

@@ -25,6 +25,7 @@ FLOORS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("kvpipe.cache",), ("kvpipe.workload",), ("kvpipe.load",)),  # siblings: none imports another
     (("kvpipe.jobspec",),),
     (("kvpipe.measure",),),
+    (("kvpipe.schedule",),),  # the measuring policy: order, guard, stop rule, over a job's calls
     (("kvpipe.job",),),
     (("kvpipe.record",),),
     (("kvpipe.predict",),),  # what a configuration will cost, without running it

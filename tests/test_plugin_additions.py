@@ -266,8 +266,8 @@ def test_a_new_load_is_one_module_and_its_yaml_and_a_served_job_uses_its_arrival
     from kvpipe import load
     from kvpipe.errors import ConfigError
     from kvpipe.job.runner import job_for
-    from kvpipe.job.shared_rounds import run_rounds
     from kvpipe.jobspec import register_schemas
+    from kvpipe.schedule import run_rounds
 
     from conftest import TINY, spec_for
 

@@ -12,7 +12,6 @@ from types import SimpleNamespace
 import pytest
 
 from kvpipe.decide import paired
-from kvpipe.job.shared_rounds import RoundTaker, run_rounds
 from kvpipe.measure.round_figures import (
     BATCH_FIGURES,
     converged,
@@ -22,6 +21,7 @@ from kvpipe.measure.round_figures import (
     round_tags,
 )
 from kvpipe.measure.uncertainty import ratio_interval
+from kvpipe.schedule import RoundTaker, run_rounds
 
 
 class FakeJob(RoundTaker):
@@ -84,19 +84,19 @@ def test_a_job_that_fails_mid_round_stops_alone_and_keeps_its_error():
 
 
 def test_each_round_line_says_the_rounds_left_and_their_eta(caplog):
-    with caplog.at_level(logging.INFO, logger="kvpipe.job.shared_rounds"):
+    with caplog.at_level(logging.INFO, logger="kvpipe.schedule.loop"):
         run_rounds([FakeJob("#0", repeats=2), FakeJob("#1", repeats=3)], seed=0, shuffle=True)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("round ")]
     assert "· 2 rounds left, ETA " in lines[0] and "· 1 round left, ETA " in lines[1]
     assert "left" not in lines[2]  # the last round: nothing left to say
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="kvpipe.job.shared_rounds"):
+    with caplog.at_level(logging.INFO, logger="kvpipe.schedule.loop"):
         run_rounds([FakeJob("#0", repeats="auto"), FakeJob("#1", repeats=3)], seed=0, shuffle=True)
     assert not [r for r in caplog.records if "ETA" in r.getMessage()]  # auto: its rounds end when it settles
 
 
 def test_the_rounds_eta_is_each_jobs_mean_round_times_the_rounds_it_still_wants():
-    from kvpipe.job.shared_rounds import _left_text
+    from kvpipe.schedule.loop import _left_text
 
     short, long = FakeJob("#0", repeats=2), FakeJob("#1", repeats=5)
     for job in (short, long):

@@ -122,7 +122,7 @@ def test_each_load_serves_a_quick_job_of_the_requests_it_picks_when_it_says(kind
     """Every registered load, with its own test_overrides: the requests it picks are served, none
     before it says it arrives, and at most as many at once as it lets in."""
     from kvpipe.job.runner import job_for
-    from kvpipe.job.shared_rounds import run_rounds
+    from kvpipe.schedule import run_rounds
 
     monkeypatch.chdir(REPO)  # a load's overrides may name the repository's example files
     job = job_for(spec_for(*SERVE, f"load={kind.name}", *kind.test_overrides))

@@ -269,7 +269,8 @@ def test_the_sweeps_baseline_is_the_dynamic_cache_wherever_it_stands_and_compare
 def test_with_most_calls_left_out_every_figure_lies_inside_its_own_interval(tmp_path, monkeypatch):
     import dataclasses
 
-    from kvpipe.job import call_turns, runner
+    from kvpipe.job import runner
+    from kvpipe.schedule import loop
 
     # A neighbour that slows every judged call but one fourfold (and is seen there): the calls left
     # out are the slow ones, as on a busy machine, so figures and intervals from different calls disagree
@@ -290,7 +291,7 @@ def test_with_most_calls_left_out_every_figure_lies_inside_its_own_interval(tmp_
     measured_generate = runner.measured_generate
     monkeypatch.setattr(runner, "measured_generate", generate)
     # the guard leaves out each call of a turn that the neighbour slowed (here every one but one)
-    monkeypatch.setattr(call_turns, "left_out_of_turn",
+    monkeypatch.setattr(loop, "left_out_of_turn",
                         lambda jobs, samples: [i for (i, _, _), s in zip(samples, slowed[-len(samples):]) if s])  # fmt: skip
     overrides = ["-m", *TINY[:-1], "tracking=off", "cache=static,dynamic", "workload.repeats=8"]
     proc = run_cli(overrides, cwd=tmp_path)

@@ -15,13 +15,21 @@ from dataclasses import dataclass
 
 from kvpipe import cache
 from kvpipe.measure.round_figures import CALL_KEYS, CALL_PREFIX, TAG_PREFIX, parse_series
-from kvpipe.measure.uncertainty import NEGLIGIBLE, ratio_interval
+from kvpipe.measure.uncertainty import (
+    FASTER,
+    NEGLIGIBLE,
+    NO_INTERVAL,
+    SAME,
+    SLOWER,
+    UNDECIDED,
+    ratio_interval,
+    verdict,
+)
 from kvpipe.record import tags as mlflow_tags
 
 FIGURES = {"tpot_ms": "TPOT", "ttft_ms": "TTFT"}
 MOST_ROUNDS_SUGGESTED = 100  # beyond this, "~N rounds might decide it" is not a suggestion worth making
 ROUND_GROUP = mlflow_tags.column(mlflow_tags.ROUND_GROUP)
-SLOWER, FASTER, SAME, UNDECIDED, NO_INTERVAL = "slower", "faster", "same", "undecided", "no interval"
 WORDS = {SLOWER: "clearly slower", FASTER: "clearly faster", SAME: f"the same within {NEGLIGIBLE:.0%}",
          UNDECIDED: "not yet decided"}  # fmt: skip
 
@@ -39,13 +47,7 @@ class Ratio:
     def state(self) -> str:
         """SLOWER or FASTER where the whole interval lies beyond ±NEGLIGIBLE of 1, SAME where it lies
         inside, UNDECIDED where it straddles an edge of that band; NO_INTERVAL without one."""
-        if math.isnan(self.low) or math.isnan(self.high):
-            return NO_INTERVAL
-        if self.low > 1 + NEGLIGIBLE:
-            return SLOWER
-        if self.high < 1 - NEGLIGIBLE:
-            return FASTER
-        return SAME if self.low >= 1 - NEGLIGIBLE and self.high <= 1 + NEGLIGIBLE else UNDECIDED
+        return verdict(self.low, self.high)
 
     @property
     def clear(self) -> bool:

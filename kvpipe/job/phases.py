@@ -1,6 +1,6 @@
 """One job in phases, batch or served: prepare() reads the workload's prompts, checks them against the
 model and the cache, loads the model and warms the cache up; measure_round() measures one round
-(kvpipe.job.shared_rounds); result() summarises. A batch job (kvpipe.job.runner) and a served one
+(kvpipe.schedule); result() summarises. A batch job (kvpipe.job.runner) and a served one
 (kvpipe.job.served) differ only in how a round calls the model and in the figures they summarise;
 the rest is here, once: the checks, the verdict on contention and noise, the quality pass, the tags.
 
@@ -13,13 +13,13 @@ from typing import ClassVar
 
 from kvpipe import cache, model
 from kvpipe.job.outcome import JobResult, resolved_params
-from kvpipe.job.shared_rounds import RoundTaker
 from kvpipe.job.threads import use_threads
 from kvpipe.measure import contention, quality
 from kvpipe.measure.environment import environment, load_average
 from kvpipe.measure.memory import freeze_long_lived_objects
 from kvpipe.measure.metrics import prompt_lengths
 from kvpipe.measure.round_figures import call_tags, mean, over_rounds, round_tags
+from kvpipe.schedule import RoundTaker
 from kvpipe.workload import Scored, shortest_and_padded
 
 
@@ -138,7 +138,7 @@ class Job(RoundTaker):
         self.own_s += time.perf_counter() - started
 
     def call(self, index: int, advance) -> None:
-        """One call of a round (kvpipe.job.shared_rounds' turn=call); by default the whole round is one."""
+        """One call of a round (kvpipe.schedule's turns by call); by default the whole round is one."""
         self.add_round(self.round(advance))
         self.call_is_round()
 

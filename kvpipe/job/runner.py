@@ -15,10 +15,10 @@ from kvpipe.job.generate import Call, measured_generate
 from kvpipe.job.phases import Job, eos_ids
 from kvpipe.job.served import ServedJob
 from kvpipe.job.served_sessions import SessionsJob
-from kvpipe.job.shared_rounds import run_rounds
 from kvpipe.jobspec import Spec
 from kvpipe.measure.metrics import TIMINGS, summarise
 from kvpipe.measure.round_figures import BATCH_FIGURES, batch_round
+from kvpipe.schedule import run_rounds
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import math
 import statistics
 
 from kvpipe.measure.metrics import per_call_figures
-from kvpipe.measure.uncertainty import NEGLIGIBLE, mean_interval
+from kvpipe.measure.uncertainty import FASTER, SLOWER, mean_interval, verdict
 
 BATCH_FIGURES = ("ttft_ms", "tpot_ms", "decode_tokens_per_s")
 STOPPING_FIGURE = "tpot_ms"  # every job has it: repeats=auto stops on its interval, and rounds are counted in it
@@ -76,10 +76,10 @@ def call_tags(per_call: dict[str, list[float]], keys: list) -> dict[str, str]:
 
 def decided(ratio: float, low: float, high: float, within: float) -> bool:
     """Whether a paired ratio's interval settles its verdict: within ±`within` of its ratio, or
-    clear of the ±NEGLIGIBLE band about 1 on either side (kvpipe.decide.paired's "clearly")."""
+    clear of the ±NEGLIGIBLE band about 1 on either side (the verdict compare calls "clearly")."""
     if math.isnan(low) or math.isnan(high) or not low > 0:
         return False
-    return math.log(high / low) / 2 <= math.log(1 + within) or low > 1 + NEGLIGIBLE or high < 1 - NEGLIGIBLE
+    return math.log(high / low) / 2 <= math.log(1 + within) or verdict(low, high) in (SLOWER, FASTER)
 
 
 def firmness_note(own_rounds: list[float], ratio: tuple[float, float, float], baseline: str) -> str | None:

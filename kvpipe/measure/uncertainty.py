@@ -31,6 +31,20 @@ BOOTSTRAP_FROM = 30  # values; below, Student's t
 # A difference is clear only where its whole interval lies beyond ±2%: smaller ones are within what
 # no cache choice should turn on (criterion.rs's noise threshold, there 1%, plays the same part)
 NEGLIGIBLE = 0.02
+SLOWER, FASTER, SAME, UNDECIDED, NO_INTERVAL = "slower", "faster", "same", "undecided", "no interval"
+
+
+def verdict(low: float, high: float) -> str:
+    """A ratio's verdict from its interval: SLOWER or FASTER where the whole interval lies beyond
+    ±NEGLIGIBLE of 1, SAME where it lies inside, UNDECIDED where it straddles an edge of that band;
+    NO_INTERVAL without one. The one rule a sweep's stopping and compare's words both read."""
+    if math.isnan(low) or math.isnan(high):
+        return NO_INTERVAL
+    if low > 1 + NEGLIGIBLE:
+        return SLOWER
+    if high < 1 - NEGLIGIBLE:
+        return FASTER
+    return SAME if low >= 1 - NEGLIGIBLE and high <= 1 + NEGLIGIBLE else UNDECIDED
 
 
 def mean_interval(values: list[float], level: float = LEVEL) -> tuple[float, float]:

@@ -4,7 +4,7 @@ in shared rounds instead of one after another.
 Hydra's basic launcher runs each job to its end before the next starts, so a machine that slows
 down halfway through a sweep makes the later jobs look slower. Here each job is first prepared in
 its own Hydra job context (its folder, its log, its skips: kvpipe.orchestrate.sweep hands it back
-loaded and warmed up), then the jobs take turns in rounds (kvpipe.job.shared_rounds): call by call,
+loaded and warmed up), then the jobs take turns in rounds (kvpipe.schedule): call by call,
 each call's order counterbalanced from the sweep's seed (hydra.launcher.turn=call, the default), or a
 job's whole pass a turn (turn=pass), then each is summarised and recorded. Jobs on different models form
 groups that run one after another, so only one model is resident at a time. What the rounds took
@@ -23,9 +23,9 @@ from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job
 from hydra.plugins.launcher import Launcher
 from omegaconf import OmegaConf, open_dict
 
-from kvpipe.job.shared_rounds import QUIET_WAIT_S, Rounds, check_quiet_wait, check_turn, run_rounds
 from kvpipe.orchestrate.sweep import Deferred, SweepState, outcome_counts
 from kvpipe.record import store, tracking
+from kvpipe.schedule import QUIET_WAIT_S, Rounds, check_quiet_wait, check_turn, run_rounds
 
 log = logging.getLogger(__name__)
 

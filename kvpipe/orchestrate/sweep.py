@@ -26,7 +26,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvpipe.errors import ConfigError, KvpipeError, fail
 from kvpipe.job import runner
-from kvpipe.job.shared_rounds import check_quiet_wait, check_turn
 from kvpipe.jobspec import make_spec, reject_unknown_keys
 from kvpipe.model import loading
 from kvpipe.orchestrate import closing, eta, skips
@@ -35,6 +34,7 @@ from kvpipe.record import auth, recorder, store, tracking, worker
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.report import print_sweep_end
 from kvpipe.record.result import Result, iter_results
+from kvpipe.schedule import check_quiet_wait, check_turn
 
 log = logging.getLogger(__name__)
 

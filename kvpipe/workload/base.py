@@ -39,7 +39,7 @@ class Common:
     noise_threshold: float = 0.15  # a timing_noise_cv above this marks the run noisy (calibrated: docs/benchmarks.md)
     target_interval: float = 0.05  # repeats=auto: the 95% interval's half-width, as a fraction of TPOT
     max_repeats: int = 30  # repeats=auto: the most rounds it adds
-    max_measure_s: float = 600.0  # repeats=auto: the most seconds of measured rounds
+    max_measure_s: float = 600.0  # repeats=auto: the most seconds of measured calls, every job of the rounds together
     # repeats=auto in an interleaved sweep: turns until every paired TPOT ratio is within ± this, or clear
     decide_within: float = 0.03
 

@@ -1,6 +1,6 @@
-"""What takes part in a sweep's rounds: a job, or a test's stand-in (kvpipe.job.shared_rounds). It
-keeps its figures round by round and call by call, which of its calls were left out as contended,
-and knows from its workload's settings whether it wants another round."""
+"""What takes part in rounds: a job, or a test's stand-in. It keeps its figures round by round and
+call by call, and which of its calls were left out as contended; the stop rule (kvpipe.schedule.stop_rule)
+reads them, with its workload's settings, to decide whether it takes another round."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ log = logging.getLogger(__name__)
 
 class RoundTaker:
     """What takes part in rounds: a job, or a test's stand-in. It keeps its figures round by round
-    and call by call, and knows, from its workload's settings (`timing`: repeats, and repeats=auto's
-    target_interval, max_repeats and max_measure_s), whether it wants another; a subclass measures a
-    round (`measure_round`, which calls `add_round`) and, where its round can be cut into calls
-    (`call_keys`), one call of it (`measure_call`)."""
+    and call by call, and its workload's settings (`timing`: repeats, and repeats=auto's
+    target_interval, max_repeats and max_measure_s); a subclass measures a round (`measure_round`,
+    which calls `add_round`) and, where its round can be cut into calls (`call_keys`), one call of
+    it (`measure_call`)."""
 
     calls_per_round: int
     threads = 1  # the torch threads a call asks cores for (a job's, once prepared)
@@ -85,16 +85,14 @@ class RoundTaker:
         """Its rounds so far (a job with no warm-up measures its first as it prepares)."""
         return rounds_of(self.per_round)
 
-    def wants_more(self, measured_s: float) -> bool:
-        """Whether it needs another round: short of its repeats, or (auto) not yet converged and
-        under its caps."""
-        if not self.auto:
-            return self.rounds_done() < self.fixed_rounds
-        return self.may_go_on(measured_s) and not self.converged()
+    def takes_turns(self, turn: str) -> None:
+        """The rounds begin: its turns are calls ("call", a sweep's interleaved jobs) or whole passes."""
+        self.turn = turn
 
-    def may_go_on(self, measured_s: float) -> bool:
-        """Auto: whether it is under its caps (it takes part while another job on auto is not done)."""
-        return self.rounds_done() < self.timing.max_repeats and measured_s < self.timing.max_measure_s
+    def rounds_ended(self, stopped_by: str | None, paired_note: str | None) -> None:
+        """The rounds ended: why (a sweep on repeats=auto, ruled by its paired ratios), and where its own
+        figure is less firm than its paired ratio against the baseline, the words that say so."""
+        self.stopped_by, self.paired_note = stopped_by, paired_note
 
     def converged(self) -> bool:
         return converged(self.per_round, self.timing.target_interval)
