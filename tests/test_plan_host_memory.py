@@ -11,7 +11,7 @@ import pytest
 from kvpipe.jobspec import spec_from
 from kvpipe.predict import hardware
 from kvpipe.predict.bytes_plan import make_plan
-from kvpipe.predict.capacity import DEVICE, HOST, HOST_NOT_COUNTED
+from kvpipe.predict.in_flight import DEVICE, HOST, HOST_NOT_COUNTED
 
 from conftest import run_cli
 

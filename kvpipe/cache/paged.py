@@ -324,7 +324,7 @@ class Paged(CacheStrategy):
     def plan_notes(cls, choice, shape) -> list[str]:
         own = choice.with_strategy(cls.name).cache  # the paged row's settings, whatever cache= the plan was asked for
         num_blocks = own.num_blocks
-        # why its TPOT floor is above the dynamic row's at the same requests (kvpipe/predict/capacity.py)
+        # why its TPOT floor is above the dynamic row's at the same requests (kvpipe/predict/in_flight.py)
         floor = (
             f"{cls.name}'s KV read/step, and so its TPOT floor, is 3x the KV its requests attend to: with sdpa or "
             "eager (model.attn_implementation; kvpipe keeps the model's own) transformers gathers each request's "

@@ -17,7 +17,7 @@ import json
 
 from kvpipe.errors import ConfigError, KvpipeError, require_choice
 from kvpipe.predict import hardware
-from kvpipe.predict.capacity import HOST, HOST_NOT_COUNTED
+from kvpipe.predict.in_flight import HOST, HOST_NOT_COUNTED
 from kvpipe.units import counted, human_bytes, parse_bytes
 
 HELP = "KV-cache and weight bytes from the config alone, before anything loads"

@@ -25,9 +25,9 @@ from kvpipe.errors import ConfigError, KvpipeError, first_line
 from kvpipe.model.weights import weights
 from kvpipe.predict import hardware, speed
 from kvpipe.predict import local_runs as machine_runs
-from kvpipe.predict.capacity import Capacity, capacity
 from kvpipe.predict.costs import costs_for
 from kvpipe.predict.floors import ModelCosts, split
+from kvpipe.predict.in_flight import InFlight, requests_in_flight
 
 
 def predict_kv_bytes(spec, kv, prompt_tokens: int, new_tokens: int) -> int:
@@ -95,7 +95,7 @@ class PlanRow:
     kv_bytes_per_token: float
     window_bytes: int | None  # models with sliding-window layers only
     fits_up_to: int | None
-    capacity: Capacity | None  # the most requests of one size at once (--request-tokens, with a memory)
+    capacity: InFlight | None  # the most requests of one size at once (--request-tokens, with a memory)
     figures: speed.Row
 
 
@@ -230,7 +230,9 @@ def make_plan(spec, budget: int | None = None, contexts: list[int] | None = None
                 fits_up_to=None if available is None else largest_context(needs_at, available, cap),
                 capacity=None
                 if request_tokens is None or memory is None
-                else capacity(variant, strategy, device, dtype, request_tokens, memory, accelerator, host_memory),
+                else requests_in_flight(
+                    variant, strategy, device, dtype, request_tokens, memory, accelerator, host_memory
+                ),
                 figures=figures,
             )
         )

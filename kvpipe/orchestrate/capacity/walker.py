@@ -207,12 +207,12 @@ def targets_of(settings) -> Targets:
 
 
 def memory_bounds(spec, fixed: list[str], caches: list[str], budget: str | None) -> dict[str, int | None]:
-    """Per cache, plan's memory-bound capacity (kvpipe.predict.capacity): the most requests of the
+    """Per cache, plan's memory-bound capacity (kvpipe.predict.in_flight): the most requests of the
     workload's longest context that fit `budget` (default: the device's whole memory) beside the weights."""
     from kvpipe import model
     from kvpipe.jobspec import spec_from
-    from kvpipe.predict.capacity import capacity
     from kvpipe.predict.hardware import device_memory
+    from kvpipe.predict.in_flight import requests_in_flight
     from kvpipe.units import parse_bytes
     from kvpipe.workload import longest_prompt_of
 
@@ -225,7 +225,7 @@ def memory_bounds(spec, fixed: list[str], caches: list[str], budget: str | None)
     bounds = {}
     for cache in caches:
         one = spec_from([*fixed, f"cache={cache}", "load=rate"])
-        bounds[cache] = capacity(one, one.strategy, device, dtype, context, memory).requests
+        bounds[cache] = requests_in_flight(one, one.strategy, device, dtype, context, memory).requests
     return bounds
 
 

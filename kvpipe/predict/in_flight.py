@@ -1,4 +1,4 @@
-"""Capacity: the most requests of one size a cache lets in flight at once beside the weights, and the
+"""Requests in flight: the most requests of one size a cache lets in flight at once beside the weights, and the
 decode floor at that many (one step reads the weights once for the whole batch, and each sequence's
 keys and values).
 
@@ -27,7 +27,7 @@ DEVICE, HOST, HOST_NOT_COUNTED = "device", "host", "device; host memory not coun
 
 
 @dataclass(frozen=True)
-class Capacity:
+class InFlight:
     """`requests` of `context` tokens each fit; the TPOT floor at that many (None: no hardware, none
     fit, or traffic the roofline does not count). `bound`: which memory sets it (DEVICE, HOST, or
     HOST_NOT_COUNTED for an offloading cache without a host figure); `device_requests`: what the
@@ -42,8 +42,8 @@ class Capacity:
     host_kv_bytes: int = 0
 
 
-def capacity(spec, strategy, device: str, dtype: str, context: int, memory: int, hardware=None,
-             host_memory: int | None = None) -> Capacity:  # fmt: skip
+def requests_in_flight(spec, strategy, device: str, dtype: str, context: int, memory: int, hardware=None,
+             host_memory: int | None = None) -> InFlight:  # fmt: skip
     """The most requests of `context` tokens (prompt + workload.max_new_tokens) that fit `memory`, and
     for an offloading cache `host_memory` too (bytes; None: not counted, and said so)."""
     prompt, new = split(context, spec.workload.max_new_tokens)
@@ -73,12 +73,12 @@ def capacity(spec, strategy, device: str, dtype: str, context: int, memory: int,
         if on_host_most < on_device:
             requests, bound = on_host_most, HOST
     if requests == 0:
-        return Capacity(context, 0, None, None, bound, on_device)
+        return InFlight(context, 0, None, None, bound, on_device)
     floor = None
     if hardware is not None:
         floor = costs_for(spec, device, dtype, requests).at(strategy, prompt, new).tpot_floor_ms(hardware)
     host_bytes = on_host(requests) if offloads else 0
-    return Capacity(context, requests, needs(requests), floor, bound, on_device, host_bytes)
+    return InFlight(context, requests, needs(requests), floor, bound, on_device, host_bytes)
 
 
 def most(fits) -> int:
