@@ -15,6 +15,9 @@ from typing import Iterable, Mapping
 
 from kvpipe.units import human_bytes
 
+# A metric's column among recorded runs (MLflow's runs table; kvpipe.record.table names the others)
+METRICS_COLUMN = "metrics."
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -37,11 +40,11 @@ class Metric:
     @property
     def column(self) -> str:
         """Its column among recorded runs (MLflow's runs frame, kvpipe.record.read_back): metrics.NAME."""
-        return f"metrics.{self.name}"
+        return METRICS_COLUMN + self.name
 
     def companion(self, suffix: str) -> str:
         """The column of one of its companions (_std, _ci_low, _ci_high): metrics.tpot_ms_std."""
-        return f"metrics.{self.name}_{suffix}"
+        return f"{METRICS_COLUMN}{self.name}_{suffix}"
 
     def number(self, value: float, std: float | None = None, interval: tuple | None = None, note: str = "") -> str:
         """The value and its 95% interval (`51.1 (49.8–52.6)`) where it has one, else ± std where

@@ -105,11 +105,11 @@ def test_a_sweeps_8_character_id_as_its_title_prints_it_names_it(tiny_sweep, tmp
 
     store = f"sqlite:///{tiny_sweep.launch_dir}/outputs/mlflow.db"
     _, parent = recorded.load_runs("kvpipe", None, store)
-    short = parent.info.run_id[:8]
+    short = parent.run_id[:8]
     proc = run_cli(["compare", "--parent", short, "--out", str(tmp_path)], cwd=tiny_sweep.launch_dir)
     assert proc.returncode == 0, proc.stderr
     _, named = recorded.load_runs("kvpipe", short, store)
-    assert named.info.run_id == parent.info.run_id
+    assert named.run_id == parent.run_id
 
 
 @pytest.mark.slow  # reads the session's real sweep
@@ -118,7 +118,7 @@ def test_a_prefix_shorter_than_8_characters_is_no_run(tiny_sweep):
 
     store = f"sqlite:///{tiny_sweep.launch_dir}/outputs/mlflow.db"
     _, parent = recorded.load_runs("kvpipe", None, store)
-    line = one_error_line(run_cli(["compare", "--parent", parent.info.run_id[:7]], cwd=tiny_sweep.launch_dir))
+    line = one_error_line(run_cli(["compare", "--parent", parent.run_id[:7]], cwd=tiny_sweep.launch_dir))
     assert "no such run in" in line
 
 

@@ -167,7 +167,7 @@ def test_sweep_ends_with_compare_files_in_its_dir_and_as_artifacts_of_its_parent
     for name in compare.OUTPUT_FILES:
         assert (multirun / name).stat().st_size > 0, name
     _, parent = recorded.load_runs("kvpipe", None, store(sweep_dir))
-    logged = {a.path for a in MlflowClient().list_artifacts(parent.info.run_id, "compare")}
+    logged = {a.path for a in MlflowClient().list_artifacts(parent.run_id, "compare")}
     assert logged == {f"compare/{name}" for name in compare.OUTPUT_FILES}
 
 
@@ -176,7 +176,7 @@ def test_sweep_parent_run_shows_its_compare_table_as_its_description(sweep_dir):
     from mlflow.tracking import MlflowClient
 
     _, parent = recorded.load_runs("kvpipe", None, store(sweep_dir))
-    note = MlflowClient().get_run(parent.info.run_id).data.tags["mlflow.note.content"]
+    note = MlflowClient().get_run(parent.run_id).data.tags["mlflow.note.content"]
     assert note.startswith("# kvpipe compare")
     rows = [line for line in note.splitlines() if line.startswith("| ")]
     assert "cache" in rows[0] and "TPOT ms" in rows[0]
@@ -204,7 +204,7 @@ def test_a_table_too_long_for_a_description_is_cut_between_rows_and_names_the_wh
 def test_latest_sweep_loads_its_finished_runs_once_each(sweep_dir):
     runs, parent = recorded.load_runs("kvpipe", None, store(sweep_dir))
     assert sorted(runs["label"]) == sorted(CACHES)
-    assert set(runs["tags.mlflow.parentRunId"]) == {parent.info.run_id}
+    assert set(runs["tags.mlflow.parentRunId"]) == {parent.run_id}
 
 
 @pytest.mark.slow  # reads the session's real sweep (conftest.tiny_sweep)

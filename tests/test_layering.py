@@ -8,6 +8,7 @@ heavy library when they load (torch, transformers, MLflow and the rest arrive in
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -261,3 +262,38 @@ def test_the_reader_sees_function_level_typing_and_string_imports(tmp_path):
     )
     assert len(climbing(tmp_path)) == 2  # errors -> cli, errors -> decide.compare (the string and the import)
     assert cycles(tmp_path) == [["kvpipe.decide.compare", "kvpipe.errors"]]
+
+
+# MLflow's runs table and Run objects, spelled out: only record/ may (kvpipe.record.table names its
+# columns, RunRecord carries a run), so that the floors above read runs as kvpipe's own data; and
+# the catalogue, below it, a metric's column
+MLFLOW_SHAPES = re.compile(r"""["']params\.|["']metrics\.|f["']tags\.|\.info\.run_id|\.data\.(params|metrics|tags)\b""")
+
+
+def mlflow_shapes(root: Path = REPO) -> list[str]:
+    found = []
+    for module, path in sorted(modules(root).items()):
+        if module in ("kvpipe.record", "kvpipe.catalogue") or module.startswith("kvpipe.record."):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if MLFLOW_SHAPES.search(line.split("#")[0]):
+                found.append(f"{module}:{number}: {line.strip()}")
+    return found
+
+
+def test_only_record_spells_mlflows_runs_table():
+    assert mlflow_shapes() == []
+
+
+def test_the_runs_table_rule_can_fail(tmp_path):
+    package = tmp_path / "kvpipe"
+    for folder in ("decide", "record"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "decide" / "runs.py").write_text('NAME = "params.model.name"\nID = lambda run: run.info.run_id\n')
+    (package / "record" / "table.py").write_text('PARAMS = "params."\n')
+    assert mlflow_shapes(tmp_path) == [
+        'kvpipe.decide.runs:1: NAME = "params.model.name"',
+        "kvpipe.decide.runs:2: ID = lambda run: run.info.run_id",
+    ]

@@ -41,13 +41,13 @@ def run(args: argparse.Namespace) -> int:
         from kvpipe.predict.predicted_runs import with_predictions
 
         runs = with_predictions(runs)
-    sweep_dir = Path(parent_run.data.tags.get(mlflow_tags.SWEEP_DIR, "/nonexistent"))
-    out_dir = args.out or (sweep_dir if sweep_dir.is_dir() else Path("compare") / parent_run.info.run_id[:8])
+    sweep_dir = Path(parent_run.tags.get(mlflow_tags.SWEEP_DIR, "/nonexistent"))
+    out_dir = args.out or (sweep_dir if sweep_dir.is_dir() else Path("compare") / parent_run.run_id[:8])
     written, table, logged = publish(runs, parent_run, out_dir)
     print_shown(table)
     for line in _memory_lines(runs):
         print(f"memory: {line}")
-    print(wrote_line(written, out_dir, parent_run.info.run_id if logged else None))
+    print(wrote_line(written, out_dir, parent_run.run_id if logged else None))
     return 0
 
 

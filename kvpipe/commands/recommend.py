@@ -38,7 +38,7 @@ def answer(limits: Limits, experiment: str, parent: str | None, tracking_uri: st
     from kvpipe.decide.runs import load_runs, model_names  # mlflow only once the limits are valid
 
     runs, parent_run = load_runs(experiment, parent, tracking_uri, whole_experiment=whole_experiment, spelled=spelled)
-    source = f"sweep {parent_run.info.run_id[:8]}" if parent_run else f"experiment {experiment!r}"
+    source = f"sweep {parent_run.run_id[:8]}" if parent_run else f"experiment {experiment!r}"
     print(f"limits: {limits.describe()} · {len(runs)} measured runs of {model_names(runs)} from {source}")
     missing = 0
     for workload, group in runs.groupby("workload", sort=False):  # strategies compete within one workload
@@ -74,7 +74,7 @@ def answer_for_service(limits: Limits, objective: str, experiment: str, parent: 
     from kvpipe.decide.service import choose_for_service
 
     runs, parent_run = load_runs(experiment, parent, tracking_uri, whole_experiment=whole_experiment, spelled=spelled)
-    source = f"sweep {parent_run.info.run_id[:8]}" if parent_run else f"experiment {experiment!r}"
+    source = f"sweep {parent_run.run_id[:8]}" if parent_run else f"experiment {experiment!r}"
     print(f"limits: {limits.describe()} · the most {objective} · {len(runs)} runs of {model_names(runs)} from {source}")
     chosen, (what, why) = choose_for_service(runs, limits, objective)
     if chosen is None:

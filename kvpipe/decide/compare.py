@@ -23,6 +23,7 @@ from kvpipe.decide.runs import (
 from kvpipe.decide.shown import Shown
 from kvpipe.measure.uncertainty import interval_note
 from kvpipe.predict.predicted_runs import PREDICTED
+from kvpipe.record import table as run_table
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.auth import TrackingRefused
 from kvpipe.record.report import interval_words, without_interval_words
@@ -181,8 +182,8 @@ def write_outputs(runs: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
     )
     columns = ["run_id", "label", "workload", "pareto", "memory_bytes", "quality_loss", "context_tokens"]
     # Stepped metrics (name/…, per context length) would show only their last step: left to the plots
-    metrics = sorted(c for c in runs if c.startswith("metrics.") and "/" not in c)
-    columns += [f"params.{p}" for p in varying_params(runs)] + metrics
+    metrics = sorted(c for c in runs if run_table.is_metric(c) and "/" not in c)
+    columns += [run_table.param(p) for p in varying_params(runs)] + metrics
     runs[columns].to_csv(out_dir / "compare.csv", index=False)
     runs = with_points(runs)
     plots.memory_vs_context(runs, out_dir / "memory_vs_context.png")
@@ -214,9 +215,9 @@ def shown(runs: pd.DataFrame, title: str) -> Shown:
 def publish(runs: pd.DataFrame, parent_run, out_dir: Path) -> tuple[list[Path], Shown, bool]:
     """Write the files, log them on the parent run (if this user may), compare.md as its description;
     returns the files, the table and whether the files are on the run."""
-    title = f"kvpipe compare · {model_names(runs)} · sweep {parent_run.info.run_id[:8]} · {counted(len(runs), 'run')}"
+    title = f"kvpipe compare · {model_names(runs)} · sweep {parent_run.run_id[:8]} · {counted(len(runs), 'run')}"
     written = write_outputs(runs, out_dir, title)
-    run_id = parent_run.info.run_id
+    run_id = parent_run.run_id
     # the table as the run's description: on its page, without opening an artifact
     table = mlflow_tags.note((out_dir / "compare.md").read_text(), f"{ARTIFACT_DIR}/compare.md")
     try:

@@ -25,6 +25,7 @@ from kvpipe.measure.uncertainty import (
     ratio_interval,
     verdict,
 )
+from kvpipe.record import table as run_table
 from kvpipe.record import tags as mlflow_tags
 
 FIGURES = {"tpot_ms": "TPOT", "ttft_ms": "TTFT"}
@@ -180,5 +181,9 @@ def _context(run) -> tuple:
     """What a baseline must share with the run it is weighed against: the kind of workload, the
     prompt length and, for a serving run, its load (not, say, workload.seed, which two runs of one
     configuration may differ by). A figure a run lacks is None, so that two such runs match."""
-    found = (run.get("params.workload.kind"), run.get("context_tokens"), run.get(mlflow_tags.column(mlflow_tags.LOAD)))
+    found = (
+        run.get(run_table.param("workload.kind")),
+        run.get("context_tokens"),
+        run.get(mlflow_tags.column(mlflow_tags.LOAD)),
+    )
     return tuple(None if value is None or value != value else value for value in found)

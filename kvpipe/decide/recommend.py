@@ -18,6 +18,7 @@ from kvpipe import cache, catalogue
 from kvpipe.decide import paired
 from kvpipe.decide.limits import ANSWER_QUALITY, Limits, limit_named, shown
 from kvpipe.decide.runs import evicts, judge_of
+from kvpipe.record import table as run_table
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.units import human_bytes
 
@@ -258,11 +259,7 @@ def cache_overrides(run) -> list[str]:
 
 def _cache_of(run) -> tuple[dict[str, str], type, type]:
     """(the run's logged params, its strategy's class, its press's class)."""
-    params = {
-        name.removeprefix("params."): str(value)
-        for name, value in run.items()
-        if name.startswith("params.") and isinstance(value, str)
-    }
+    params = run_table.params_in(run)
     strategy = cache.get(params.get("cache.strategy") or run["strategy"])
     return params, strategy, cache.presses.get(params.get("press.name") or "none")
 
@@ -270,7 +267,7 @@ def _cache_of(run) -> tuple[dict[str, str], type, type]:
 def snippet(run) -> str:
     """Python that applies the same cache in the user's own `model.generate(...)` (kvpipe.api builds
     the cache object the run measured, for the installed transformers)."""
-    new_tokens = run.get("params.workload.max_new_tokens")
+    new_tokens = run.get(run_table.param("workload.max_new_tokens"))
     new_tokens = new_tokens if isinstance(new_tokens, str) else "32"
     settings = json.dumps(" ".join(cache_overrides(run)))
     return (

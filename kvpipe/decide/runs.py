@@ -12,6 +12,7 @@ import pandas as pd
 
 from kvpipe import cache, catalogue, workload
 from kvpipe.decide.limits import ANSWER_QUALITY
+from kvpipe.record import table as run_table
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.read_back import column, read_runs, stepped_history
 
@@ -60,7 +61,7 @@ def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
     """Add label, strategy, memory_bytes, quality_loss, context_tokens, workload and pareto columns."""
     runs = runs.copy()
     requested = column(runs, mlflow_tags.column(mlflow_tags.CACHE_REQUESTED), None).fillna(
-        column(runs, "params.cache.strategy", "")
+        column(runs, run_table.param("cache.strategy"), "")
     )
     effective = column(runs, mlflow_tags.column(mlflow_tags.CACHE_EFFECTIVE), None).fillna(requested)
     runs["strategy"] = effective.str.split(r"[:+]", regex=True).str[0]  # a label starts with its strategy
@@ -76,7 +77,7 @@ def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
     runs["noisy"] = column(runs, mlflow_tags.column(mlflow_tags.NOISY), "").fillna("") == "true"
     # Other processes held cores the job counted on while it measured: every timing is slow alike.
     runs["contended"] = column(runs, mlflow_tags.column(mlflow_tags.CONTENDED), "").fillna("") == "true"
-    runs["press"] = column(runs, "params.press.name", None).fillna(NO_PRESS)
+    runs["press"] = column(runs, run_table.param("press.name"), None).fillna(NO_PRESS)
     runs["evicted"] = runs["press"].map(evicts).astype(bool)
     runs["family"] = [front_family(s, e) for s, e in zip(runs["strategy"], runs["evicted"])]
     # A lossless strategy with nothing evicted: without a quality pass, the only runs whose loss is known (0).
@@ -87,7 +88,7 @@ def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
     runs[ANSWER_QUALITY.name] = answer_quality(runs)
     # The measured prompt length: workload.prompt_tokens means nothing to a chat workload.
     runs["context_tokens"] = column(runs, catalogue.column("prompt_tokens")).fillna(
-        pd.to_numeric(column(runs, "params.workload.prompt_tokens"), errors="coerce")
+        pd.to_numeric(column(runs, run_table.param("workload.prompt_tokens")), errors="coerce")
     )
     # A short prompt beats a long one on every axis: strategies compete within one workload only.
     runs["workload"] = settings_text(
@@ -120,7 +121,7 @@ def judge_of(run: pd.Series) -> workload.Quality | None:
 
 def model_names(runs: pd.DataFrame) -> str:
     """The models the runs measured, by the name their runs carry (model=hf: the folder or hub id)."""
-    names = sorted(set(column(runs, "params.model.name", None).dropna()))
+    names = sorted(set(column(runs, run_table.param("model.name"), None).dropna()))
     return ", ".join(names) or "an unnamed model"
 
 
@@ -185,25 +186,25 @@ def is_lossless(strategy: str) -> bool:
 def _reads(run, param: str) -> bool:
     """Whether this run's strategy (or workload) reads the param, as the measurement key decides."""
     if param.startswith("workload."):
-        return workload.reads(run.get("params.workload.kind"), param)
+        return workload.reads(run.get(run_table.param("workload.kind")), param)
     if not param.startswith(CACHE_PARAMS):
         return True
     if param.startswith("press."):
-        name = run.get("params.press.name")
+        name = run.get(run_table.param("press.name"))
         press = cache.presses.base.REGISTRY.get(name if isinstance(name, str) else NO_PRESS)  # unlogged: none
         return press is None or param in press.read_fields()
-    strategy = cache.REGISTRY.get(run.get("params.cache.strategy"))
+    strategy = cache.REGISTRY.get(run.get(run_table.param("cache.strategy")))
     if strategy is None:
         return True
-    read = strategy.read_fields(run.get("params.backend.name"))
+    read = strategy.read_fields(run.get(run_table.param("backend.name")))
     return param in read or f"{param.split('.')[0]}.*" in read
 
 
 _READ_BY = (
-    "params.workload.kind",
-    "params.cache.strategy",
-    "params.backend.name",
-    "params.press.name",
+    run_table.param("workload.kind"),
+    run_table.param("cache.strategy"),
+    run_table.param("backend.name"),
+    run_table.param("press.name"),
 )  # what _reads looks at
 
 
@@ -216,13 +217,13 @@ def param_values(runs: pd.DataFrame, param: str, read_by: list[dict] | None = No
     """The param as shown: blank where the run's strategy ignores it, or did not log it (a sweep of
     load=offline and load=rate: an offline run has no load.rate)."""
     read_by = _read_by(runs) if read_by is None else read_by
-    values = runs[f"params.{param}"].tolist()
+    values = runs[run_table.param(param)].tolist()
     return [str(value) if pd.notna(value) and _reads(run, param) else "" for value, run in zip(values, read_by)]
 
 
 def varying_params(runs: pd.DataFrame) -> list[str]:
     """Params with more than one value among the runs that read them: llama-bench's columns."""
-    names = [c.removeprefix("params.") for c in runs.columns if c.startswith("params.")]
+    names = [run_table.name_of(c) for c in runs.columns if run_table.is_param(c)]
     names = [n for n in names if n not in in_label() and not n.startswith(NOT_MEASURED)]
     read_by = _read_by(runs)  # once, not once a param
     return sorted(n for n in names if len(set(param_values(runs, n, read_by)) - {""}) > 1)
@@ -242,8 +243,7 @@ def recorded(runs: pd.DataFrame) -> list[workload.RecordedRun]:
         workload.RecordedRun(
             label=run["label"],
             point=run["point"],
-            metrics={name.removeprefix("metrics."): value for name, value in run.items()
-                     if name.startswith("metrics.") and pd.notna(value)},
+            metrics=run_table.metrics_in(run),
             history=partial(stepped_history, run["run_id"]),
         )
         for _, run in runs.iterrows()

@@ -10,6 +10,7 @@ from kvpipe import catalogue
 from kvpipe.decide import paired
 from kvpipe.decide.limits import Limits
 from kvpipe.decide.recommend import closest
+from kvpipe.record import table as run_table
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.read_back import column
 
@@ -80,7 +81,7 @@ def cheapest_within_noise(ranked, figure: str) -> tuple[object, str]:
     if chosen is first:
         return first, ""
     value, top = chosen[figure], first[figure]
-    metric = catalogue.get(figure.removeprefix("metrics."))
+    metric = catalogue.get(run_table.name_of(figure))
     return chosen, (
         f"{_setup(chosen)} and {_setup(first)} are within noise ({metric.show(value)} vs {metric.show(top)}, "
         f"{1 - value / top:.0%}{'; ' + verdict if verdict else ''}): {_setup(chosen)} {_cheaper(chosen, first)}"
@@ -89,7 +90,7 @@ def cheapest_within_noise(ranked, figure: str) -> tuple[object, str]:
 
 def _within_noise(run, first, figure: str) -> str | None:
     """How run's figure stands against first's where the runs cannot tell them apart, else None."""
-    found = paired.ratio(run, first, figure.removeprefix("metrics."))
+    found = paired.ratio(run, first, run_table.name_of(figure))
     if found is not None and found.state != paired.NO_INTERVAL:
         return None if found.clear else found.text()
     return "no interval" if abs(run[figure] / first[figure] - 1) <= paired.NEGLIGIBLE else None
@@ -97,7 +98,7 @@ def _within_noise(run, first, figure: str) -> str | None:
 
 COSTS = (  # what makes a setup cheaper, in order, and how to say so
     ("keeps fewer requests in flight", lambda run: run.get(catalogue.column("max_in_flight"))),
-    ("asks for less concurrency", lambda run: run.get("params.load.concurrency")),
+    ("asks for less concurrency", lambda run: run.get(run_table.param("load.concurrency"))),
     ("holds less KV cache", lambda run: run.get(catalogue.column("kv_cache_bytes"))),
     ("peaks lower", lambda run: run.get("memory_bytes")),
 )

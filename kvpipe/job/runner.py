@@ -63,13 +63,19 @@ class BatchJob(Job):
     def __init__(self, spec: Spec):
         super().__init__(spec)
         self.calls: list[Call] = []
-        self.kept: list[bool] = []  # per call: False where it ran under other processes' load (turn=call)
         self.round_started = 0  # the index in self.calls of the round's first call (turn=call)
         self.fallback_tags: dict[str, str] = {}
 
     @property
     def calls_per_round(self) -> int:
         return len(self.batches)
+
+    @property
+    def kept(self) -> list[bool]:
+        """Per call of self.calls: False where the guard left it out. The rounds' own record
+        (call_kept) covers the calls taken in turns, the last ones; a first round measured while the
+        job warmed up came before them and counts whole (its calls are never judged)."""
+        return [True] * (len(self.calls) - len(self.call_kept)) + self.call_kept
 
     def warm_up(self, longest_prompt: int) -> None:
         loaded = self.loaded
@@ -84,7 +90,6 @@ class BatchJob(Job):
         self.ran, (self.setup, self.warmup_ms, first), self.fallback_tags = with_fallback(self.spec, loaded, warm_up)
         if first:
             self.calls += first
-            self.kept += [True] * len(first)
             self.add_round(batch_round(first))
 
     def round(self, advance) -> dict[str, float]:
@@ -93,7 +98,6 @@ class BatchJob(Job):
             calls.append(measured_generate(self.ran, self.loaded, self.setup, batch))
             advance()
         self.calls += calls
-        self.kept += [True] * len(calls)
         return batch_round(calls)
 
     def call_keys(self) -> list:
@@ -106,12 +110,7 @@ class BatchJob(Job):
         made = measured_generate(self.ran, self.loaded, self.setup, self.batches[index])
         advance()
         self.calls.append(made)
-        self.kept.append(True)
         self.add_call({"ttft_ms": made.timing.ttft_ms, "tpot_ms": made.timing.tpot_ms})
-
-    def exclude_last_call(self) -> None:
-        super().exclude_last_call()
-        self.kept[-1] = False
 
     def close_round(self) -> None:
         """The round's figures over the calls that were not left out; over all of them where every

@@ -35,6 +35,5 @@ def read_back(job, spec, launch_dir: Path) -> tuple[Measured | None, Result | No
 
         run = tracking.finished_run_with_key(spec.tracking, launch_dir, result.measurement_key)
         if run is not None:
-            data, where = run.data, f"run {run.info.run_id[:8]}"
-            return Measured(data.metrics, data.params, data.tags, where, reused=True), result, ""
+            return Measured(run.metrics, run.params, run.tags, f"run {run.run_id[:8]}", reused=True), result, ""
     return None, result, f"{result.status}: {result.reason or ''}".strip()

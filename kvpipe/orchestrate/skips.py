@@ -28,8 +28,8 @@ def reason_to_skip(spec, key: str, resume: bool, sweep_dir: Path, run_dir: Path,
         done = tracking.finished_run_with_key(spec.tracking, launch_dir, key)
         if done:
             # under this parent already (a resumed sweep): no second entry for it in the UI
-            visible = done.data.tags.get(mlflow_tags.PARENT) != parent
-            return f"already FINISHED as MLflow run {done.info.run_id} (resume=true)", visible
+            visible = done.tags.get(mlflow_tags.PARENT) != parent
+            return f"already FINISHED as MLflow run {done.run_id} (resume=true)", visible
     return None
 
 

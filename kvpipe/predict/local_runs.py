@@ -12,6 +12,7 @@ from kvpipe.errors import KvpipeError
 from kvpipe.jobspec import override_group
 from kvpipe.predict.calibration import Sample
 from kvpipe.predict.run_costs import BATCH, NEW, PROMPT, TPOT, TTFT
+from kvpipe.record import table as run_table
 from kvpipe.record import tags as mlflow_tags
 
 
@@ -43,7 +44,7 @@ def read_local_runs(spec, dtype: str, device: str, threads: int, prompt_lengths:
                             every_repeat=True)  # fmt: skip
     except KvpipeError as exc:
         return LocalRuns(None, f"no runs to calibrate with: {exc}", store)
-    wanted = {"params.model.name": spec.model.name, "params.model.dtype": dtype, mlflow_tags.column(mlflow_tags.HOST): host,
+    wanted = {run_table.param("model.name"): spec.model.name, run_table.param("model.dtype"): dtype, mlflow_tags.column(mlflow_tags.HOST): host,
               mlflow_tags.column(mlflow_tags.DEVICE): device}  # fmt: skip
     if device == "cpu":
         wanted[mlflow_tags.column(mlflow_tags.TORCH_THREADS)] = str(threads)
@@ -74,7 +75,7 @@ def matching(runs, variant):
     keep = pd.Series(True, index=runs.index)
     for name in variant.read_fields():
         if not name.endswith(".*"):
-            logged = column(runs, f"params.{name}", None)
+            logged = column(runs, run_table.param(name), None)
             same = [(value if isinstance(value, str) else None) == wanted.get(name) for value in logged]
             keep &= pd.Series(same, index=runs.index, dtype=bool)
     return runs[keep]
@@ -93,7 +94,7 @@ def samples(runs, variant, costs) -> list[Sample]:
 
 def _half(run, figure: str) -> float | None:
     """Half the run's 95% interval of a figure; None where it recorded none (runs before intervals)."""
-    low, high = run.get(f"metrics.{figure}_ci_low"), run.get(f"metrics.{figure}_ci_high")
+    low, high = run.get(run_table.metric(f"{figure}_ci_low")), run.get(run_table.metric(f"{figure}_ci_high"))
     if low is None or high is None or low != low or high != high:
         return None
     return (float(high) - float(low)) / 2

@@ -16,6 +16,7 @@ import math
 from kvpipe import catalogue
 from kvpipe.predict.floors import split
 from kvpipe.predict.run_costs import BATCH, NEW, PROMPT, job_costs, job_spec
+from kvpipe.record import table as run_table
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.units import human_bytes, sizes_apart
 
@@ -47,7 +48,14 @@ def smaller_but_higher(runs, reference) -> list:
     return sorted(found, key=lambda run: run[KV])
 
 
-_SAME_JOB = ("params.model.name", "params.model.dtype", BATCH, PROMPT, NEW, mlflow_tags.column(mlflow_tags.DEVICE))
+_SAME_JOB = (
+    run_table.param("model.name"),
+    run_table.param("model.dtype"),
+    BATCH,
+    PROMPT,
+    NEW,
+    mlflow_tags.column(mlflow_tags.DEVICE),
+)
 
 
 def _same(a, b) -> bool:
@@ -118,7 +126,7 @@ def _costed(run):
     spec = job_spec(str(run.get(mlflow_tags.column(mlflow_tags.OVERRIDES))))
     if spec is None or not isinstance(run.get(BATCH), float):
         return None
-    dtype, device = str(run.get("params.model.dtype")), str(run.get(mlflow_tags.column(mlflow_tags.DEVICE)))
+    dtype, device = str(run.get(run_table.param("model.dtype"))), str(run.get(mlflow_tags.column(mlflow_tags.DEVICE)))
     costs = job_costs(spec, dtype, int(run[BATCH]), device)
     return None if costs is None else (spec, costs)
 

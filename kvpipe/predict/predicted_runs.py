@@ -6,6 +6,7 @@ import math
 
 from kvpipe.predict.calibration import Sample, calibrate
 from kvpipe.predict.run_costs import BATCH, NEW, PROMPT, TPOT, TTFT, job_costs, job_spec
+from kvpipe.record import table as run_table
 from kvpipe.record import tags as mlflow_tags
 
 # compare --predicted's columns (compare shows TPOT, not TTFT, of its own: the measured TTFT comes too)
@@ -45,7 +46,7 @@ def with_predictions(runs):
     return runs
 
 
-_GROUP_COLUMNS = ("params.model.name", "params.model.dtype", mlflow_tags.column(mlflow_tags.HOST), mlflow_tags.column(mlflow_tags.DEVICE),
+_GROUP_COLUMNS = (run_table.param("model.name"), run_table.param("model.dtype"), mlflow_tags.column(mlflow_tags.HOST), mlflow_tags.column(mlflow_tags.DEVICE),
                   mlflow_tags.column(mlflow_tags.TORCH_THREADS), BATCH)  # fmt: skip
 
 
@@ -56,7 +57,7 @@ def _sample_of(run) -> tuple[str, Sample] | None:
     if spec is None or any(not isinstance(run.get(n), float) or math.isnan(run.get(n)) for n in needed):
         return None
     dtype, device, batch = (
-        run.get("params.model.dtype"),
+        run.get(run_table.param("model.dtype")),
         run.get(mlflow_tags.column(mlflow_tags.DEVICE)),
         int(run[BATCH]),
     )

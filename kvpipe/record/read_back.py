@@ -16,6 +16,7 @@ from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.auth import check_uri, refusals, status_of
 from kvpipe.record.result import RESULT_FILE, Result, iter_results
 from kvpipe.record.store import point_mlflow_at, resolve_uri
+from kvpipe.record.table import RunRecord
 from kvpipe.workload import Answer, Step
 
 FINISHED = f"attributes.status = 'FINISHED' and {mlflow_tags.equals(mlflow_tags.STATUS, 'FINISHED')}"
@@ -94,7 +95,7 @@ def _read_runs(experiment: str, parent: str | None, uri: str, whole_experiment: 
         if parent_run is None:
             raise KvpipeError(f"experiment {experiment!r} has no FINISHED runs; {UNMEASURED}")
         raise KvpipeError(f"sweep {parent_run.info.run_id} has no FINISHED runs; {_why_none(_sweep_dir(parent_run))}")
-    return (runs.reset_index(drop=True) if every_repeat else _latest_per_key(runs)), parent_run
+    return (runs.reset_index(drop=True) if every_repeat else _latest_per_key(runs)), RunRecord.of(parent_run)
 
 
 SHORT_ID = 8  # the run id's characters a sweep's title prints

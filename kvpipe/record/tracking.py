@@ -23,6 +23,7 @@ from kvpipe.record.exactly_once import run_holding
 from kvpipe.record.requests import log_requests
 from kvpipe.record.result import RESULT_FILE, Result
 from kvpipe.record.scored import log_scored
+from kvpipe.record.table import RunRecord
 from kvpipe.record.traces import log_answers
 from kvpipe.record.worker import forwarded
 
@@ -296,7 +297,7 @@ def attach_files(run_id: str, paths: list[Path], artifact_dir: str, note: str) -
 
 
 def finished_run_with_key(tracking: TrackingConfig, launch_dir: Path, key: str):
-    """A FINISHED run in the experiment that measured exactly this (an mlflow Run), if any."""
+    """A FINISHED run in the experiment that measured exactly this, if any."""
     import mlflow
 
     with recording(tracking, launch_dir) as experiment_id:
@@ -307,4 +308,4 @@ def finished_run_with_key(tracking: TrackingConfig, launch_dir: Path, key: str):
             filter_string=f"tags.`{mlflow_tags.KEY}` = '{key}' and attributes.status = 'FINISHED' "
             f"and {mlflow_tags.equals(mlflow_tags.STATUS, 'FINISHED')}",
         )
-    return runs[0] if runs else None
+    return RunRecord.of(runs[0]) if runs else None

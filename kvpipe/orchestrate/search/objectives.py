@@ -18,6 +18,7 @@ import pandas as pd
 from kvpipe import catalogue
 from kvpipe.decide.limits import Limits
 from kvpipe.decide.runs import judge_of, with_derived
+from kvpipe.record import table as run_table
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.workload import Quality
 
@@ -40,9 +41,9 @@ def row(metrics: dict, params: dict, tags: dict) -> pd.Series:
     frame = pd.DataFrame(
         [
             {
-                **{f"metrics.{k}": (math.nan if v is None else v) for k, v in metrics.items()},
-                **{f"params.{k}": v for k, v in params.items()},
-                **{f"tags.{k}": v for k, v in tags.items()},
+                **{run_table.metric(k): (math.nan if v is None else v) for k, v in metrics.items()},
+                **{run_table.param(k): v for k, v in params.items()},
+                **{mlflow_tags.column(k): v for k, v in tags.items()},
                 "run_id": tags.get(mlflow_tags.RUN_ID, ""),
             }
         ]
