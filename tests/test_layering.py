@@ -213,6 +213,16 @@ def cycles(root: Path = REPO) -> list[list[str]]:
     return groups
 
 
+def a_tree(root: Path, files: dict[str, str]) -> None:
+    """A kvpipe package under root holding these files (paths below kvpipe/), each folder a package."""
+    for relative, text in files.items():
+        path = root / "kvpipe" / relative
+        for folder in [root / "kvpipe", *(p for p in reversed(path.parents) if root / "kvpipe" in p.parents)]:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "__init__.py").touch()
+        path.write_text(text)
+
+
 def test_every_module_sits_on_a_floor():
     assert [m for m in modules() if floor_of(m) is None] == []
 
@@ -232,14 +242,11 @@ def test_libraries_stay_on_their_floors():
 def test_the_library_rules_can_fail(tmp_path):
     """A tree where compare calls MLflow itself (inside a function) and the config imports torch when
     it loads is caught twice; torch inside the config's function, and MLflow in record/, are fine."""
-    package = tmp_path / "kvpipe"
-    for folder in ("decide", "record"):
-        (package / folder).mkdir(parents=True)
-        (package / folder / "__init__.py").write_text("")
-    (package / "__init__.py").write_text("")
-    (package / "decide" / "compare.py").write_text("def publish():\n    from mlflow.tracking import MlflowClient\n")
-    (package / "record" / "tracking.py").write_text("import mlflow\n")
-    (package / "config.py").write_text("import torch.nn\ndef late():\n    import transformers\n")
+    a_tree(tmp_path, {
+        "decide/compare.py": "def publish():\n    from mlflow.tracking import MlflowClient\n",
+        "record/tracking.py": "import mlflow\n",
+        "config.py": "import torch.nn\ndef late():\n    import transformers\n",
+    })  # fmt: skip
     assert library_misuses(tmp_path) == [
         "kvpipe.config imports torch at its top level (floor kvpipe.config stays light; import it inside a function)",
         "kvpipe.decide.compare imports mlflow (only kvpipe.record may)",
@@ -286,13 +293,10 @@ def test_only_record_spells_mlflows_runs_table():
 
 
 def test_the_runs_table_rule_can_fail(tmp_path):
-    package = tmp_path / "kvpipe"
-    for folder in ("decide", "record"):
-        (package / folder).mkdir(parents=True)
-        (package / folder / "__init__.py").write_text("")
-    (package / "__init__.py").write_text("")
-    (package / "decide" / "runs.py").write_text('NAME = "params.model.name"\nID = lambda run: run.info.run_id\n')
-    (package / "record" / "table.py").write_text('PARAMS = "params."\n')
+    a_tree(tmp_path, {
+        "decide/runs.py": 'NAME = "params.model.name"\nID = lambda run: run.info.run_id\n',
+        "record/table.py": 'PARAMS = "params."\n',
+    })  # fmt: skip
     assert mlflow_shapes(tmp_path) == [
         'kvpipe.decide.runs:1: NAME = "params.model.name"',
         "kvpipe.decide.runs:2: ID = lambda run: run.info.run_id",
