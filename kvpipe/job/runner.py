@@ -123,11 +123,12 @@ class BatchJob(Job):
         """Where some calls were left out and some kept: each round's figures over its kept calls
         (NaN where it kept none), so that a figure, its interval and its paired ratio all come from the
         same calls; its rounds as measured otherwise (every call kept, or none: then the notes say so)."""
-        if all(self.kept) or not any(self.kept):
+        flags = self.kept  # derived from the rounds' record: read once
+        if all(flags) or not any(flags):
             return self.per_round
         n = self.calls_per_round
         rounds = [
-            [c for c, keep in zip(self.calls[i : i + n], self.kept[i : i + n]) if keep]
+            [c for c, keep in zip(self.calls[i : i + n], flags[i : i + n]) if keep]
             for i in range(0, len(self.calls), n)
         ]
         by_round = [batch_round(kept) if kept else dict.fromkeys(BATCH_FIGURES, math.nan) for kept in rounds]

@@ -8,6 +8,7 @@ import shlex
 import socket
 from dataclasses import dataclass
 
+from kvpipe import catalogue
 from kvpipe.errors import KvpipeError
 from kvpipe.jobspec import override_group
 from kvpipe.predict.calibration import Sample
@@ -94,7 +95,8 @@ def samples(runs, variant, costs) -> list[Sample]:
 
 def _half(run, figure: str) -> float | None:
     """Half the run's 95% interval of a figure; None where it recorded none (runs before intervals)."""
-    low, high = run.get(run_table.metric(f"{figure}_ci_low")), run.get(run_table.metric(f"{figure}_ci_high"))
+    metric = catalogue.get(figure)
+    low, high = run.get(metric.companion("ci_low")), run.get(metric.companion("ci_high"))
     if low is None or high is None or low != low or high != high:
         return None
     return (float(high) - float(low)) / 2

@@ -193,7 +193,7 @@ def _close(jobs: list[RoundTaker], rounds: Rounds, stop: StopRule) -> None:
         note = None
         if rounds.by_call and job is not base and job.failed is None:
             note = firmness_note(job.per_round[STOPPING_FIGURE], paired(job, base), rounds.baseline_cache)
-        job.rounds_ended((stop.stopped_by or "decided") if stop.by_paired_decision else None, note)
+        job.rounds_ended(stop.ended_by, note)
 
 
 def _log_round(jobs: list[RoundTaker], rounds: Rounds, measured_s: list[float], taken: list[int]) -> None:

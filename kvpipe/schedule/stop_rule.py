@@ -87,13 +87,19 @@ class StopRule:
             self.stopped_by = MAX_MEASURE_S
         return [] if self.stopped_by else alive
 
+    @property
+    def ended_by(self) -> str | None:
+        """Why a paired-decision rule's rounds ended (decided, unless a cap ended them; also where its
+        baseline failed and each job's own rule took over); None under the other rules."""
+        return (self.stopped_by or DECIDED) if self.by_paired_decision else None
+
     def said(self, rounds: int) -> str:
         """The log line of a paired-decision rule's end."""
         timing = self.jobs[0].timing
         within = getattr(timing, "decide_within", DECIDE_WITHIN)
         cap = {MAX_REPEATS: f"workload.max_repeats={timing.max_repeats}",
                MAX_MEASURE_S: f"workload.max_measure_s={timing.max_measure_s:g}"}  # fmt: skip
-        reason = self.stopped_by or DECIDED
+        reason = self.ended_by
         words = (
             f"every paired TPOT ratio clear of 1 or measured to ±{within:.0%}"
             if reason == DECIDED
