@@ -18,7 +18,7 @@ MLFLOW_PORT ?= 5000
 # `make ui` and `make mlflow-server` show them; MLFLOW_DIR=... serves another.
 MLFLOW_DIR  ?= $(CURDIR)/outputs
 
-.PHONY: venv run test test-fast test-census lint format docs ui mlflow-server clean-venv
+.PHONY: venv run test test-fast test-census lint format docs ui mlflow-server clean-venv engines
 
 venv: $(STAMP)
 
@@ -53,6 +53,12 @@ $(STAMP): pyproject.toml requirements.lock
 # import, which writes nothing where PYTHONDONTWRITEBYTECODE is set (0.1-0.3 s a process).
 WARM_QUANTO      := import torch; from kvpipe.cache import backends; backends.get('quanto').warm('cpu', torch.float32)
 CONVERT_EMBEDDED := from kvpipe.model import embedded_folder; embedded_folder()
+
+# The serving engines kvpipe can start (engine=llama_cpp): llama.cpp's llama-server, compiled once per
+# machine from the source llama-cpp-python pins (~8 min on 2 cores), kept in the per-user cache beside
+# the converted model (kvpipe/engine/build.py). Without it, engine=llama_cpp says to run this.
+engines: venv
+	$(PY) -m kvpipe.engine.build
 
 run: venv
 	$(PY) -m kvpipe $(ARGS)

@@ -153,6 +153,10 @@ def with_ratios(runs, baseline: str | None = None):
 
     name = baseline or DEFAULT_BASELINE
     chosen = [named(run, name) for _, run in runs.iterrows()]
+    lossless = mlflow_tags.column(mlflow_tags.ENGINE_LOSSLESS)
+    if baseline is None and not any(chosen) and lossless in runs:  # an engine's runs: its full-precision cache
+        chosen = [run.get(lossless) == "true" for _, run in runs.iterrows()]
+        name = next((run["label"] for is_base, (_, run) in zip(chosen, runs.iterrows()) if is_base), name)
     if not any(chosen):
         if baseline is None:
             return runs

@@ -211,7 +211,11 @@ NOT_REPRODUCED = ("resume=", "sweep_name=", "interleave=", "hydra/", "hydra.", "
 def use_command(run) -> str:
     """The command that measures this run again: its own recorded Hydra overrides (model, workload
     and the settings its cache reads, as given), or, for runs recorded before kvpipe kept them, the
-    strategy's overrides from the registry."""
+    strategy's overrides from the registry. A run served by an engine's own server: the command that
+    starts that server with the same KV settings (`llama-server ... -ctk q8_0 -ctv q8_0 -fa auto`)."""
+    served_by = run.get(mlflow_tags.column(mlflow_tags.ENGINE_COMMAND))
+    if isinstance(served_by, str):  # an engine's own server: the engine's own words
+        return served_by
     recorded = run.get(mlflow_tags.column(mlflow_tags.OVERRIDES))
     if isinstance(recorded, str):
         words = reproducing([] if recorded == "(defaults)" else shlex.split(recorded), read_by(run))

@@ -94,6 +94,25 @@ class Job(RoundTaker):
         """The batches the quality pass scores, and what this job generated for each."""
         raise NotImplementedError
 
+    def loads_anew(self) -> bool:
+        """Whether load_model() will pay a load (an earlier job in this process may have paid it)."""
+        return not model.is_loaded(self.spec.model)
+
+    def load_model(self):
+        """The model it measures (kvpipe.model.LoadedModel), loaded once per process."""
+        return model.load(self.spec.model)
+
+    def close(self) -> None:
+        """Stop what it started for its rounds (an engine's server); nothing for a job in this process."""
+
+    @property
+    def quality_refusal(self) -> str:
+        """Why the quality pass has no cache of its to score, where it builds none (self.setup is None)."""
+        return (
+            f"cache={self.ran.strategy.name} builds its cache inside its server (continuous batching), where "
+            "the quality pass cannot score it: no quality pass"
+        )
+
     # ---- the phases ----------------------------------------------------------------------------
 
     def prepare(self) -> None:
@@ -112,8 +131,8 @@ class Job(RoundTaker):
         spec.strategy.check_prompts(*shortest_and_padded(self.batches))
         self.plan()
 
-        load_started, paid = time.perf_counter(), not model.is_loaded(spec.model)
-        self.loaded = loaded = model.load(spec.model)
+        load_started, paid = time.perf_counter(), self.loads_anew()
+        self.loaded = loaded = self.load_model()
         # 0 where an earlier job loaded it: a lookup is no set-up, however long a busy machine makes it
         self.load_paid_ms = (time.perf_counter() - load_started) * 1e3 if paid else 0.0
         self.process_setup_s = imports_paid_s + self.load_paid_ms / 1e3
@@ -237,10 +256,7 @@ class Job(RoundTaker):
         kvpipe.measure.quality), on the cache the job built; a server that builds its own has none
         to score."""
         if self.setup is None:
-            notes.append(
-                f"cache={self.ran.strategy.name} builds its cache inside its server (continuous batching), where "
-                "the quality pass cannot score it: no quality pass"
-            )
+            notes.append(self.quality_refusal)
             return
         started = time.perf_counter()
         batches, generated = self.quality_inputs()

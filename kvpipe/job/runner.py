@@ -27,13 +27,20 @@ def run_job(spec: Spec, tags: dict[str, str] | None = None):
     """Load (or reuse) the model, build the cache, warm up, measure its rounds, summarise; tags:
     how it was measured (a sweep's), added to its own. Returns its JobResult."""
     job = job_for(spec)
-    job.prepare()
-    run_rounds([job], spec.workload.seed, shuffle=False)
-    return job.result({"measured_order": "alone", **(tags or {})})
+    try:
+        job.prepare()
+        run_rounds([job], spec.workload.seed, shuffle=False)
+        return job.result({"measured_order": "alone", **(tags or {})})
+    finally:
+        job.close()
 
 
 def job_for(spec: Spec) -> Job:
     """The job a spec makes: its requests served under its load, or its batches one after another."""
+    if spec.engine is not None:
+        from kvpipe.job.engine_served import EngineJob
+
+        return EngineJob(spec)
     if spec.load is None:
         return BatchJob(spec)
     return SessionsJob(spec) if spec.bound_workload.in_sessions else ServedJob(spec)

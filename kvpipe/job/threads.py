@@ -15,10 +15,16 @@ def use_threads(model_cfg, device: str) -> int:
 
     if device != "cpu":
         return 1
-    wanted = model_cfg.threads or _omp_threads() or physical_cores()
+    wanted = threads_for(model_cfg)
     if torch.get_num_threads() != wanted:
         torch.set_num_threads(wanted)
     return wanted
+
+
+def threads_for(model_cfg) -> int:
+    """The CPU threads a job computes with: model.threads, else $OMP_NUM_THREADS, else the physical
+    cores (an engine's server is given the same number)."""
+    return model_cfg.threads or _omp_threads() or physical_cores()
 
 
 def _omp_threads() -> int | None:

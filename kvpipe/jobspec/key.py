@@ -25,6 +25,9 @@ def measurement_key(spec) -> str:
     strategy or the workload's kind ignores, and tracking, are left out)."""
     data = spec.as_dict()
     data.pop("tracking"), data.pop("fallback")
+    if spec.engine is not None:  # engine=transformers is keyed as every job was before engines existed
+        read = spec.bound_engine.read_fields()
+        data["engine"] = {k: v for k, v in data["engine"].items() if f"engine.{k}" in read}
     if spec.load is not None:  # a job without one is keyed as every job was before loads existed
         read = spec.bound_load.read_fields()
         data["load"] = {k: v for k, v in data["load"].items() if f"load.{k}" in read}

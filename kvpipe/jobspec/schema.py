@@ -1,6 +1,6 @@
 """The whole config's typed schema, assembled from the registries and stored in Hydra's ConfigStore.
 
-The groups that plugins extend (cache, backend, press, workload, load: `PLUGGED`) are each composed
+The groups that plugins extend (cache, backend, press, workload, load, engine: `PLUGGED`) are each composed
 through a permissive schema holding every key any of their options declares (kvpipe.config's
 `group_schema`), and the chosen option is then checked against its own typed dataclass
 (`option_schema`, in kvpipe.jobspec.options), so adding an option never edits a schema; the other
@@ -16,7 +16,7 @@ from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from kvpipe import cache, load, workload
+from kvpipe import cache, engine, load, workload
 from kvpipe.cache import backends, presses
 
 # OmegaConf reads KvpipeConfig's field types by name in this module's namespace: the plain schemas by
@@ -33,6 +33,7 @@ PLUGGED: dict[str, tuple[Registry, type | None]] = {
     "press": (presses.Press.registry, presses.Common),
     "workload": (workload.Workload.registry, workload.Common),
     "load": (load.Load.registry, load.Common),
+    "engine": (engine.Engine.registry, None),
 }
 
 
@@ -42,13 +43,13 @@ def option_schema(plugin: type[Registered]) -> type:
 
 
 def _build_group_schemas() -> None:
-    global CacheConfig, BackendConfig, PressConfig, WorkloadConfig, LoadConfig
+    global CacheConfig, BackendConfig, PressConfig, WorkloadConfig, LoadConfig, EngineConfig
     built = {
         group: group_schema(f"{group.capitalize()}Config", registry.key, registry.registered(), __name__, common)
         for group, (registry, common) in PLUGGED.items()
     }
     CacheConfig, BackendConfig, PressConfig = built["cache"], built["backend"], built["press"]
-    WorkloadConfig, LoadConfig = built["workload"], built["load"]
+    WorkloadConfig, LoadConfig, EngineConfig = built["workload"], built["load"], built["engine"]
 
 
 CacheConfig: type
@@ -56,6 +57,7 @@ BackendConfig: type
 PressConfig: type
 WorkloadConfig: type
 LoadConfig: type
+EngineConfig: type
 _build_group_schemas()
 
 
@@ -71,6 +73,9 @@ class KvpipeConfig:
     quality: QualityConfig = field(default_factory=QualityConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     load: Optional[LoadConfig] = None  # how requests arrive (load=offline|concurrency|rate); null: batch by batch
+    engine: EngineConfig = field(
+        default_factory=lambda: EngineConfig()
+    )  # what generates (engine=transformers|llama_cpp)
     print_table: bool = True
     fallback: List[str] = field(default_factory=list)  # retried in order after out-of-memory (conf/config.yaml)
     resume: bool = False  # multirun: skip jobs already FINISHED in the experiment

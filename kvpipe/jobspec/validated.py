@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvpipe import cache as cache_strategies
 from kvpipe import config
+from kvpipe import engine as engines
 from kvpipe import load as loads
 from kvpipe import workload as workloads
 from kvpipe.cache import presses
@@ -44,6 +45,7 @@ class Spec:
     fallback: tuple[str, ...] = ()
     load: Any = None  # the chosen load's (how requests arrive), or None: the workload's batches one after another
     press: Any = None  # the chosen press's (eviction from the cache's layers), or None: press=none
+    engine: Any = None  # the chosen engine's (a server of its own), or None: engine=transformers, in this process
     warnings: tuple[str, ...] = field(default=())
     overrides: tuple[str, ...] = field(default=())  # the user's Hydra overrides that made this job
 
@@ -54,6 +56,8 @@ class Spec:
             data.pop("load")  # result.json as it was before loads: a job without one has no load key
         if self.press is None:
             data.pop("press")  # likewise before presses
+        if self.engine is None:
+            data.pop("engine")  # and before engines
         return data
 
     def __getstate__(self) -> dict:
@@ -76,6 +80,11 @@ class Spec:
     def bound_workload(self) -> workloads.Workload:
         """The workload this spec names, bound to its settings."""
         return workloads.get(self.workload.kind)(self.workload)
+
+    @cached_property
+    def bound_engine(self) -> engines.Engine | None:
+        """The engine this spec names, bound to its settings; None for transformers in this process."""
+        return None if self.engine is None else engines.get(self.engine.name)(self.engine)
 
     @cached_property
     def bound_load(self) -> loads.Load | None:
@@ -119,10 +128,10 @@ class Spec:
         data = self.as_dict()
         owned = {"model": (config.SOURCE_FIELDS, self.model.source)}
         params = {}
-        for group in ("model", "workload", "quality", "load"):
+        for group in ("model", "workload", "quality", "load", "engine"):
             if group == "workload":  # after the model's: the cache, backend and axis fields its strategy reads
                 params.update(self.cache_choice.params())
-            if group == "load" and self.load is None:
+            if group in ("load", "engine") and getattr(self, group) is None:
                 continue
             for key, value in data[group].items():
                 name = f"{group}.{key}"
@@ -137,6 +146,8 @@ class Spec:
                 if group == "quality" and key != "enabled" and not self.quality.enabled:
                     continue
                 if group == "load" and f"load.{key}" not in self.bound_load.read_fields():
+                    continue
+                if group == "engine" and f"engine.{key}" not in self.bound_engine.read_fields():
                     continue
                 if isinstance(value, dict):  # model.architecture: the runner logs the real config's
                     continue
@@ -191,7 +202,9 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
         fallback=tuple(typed.fallback),
         load=typed.load,
         press=None if typed.press.name == "none" else typed.press,
+        engine=None if engines.get(typed.engine.name).in_process else typed.engine,
     )
+    _check_engine(spec)
     _check_serving(spec)
     # the groups and the settings the user named: a warning about a setting only where it was given
     overridden = frozenset(override_group(o) for o in overrides) | frozenset(override_key(o) for o in overrides)
@@ -389,6 +402,23 @@ def _check_sessions(spec: Spec) -> None:
             f"cache={strategy.name} cannot continue from a cache it returned; expected {able}, or "
             "workload.keep_session_cache=false (cache=paged shares prefixes through cache.allow_block_sharing)",
         )  # fmt: skip
+
+
+def _check_engine(spec: Spec) -> None:
+    """An engine with a server of its own keeps its own KV cache: kvpipe's caches and presses are
+    refused, and what the engine itself cannot do, before anything starts."""
+    engine = spec.bound_engine
+    if engine is None:
+        return
+    if spec.cache.strategy != cache_strategies.DEFAULT_BASELINE:
+        raise ConfigError(
+            "cache", spec.cache.strategy,
+            f"engine={engine.name} keeps its own KV cache: leave cache={cache_strategies.DEFAULT_BASELINE} and "
+            f"choose it with {engine.kv_settings}",
+        )  # fmt: skip
+    if spec.press is not None:
+        raise ConfigError("press", spec.press.name, f"engine={engine.name} evicts nothing: expected press=none")
+    engine.check(spec)
 
 
 def _check_serving(spec: Spec) -> None:

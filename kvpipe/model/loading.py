@@ -185,6 +185,15 @@ def make_resident(model) -> None:
                 tensor.detach().reshape(-1).view(torch.uint8)[:: mmap.PAGESIZE].sum()
 
 
+def generation_config(model_cfg: ModelConfig):
+    """The model's generation config (its end-of-answer tokens), from its folder, without its weights:
+    what a job served by an engine's own server reads of the model."""
+    from transformers import GenerationConfig
+
+    location = local_folder(model_cfg) or (embedded_folder() if model_cfg.source != "hf" else model_cfg.name_or_path)
+    return GenerationConfig.from_pretrained(str(location), revision=model_cfg.revision)
+
+
 def load_tokenizer(model_cfg: ModelConfig):
     """The model's tokenizer, left-padding, loaded once per process. Random models borrow the
     embedded model's, which keeps chat templates and decoding real."""

@@ -326,13 +326,21 @@ def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str | Deferre
     if why_sequential is not None:
         return guarded(lambda: measure_now({"measured_order": "sequential", "order_reason": why_sequential}))
 
-    def kill() -> None:
+    def kill(job=None) -> None:
+        if job is not None:
+            job.close()
         skips.unmark_pending(run_dir)
         record_killed(spec, run_dir, launch_dir, parent)
 
     def finish(job, order_tags: dict) -> str:
         skips.unmark_pending(run_dir)
-        measured = lambda: job.result(order_tags)  # noqa: E731
+
+        def measured():
+            try:
+                return job.result(order_tags)
+            finally:
+                job.close()  # its engine's server, once its figures are read
+
         return guarded(lambda: record_measured(spec, measured, run_dir, launch_dir, False, parent) and "FINISHED")
 
     def prepare() -> Deferred:
@@ -344,12 +352,13 @@ def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str | Deferre
         try:
             job.prepare()
         except KeyboardInterrupt:
-            kill()
+            kill(job)
             raise
         except BaseException:
+            job.close()
             skips.unmark_pending(run_dir)
             raise
-        return Deferred(job, lambda order_tags: finish(job, order_tags), kill)
+        return Deferred(job, lambda order_tags: finish(job, order_tags), lambda: kill(job))
 
     return guarded(prepare)
 

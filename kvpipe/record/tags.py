@@ -38,6 +38,9 @@ FALLBACK_TO = "kvpipe.fallback_to"
 HOST, DEVICE, TORCH_THREADS = "kvpipe.host", "kvpipe.device", "kvpipe.torch_threads"
 ROUND_GROUP = "kvpipe.round_group"  # jobs that took turns in the same rounds share it: their rounds pair
 LOAD = "kvpipe.load"  # a serving run's load, as its label says it: concurrency(4), rate(2/s)
+# a run served by an engine's own server (engine=llama_cpp): the server's command line, in the engine's
+# words (what recommend's `use:` says), and whether its KV cache is its full-precision one (the baseline)
+ENGINE_COMMAND, ENGINE_LOSSLESS = "kvpipe.engine_command", "kvpipe.engine_lossless"
 
 
 def of(name: str) -> str:

@@ -1,0 +1,103 @@
+"""What an engine is: one class per way of generating, registered by subclassing. The default,
+transformers, runs in kvpipe's own process and builds kvpipe's caches (kvpipe.cache); any other is a
+server of its own (kvpipe.engine.server) whose KV cache is the engine's, chosen by its own settings
+(engine.*), and whose answers come back over HTTP. An engine says how to start its server for a
+job, what it refuses before anything starts, what its own reports say of its KV cache, and how a
+user would start the same server (its `use:` line)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from kvpipe.registry import Registered, Registry
+
+
+@dataclass
+class NoSettings:
+    """An engine that reads no engine.* field beyond its name."""
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """What one job's server is started for: the model file, how many requests it holds at once
+    (its slots), the tokens each may hold (prompt and answer), and the CPU threads it may use."""
+
+    model_file: Path
+    slots: int
+    context_tokens: int
+    threads: int
+
+
+class Engine(Registered):
+    """Base class: subclass it with `name`, its `Settings`, and, for a server, `command`,
+    `kv_report` and `use_words`."""
+
+    registry: ClassVar[Registry[Engine]] = Registry("engine.name")
+    Settings: ClassVar[type] = NoSettings
+    in_process: ClassVar[bool] = False  # transformers: kvpipe's own process generates, with kvpipe's caches
+    ready_path: ClassVar[str] = "/health"  # answers 200 once the server has loaded its model
+    kv_settings: ClassVar[str] = ""  # the engine.* settings that choose its KV cache, as a refusal names them
+
+    def __init__(self, engine_cfg):
+        self.config = engine_cfg
+        self.settings = self.Settings(
+            **{f.name: getattr(engine_cfg, f.name) for f in dataclasses.fields(self.Settings)}
+        )
+
+    def read_fields(self) -> tuple[str, ...]:
+        """The engine.* fields its measurement depends on (its key, its params)."""
+        return ("engine.name", *(f"engine.{f.name}" for f in dataclasses.fields(self.Settings)))
+
+    def check(self, spec) -> None:
+        """What the engine refuses of a job, from its settings alone, before anything starts: a
+        one-line ConfigError naming the field and what would work (kvpipe's own caches and presses
+        are refused by kvpipe.jobspec, which knows them)."""
+
+    def model_file(self, model_cfg) -> Path:
+        """The file its server loads for `model_cfg`."""
+        raise NotImplementedError
+
+    def server_binary(self) -> Path:
+        """The server's program, found or refused with the command that builds it."""
+        raise NotImplementedError
+
+    def command(self, plan: ServerPlan, port: int) -> list[str]:
+        """The server's command line for a job (`plan`) on a loopback port."""
+        raise NotImplementedError
+
+    def request(self, ids: list[int], new_tokens: int, workload_cfg) -> dict:
+        """The JSON body of one streamed completion of prompt `ids`."""
+        raise NotImplementedError
+
+    def kv_report(self, log_text: str) -> dict[str, float]:
+        """What the server's own report says of its KV cache (bytes, bytes per token, cells)."""
+        return {}
+
+    def use_words(self, plan: ServerPlan | None = None) -> str:
+        """How a user starts the same server, in the engine's own words."""
+        raise NotImplementedError
+
+    def lossless(self) -> bool:
+        """Whether its KV cache keeps keys and values at full precision: a sweep's and compare's
+        baseline among this engine's runs, as the dynamic cache is among transformers'."""
+        return True
+
+    def missing(self) -> str | None:
+        """Why its server cannot start on this machine (not built), or None."""
+        try:
+            self.server_binary()
+        except Exception as exc:  # noqa: BLE001 - a KvpipeError saying how to build it
+            return str(exc)
+        return None
+
+    def label(self) -> str:
+        """How tables and titles name its KV choice (`llama_cpp q8_0/q8_0`)."""
+        return self.name
+
+
+registered = Engine.registry.registered
+names = Engine.registry.names
+get = Engine.registry.get  # raises a one-line ConfigError naming the registered ones

@@ -1,0 +1,82 @@
+"""`python -m kvpipe.engine.build [ENGINE ...]` (what `make engines` runs): build each engine's server
+once per machine, where kvpipe finds it (kvpipe.engine.llama_cpp.built_server). Each step is one line;
+what the compilers print goes to a log file, whose last lines are shown where a step fails."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+
+from kvpipe.engine.llama_cpp import LLAMA_CPP_PYTHON, built_server
+
+# llama-server alone, for this machine's CPU, with nothing fetched at build time (no web UI assets,
+# no HTTPS or downloads in the server)
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF",
+)  # fmt: skip
+
+
+def build_llama_cpp(log_path: Path) -> Path:
+    """llama.cpp's llama-server from the source llama-cpp-python pins, built once; its path."""
+    target = built_server()
+    if target.is_file():
+        print(f"llama_cpp: {target} is built already")
+        return target
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kvpipe-llama-cpp-") as work:
+        work = Path(work)
+        step(f"llama-cpp-python=={LLAMA_CPP_PYTHON}'s source (llama.cpp, pinned)", log_path,
+             [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+              f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(work)])  # fmt: skip
+        archive = next(work.glob("llama_cpp_python-*.tar.gz"))
+        with tarfile.open(archive) as sdist:
+            sdist.extractall(work, filter="data")
+        source = next(work.glob("llama_cpp_python-*/vendor/llama.cpp"))
+        build = work / "build"
+        step("cmake configure", log_path, ["cmake", "-S", str(source), "-B", str(build), *CMAKE_FLAGS])
+        jobs = str(os.cpu_count() or 1)
+        step(f"llama-server compiled on {jobs} cores (~8 min on 2)", log_path,
+             ["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs])  # fmt: skip
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.with_name(target.name + ".partial")
+        shutil.copy2(build / "bin" / "llama-server", staging)
+        staging.rename(target)  # atomic: a half-copied server is never found
+    print(f"llama_cpp: built {target} in {time.perf_counter() - started:.0f} s")
+    return target
+
+
+def step(what: str, log_path: Path, words: list[str]) -> None:
+    print(f"  {what}", flush=True)
+    with open(log_path, "a") as sink:
+        done = subprocess.run(words, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        tail = "\n".join(deque(log_path.read_text(errors="replace").splitlines(), maxlen=25))
+        sys.exit(f"failed (exit {done.returncode}); the last lines of {log_path}:\n{tail}")
+
+
+BUILDS = {"llama_cpp": build_llama_cpp}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m kvpipe.engine.build", description=__doc__.splitlines()[0])
+    parser.add_argument("engines", nargs="*", choices=sorted(BUILDS), default=sorted(BUILDS))
+    parser.add_argument("--log", type=Path, default=built_server().parent.parent / "build.log")
+    args = parser.parse_args(argv)
+    args.log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"building {', '.join(args.engines)} (each step's output: {args.log})")
+    for name in args.engines:
+        BUILDS[name](args.log)
+
+
+if __name__ == "__main__":
+    main()

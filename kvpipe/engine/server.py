@@ -1,0 +1,143 @@
+"""An engine's server as kvpipe runs it: started on a free loopback port, its output kept in a log
+file beside the run, waited for until it answers (engine.start_timeout_s), and stopped whatever
+happens. Stopped by `stop()` (a job's end, a sweep's, a failure), by the exit handler (an exception
+that ends the process, Ctrl-C), and by the kernel where kvpipe itself is killed: the server is
+started with a parent-death signal (Linux's PR_SET_PDEATHSIG), so no server outlives the process
+that started it, even after a SIGKILL."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import http.client
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+from kvpipe.errors import KvpipeError
+
+log = logging.getLogger(__name__)
+
+RUNNING: set["EngineServer"] = set()  # servers this process started and has not stopped
+STOP_WAIT_S = 10.0  # after SIGTERM, how long a server may take to exit before SIGKILL
+PORT_TRIES = 3  # a free port may be taken between finding it and the server binding it
+
+
+class EngineServer:
+    """One engine's server for one job: `command(port)` its command line."""
+
+    def __init__(self, name: str, command, log_path: Path, ready_path: str, timeout_s: float):
+        self.name, self.command, self.log_path = name, command, Path(log_path)
+        self.ready_path, self.timeout_s = ready_path, timeout_s
+        self.process: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.start_s: float | None = None  # seconds from launch to its first ready answer
+
+    def __enter__(self) -> "EngineServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> "EngineServer":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        for attempt in range(PORT_TRIES):
+            self.port = free_port()
+            started = time.perf_counter()
+            self._launch(self.command(self.port))
+            if self._wait_ready(started, last_try=attempt == PORT_TRIES - 1):
+                self.start_s = time.perf_counter() - started
+                log.info(
+                    "%s ready on port %d in %.1f s (its log: %s)", self.name, self.port, self.start_s, self.log_path
+                )
+                return self
+        raise AssertionError("unreachable: the last try raises")
+
+    def _launch(self, words: list[str]) -> None:
+        with open(self.log_path, "ab") as sink:
+            sink.write(f"$ {' '.join(words)}\n".encode())
+            sink.flush()
+            self.process = subprocess.Popen(
+                words, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            )
+        RUNNING.add(self)
+
+    def _wait_ready(self, started: float, last_try: bool) -> bool:
+        """True once it answers; False where it lost its port to another process (a retry); else raises."""
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                RUNNING.discard(self)
+                tail = self.log_tail()
+                if not last_try and ("bind" in tail.lower() or "address already in use" in tail.lower()):
+                    return False
+                raise KvpipeError(
+                    f"{self.name}'s server stopped while starting (exit {code}); the last lines of {self.log_path}:\n{tail}"
+                )
+            if self._answers():
+                return True
+            if time.perf_counter() - started > self.timeout_s:
+                self.stop()
+                raise KvpipeError(
+                    f"{self.name}'s server did not answer within engine.start_timeout_s={self.timeout_s:g}; "
+                    f"the last lines of {self.log_path}:\n{self.log_tail()}"
+                )
+            time.sleep(0.1)
+
+    def _answers(self) -> bool:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+        try:
+            connection.request("GET", self.ready_path)
+            return connection.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after STOP_WAIT_S; nothing where it is not running."""
+        process, self.process = self.process, None
+        RUNNING.discard(self)
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
+
+    def log_tail(self, count: int = 15) -> str:
+        return "\n".join(deque(self.log_text().splitlines(), maxlen=count))
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs the server: the kernel sends it SIGKILL when its parent dies."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@atexit.register
+def stop_all() -> None:
+    """Every server this process started and has not stopped (an exit through an exception or Ctrl-C)."""
+    for server in list(RUNNING):
+        server.stop()

@@ -1,0 +1,246 @@
+"""A job served by an engine's own server (engine=llama_cpp): kvpipe starts the server for the job
+(kvpipe.engine.server), sends the workload's prompts to it as token ids over HTTP, as the load picks
+and times them, and reads each answer's tokens as they stream back: when each arrived is its TTFT and
+inter-token gaps, as a client of that server would see them. Everything above the engine is a served
+job's (kvpipe.job.served): the load, the figures, the workload's scoring of every answer.
+
+What the engine reports of itself is read from the engine: its KV cache's bytes, its prompt tokens
+served from cache (each request's own count), and its process's peak memory. A job without a load
+serves one request at a time (load=concurrency with 1 in flight), which is what a batch job of one
+prompt a call measures."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+from kvpipe import load as loads
+from kvpipe import model
+from kvpipe.engine import get as engine_class
+from kvpipe.engine.base import ServerPlan
+from kvpipe.engine.server import EngineServer
+from kvpipe.errors import KvpipeError
+from kvpipe.job.arrivals import Scheduled
+from kvpipe.job.served import ServedJob
+from kvpipe.job.servers import POLL_S, Outcome
+from kvpipe.job.threads import threads_for
+from kvpipe.jobspec import schema
+from kvpipe.measure.request_figures import Served
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT_S = 600.0  # one request's longest wait for its server's next line
+
+
+@dataclass
+class EngineAnswer:
+    """One streamed answer: its tokens, when each arrived, and its prompt tokens served from cache."""
+
+    sent_s: float
+    token_s: list[float]
+    tokens: list[int]
+    finished_s: float
+    cached_tokens: int
+
+
+@dataclass
+class ServerPeak:
+    """The server's peak resident memory over a round (Linux's VmHWM, reset at the round's start)."""
+
+    peak_bytes: int
+    baseline_bytes: int
+    source: str = "engine server's VmHWM"
+
+    @property
+    def peak_over_baseline_bytes(self) -> int:
+        return max(0, self.peak_bytes - self.baseline_bytes)
+
+
+class EngineJob(ServedJob):
+    """Its requests served by its engine's server, started in prepare() and stopped by close()."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.engine = engine_class(spec.engine.name)(spec.engine)
+        if self.load is None:  # one request at a time: a batch job's one prompt a call
+            option = schema.option_schema(loads.get("concurrency"))
+            self.load = loads.get("concurrency")(option(concurrency=1))
+        self.server: EngineServer | None = None
+        self.kv: dict[str, float] = {}
+
+    def loads_anew(self) -> bool:
+        return True  # every job starts its own server, which loads the model
+
+    @property
+    def cache_names(self) -> tuple[str, str]:
+        return self.engine.label(), self.engine.label()  # its KV cache is the engine's: llama_cpp q8_0
+
+    @property
+    def compare_baseline(self) -> bool:
+        return self.engine.lossless()  # its engine's full-precision KV cache, as dynamic is transformers'
+
+    @property
+    def quality_refusal(self) -> str:
+        return f"engine={self.engine.name} keeps its KV cache inside its server, where the quality pass cannot score it: no quality pass"
+
+    def load_model(self):
+        """The tokenizer and generation config from the model's folder; the weights load in the server."""
+        spec = self.spec
+        plan = self.server_plan()
+        self.server = EngineServer(
+            self.engine.name, lambda port: self.engine.command(plan, port), self.server_log(),
+            self.engine.ready_path, self.engine.settings.start_timeout_s,
+        )  # fmt: skip
+        self.server.start()
+        self.kv = self.engine.kv_report(self.server.log_text())
+        if "kv_cache_bytes" not in self.kv:
+            raise KvpipeError(f"{self.engine.name}'s server reported no KV cache size in {self.server.log_path}")
+        from kvpipe.model.shape import config_dict
+
+        config = config_dict(spec.model)[0]  # the architecture it records, from the model's config.json
+        generation = model.generation_config(spec.model)
+        return SimpleNamespace(
+            tokenizer=model.load_tokenizer(spec.model), shape=model.read_shape(spec.model),
+            model=SimpleNamespace(generation_config=generation, config=SimpleNamespace(to_dict=lambda: config)),
+            device="cpu", dtype=f"{self.engine.name} (weights of {plan.model_file.name})",
+            weights_bytes=plan.model_file.stat().st_size, load_s=self.server.start_s,
+        )  # fmt: skip
+
+    def server_plan(self) -> ServerPlan:
+        longest = max(len(request.ids) + request.new_tokens for request in self.requests)
+        return ServerPlan(self.engine.model_file(self.spec.model), self.cap, longest, threads_for(self.spec.model))
+
+    def server_log(self) -> Path:
+        """Beside the run: in the job's output folder where Hydra made one, else a new temporary folder."""
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            folder = Path(HydraConfig.get().runtime.output_dir)
+        else:
+            import tempfile
+
+            folder = Path(tempfile.mkdtemp(prefix="kvpipe-engine-"))
+        return folder / f"{self.engine.name}-server.log"
+
+    def warm_up(self, longest_prompt: int) -> None:
+        self.setup = None  # the server keeps its own cache
+        first = self.requests[: self.cap]
+        for _ in range(self.spec.workload.warmup):
+            started = time.perf_counter()
+            self._serve(Scheduled(first, [0.0] * len(first), len(first), closed=False), len(first))
+            self.warmup_ms.append((time.perf_counter() - started) * 1e3)
+
+    def round(self, advance) -> dict[str, float]:
+        from kvpipe.measure.request_figures import pass_figures
+
+        baseline = _reset_peak(self.server.pid)
+        outcome = self._serve(self.queue(), self.cap)
+        self.passes.append(outcome)
+        self.peaks.append(ServerPeak(_peak(self.server.pid), baseline))
+        for _ in outcome.served:
+            advance()
+        return pass_figures(outcome.served)
+
+    def _serve(self, queue, cap: int, kept=None) -> Outcome:
+        return serve_over_http(
+            self.engine, self.server.port, self.spec.workload, queue, cap, int(self.kv["kv_cache_bytes"])
+        )
+
+    def summary(self):
+        metrics, notes, tags = super().summary()
+        hits = [o.prefix_hit_tokens for o in self.passes]
+        prompt_tokens = sum(self.prompt_tokens()) * len(self.passes)
+        metrics["prefix_hit_tokens"] = float(sum(hits))
+        metrics["prefix_hit_rate"] = sum(hits) / prompt_tokens if prompt_tokens else 0.0
+        metrics["kv_bytes_per_token"] = self.kv["kv_bytes_per_token"]
+        metrics["kv_cells"] = self.kv["kv_cells"]
+        metrics["server_start_ms"] = self.server.start_s * 1e3
+        tags.update(engine=self.engine.name, engine_command=self.engine.use_words(self.server_plan()),
+                    engine_lossless=str(self.engine.lossless()).lower(), engine_log=str(self.server.log_path))  # fmt: skip
+        return metrics, notes, tags
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+def serve_over_http(engine, port: int, workload_cfg, queue, cap: int, kv_bytes: int) -> Outcome:
+    """Requests sent to the server as they arrive (from `queue`: kvpipe.job.arrivals; at most `cap` in
+    flight, each on a client thread of its own), answers taken as they finish."""
+    served: dict[int, Served] = {}
+    hits, most = 0, 0
+    start = time.perf_counter()
+    queue.begin(start)
+    with ThreadPoolExecutor(max_workers=cap, thread_name_prefix="engine-client") as clients:
+        in_flight = {}
+        while len(served) < queue.total:
+            for arrival in queue.take(time.perf_counter(), cap - len(in_flight)):
+                body = engine.request(arrival.request.ids, arrival.request.new_tokens, workload_cfg)
+                in_flight[clients.submit(stream_completion, port, body)] = arrival
+            most = max(most, len(in_flight))
+            timeout, due = POLL_S, queue.next_s()
+            if due is not None and len(in_flight) < cap:
+                timeout = min(POLL_S, max(due - time.perf_counter(), 0.001))
+            done, _ = wait(in_flight, timeout=timeout, return_when=FIRST_COMPLETED)
+            for future in done:
+                arrival = in_flight.pop(future)
+                answer = future.result()  # a failed request fails the round, with the server's words
+                served[arrival.index] = Served(
+                    arrival_s=arrival.arrival_s, started_s=answer.sent_s, token_s=answer.token_s,
+                    finished_s=answer.finished_s, prompt_tokens=len(arrival.request.ids), tokens=answer.tokens,
+                )  # fmt: skip
+                hits += answer.cached_tokens
+                queue.answered(arrival.index, answer.finished_s, answer.tokens)
+    return Outcome([served[i] for i in sorted(served)], most, kv_bytes, None, hits)
+
+
+def stream_completion(port: int, body: dict) -> EngineAnswer:
+    """One completion, streamed (server-sent events): each token's arrival time as this client saw it."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
+    try:
+        sent = time.perf_counter()
+        connection.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            raise KvpipeError(f"the engine's server refused a request ({response.status}): {response.read()[:300]!r}")
+        token_s, tokens, cached = [], [], 0
+        for line in response:
+            if not line.startswith(b"data: "):
+                continue
+            chunk = json.loads(line[6:])
+            now = time.perf_counter()
+            for token in chunk.get("tokens") or ():
+                tokens.append(int(token))
+                token_s.append(now)
+            if chunk.get("stop"):
+                cached = int((chunk.get("timings") or {}).get("cache_n", 0))
+                break
+        return EngineAnswer(sent, token_s, tokens, time.perf_counter(), cached)
+    finally:
+        connection.close()
+
+
+def _reset_peak(pid: int) -> int:
+    """Reset a process's peak resident set to its current one (writing 5 to clear_refs); that RSS."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        pass
+    return _status_bytes(pid, "VmRSS")
+
+
+def _peak(pid: int) -> int:
+    return _status_bytes(pid, "VmHWM")
+
+
+def _status_bytes(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    return 0

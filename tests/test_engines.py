@@ -1,0 +1,219 @@
+"""engine=llama_cpp: what kvpipe refuses before a server starts, how it starts, waits for and stops
+an engine's server (whatever happens, a SIGKILL of kvpipe included), the requests it streams to it and
+the figures it reads back. The server here is tests/fake_llama_server.py, which speaks llama-server's
+command line, log line and /completion stream, so that all of it runs where llama.cpp is not built;
+where it is (`make engines`), the last tests run the real one on the embedded model."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from kvpipe.engine import get
+from kvpipe.engine.base import ServerPlan
+from kvpipe.engine.llama_cpp import LlamaCpp
+from kvpipe.engine.server import EngineServer
+from kvpipe.errors import ConfigError, KvpipeError
+from kvpipe.jobspec import spec_from
+
+from conftest import REPO
+
+FAKE = str(REPO / "tests" / "fake_llama_server.py")
+ENGINE = ("engine=llama_cpp", "model=smollm2_135m")
+
+
+def llama(*overrides: str) -> LlamaCpp:
+    spec = spec_from([*ENGINE, *overrides])
+    return spec.bound_engine
+
+
+@pytest.mark.parametrize(
+    "overrides, field, says",
+    [
+        (["cache=static"], "cache", "engine.cache_type_k and engine.cache_type_v"),
+        (["press=snapkv"], "press", "press=none"),
+        (["engine.cache_type_v=q4_0", "engine.flash_attn=off"], "engine.flash_attn", "only with flash attention"),
+        (["engine.cache_type_k=q3_0"], "engine.cache_type_k", "q8_0, q4_0"),
+        (["engine.flash_attn=maybe"], "engine.flash_attn", "on, off, auto"),
+        (["model=tiny_random"], "model", "model=smollm2_135m"),
+        (["workload=conversation"], "workload", "engine=transformers"),
+    ],
+)
+def test_what_llama_cpp_cannot_do_is_refused_in_one_line_before_anything_starts(overrides, field, says):
+    with pytest.raises(ConfigError) as refused:
+        spec_from([*ENGINE, *overrides])
+    message = str(refused.value)
+    assert message.startswith(f"{field}=") and says in message and "\n" not in message
+
+
+def test_kv_settings_become_llama_servers_own_flags():
+    plan = ServerPlan(REPO / "model.gguf", slots=2, context_tokens=300, threads=2)
+    engine = llama(
+        f"engine.server={FAKE}", "engine.cache_type_k=q8_0", "engine.cache_type_v=q4_0", "engine.flash_attn=on"
+    )
+    words = engine.command(plan, 8123)
+    assert words[0] == FAKE
+    flags = {word: words[index + 1] for index, word in enumerate(words[:-1])}
+    assert (flags["-ctk"], flags["-ctv"], flags["-fa"], flags["--port"]) == ("q8_0", "q4_0", "on", "8123")
+    assert (flags["-c"], flags["-np"], flags["-t"]) == ("600", "2", "2")  # every slot holds a whole request
+    assert flags["--cache-ram"] == "0"  # prompt caching off: nothing kept between requests
+    assert "--cache-ram" not in llama(f"engine.server={FAKE}", "engine.cache_prompt=true").command(plan, 1)
+    assert engine.use_words().startswith("llama-server -m MODEL.gguf -ctk q8_0 -ctv q4_0 -fa on")
+    assert (engine.label(), engine.lossless()) == ("llama_cpp q8_0/q4_0", False)
+    assert (llama().label(), llama().lossless()) == ("llama_cpp f16", True)
+
+
+def test_the_kv_bytes_are_what_llama_cpps_own_log_line_says():
+    line = ("llama_kv_cache: size =   22.50 MiB (  2048 cells,  30 layers,  1/1 seqs), K (q8_0):    5.98 MiB, "
+            "V (f16):   11.25 MiB")  # fmt: skip
+    report = llama().kv_report("loading...\n" + line + "\nserver is listening\n")
+    assert report == {
+        "kv_cache_bytes": round(22.5 * 2**20),
+        "kv_cells": 2048.0,
+        "kv_bytes_per_token": 22.5 * 2**20 / 2048,
+    }
+    assert llama().kv_report("no such line") == {}
+
+
+def test_the_measurement_key_holds_what_the_server_computes_with_not_where_it_is():
+    key = lambda *o: spec_from([*ENGINE, *o]).measurement_key()  # noqa: E731
+    assert key() == key(f"engine.server={FAKE}", "engine.start_timeout_s=10")
+    assert key() != key("engine.cache_type_k=q8_0") != key("engine.cache_prompt=true")
+    assert key() != spec_from(["model=smollm2_135m"]).measurement_key()  # another engine, another measurement
+    assert spec_from(["model=smollm2_135m", "engine=transformers"]).engine is None  # keyed as before engines
+    params = spec_from([*ENGINE, "engine.cache_type_k=q8_0"]).params()
+    assert params["engine.cache_type_k"] == "q8_0" and "engine.server" not in params
+
+
+def fake_server(tmp_path, timeout_s: float = 20.0) -> EngineServer:
+    plan = ServerPlan(tmp_path / "m.gguf", 2, 64, 1)
+    engine = llama(f"engine.server={FAKE}")
+    return EngineServer(
+        "llama_cpp", lambda port: engine.command(plan, port), tmp_path / "server.log", "/health", timeout_s
+    )
+
+
+def gone(pid: int, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_server_is_waited_for_logged_beside_the_run_and_stopped(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_START_S", "0.5")
+    with fake_server(tmp_path) as server:
+        pid = server.pid
+        assert server.start_s >= 0.5  # it waited for /health, not for the process to exist
+    assert gone(pid)
+    log = (tmp_path / "server.log").read_text()
+    assert log.startswith(f"$ {FAKE} -m ") and "llama_kv_cache: size =" in log
+
+
+def test_a_server_that_fails_to_start_is_one_error_with_its_logs_last_lines(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_EXIT", "3")
+    with pytest.raises(KvpipeError, match=r"stopped while starting \(exit 3\)[\s\S]*the model could not be loaded"):
+        fake_server(tmp_path).start()
+
+
+def test_a_server_that_does_not_answer_in_time_is_stopped_and_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_START_S", "60")
+    server = fake_server(tmp_path, timeout_s=1.0)
+    with pytest.raises(KvpipeError, match="did not answer within engine.start_timeout_s=1"):
+        server.start()
+    assert server.process is None
+
+
+def test_no_server_outlives_a_kvpipe_killed_with_sigkill(tmp_path):
+    code = f"""
+import sys; sys.path.insert(0, {str(REPO / "tests")!r})
+from pathlib import Path
+from test_engines import fake_server
+server = fake_server(Path({str(tmp_path)!r})).start()
+print(server.pid, flush=True)
+import time; time.sleep(60)
+"""
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        pid = int(parent.stdout.readline())
+        os.kill(pid, 0)  # up
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        assert gone(pid), "the server outlived the process that started it"
+    finally:
+        parent.kill()
+
+
+def test_requests_stream_their_tokens_and_times_under_the_loads_in_flight_limit(tmp_path, monkeypatch):
+    from kvpipe.job.arrivals import Scheduled
+    from kvpipe.job.engine_served import serve_over_http
+    from kvpipe.job.servers import Request
+
+    monkeypatch.setenv("FAKE_TOKEN_S", "0.02")
+    requests = [Request(list(range(10 + i)), 4, "p") for i in range(4)]
+    workload = SimpleNamespace(ignore_eos=True, seed=0, do_sample=False)
+    for cache_prompt, cached in ((False, 0), (True, sum(len(r.ids) // 2 for r in requests))):
+        engine = llama(f"engine.server={FAKE}", f"engine.cache_prompt={str(cache_prompt).lower()}")
+        with fake_server(tmp_path) as server:
+            outcome = serve_over_http(
+                engine, server.port, workload, Scheduled(requests, [0.0] * 4, 2, closed=True), 2, 99
+            )
+        assert outcome.max_in_flight == 2 and outcome.kv_bytes == 99 and outcome.prefix_hit_tokens == cached
+        for served in outcome.served:
+            assert served.tokens == [100, 101, 102, 103]
+            gaps = [b - a for a, b in zip(served.token_s, served.token_s[1:])]
+            assert min(gaps) > 0.01 and served.ttft_ms > 15  # each token's own arrival, as streamed
+        # two in flight at once: the last two waited for the first two
+        assert min(s.started_s for s in outcome.served[2:]) >= min(s.finished_s for s in outcome.served[:2]) - 0.01
+
+
+@pytest.mark.slow  # the embedded model's tokenizer, a served job's figures
+def test_a_job_on_an_engine_reads_its_figures_from_the_server_and_stops_it(tmp_path, monkeypatch):
+    from kvpipe.job.runner import run_job
+
+    monkeypatch.chdir(REPO)
+    spec = spec_from([*ENGINE, f"engine.server={FAKE}", "workload.max_new_tokens=4", "workload.repeats=2",
+                      "workload.warmup=0", "tracking=off", "engine.cache_type_k=q8_0"])  # fmt: skip
+    before = set(_servers())
+    result = run_job(spec)
+    metrics, tags = result.metrics, result.tags
+    assert metrics["tpot_ms"] > 0 and metrics["ttft_ms"] > 0 and metrics["served_requests"] > 0
+    # the fake's own KV line: 30 layers of 192 keys (q8_0) and values (f16) per cell, to llama.cpp's 0.01 MiB
+    cells = metrics["kv_cells"]
+    assert metrics["kv_cache_bytes"] == pytest.approx(cells * 30 * 192 * (34 / 32 + 2), abs=0.01 * 2**20)
+    assert tags["cache.effective"] == "llama_cpp q8_0/f16" and tags["engine_lossless"] == "false"
+    assert tags["engine_command"].startswith("llama-server -m ") and "-ctk q8_0 -ctv f16" in tags["engine_command"]
+    assert tags["load"] == "concurrency(1)"  # no load given: one request at a time
+    assert any("no quality pass" in note for note in result.notes)
+    assert set(_servers()) == before, "its server is stopped"
+
+
+def _servers() -> list[int]:
+    """The engine servers this process started and that still run (its children)."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    return [c.pid for c in children if any("llama" in word for word in _cmdline(c))]
+
+
+def _cmdline(process) -> list[str]:
+    import psutil
+
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
+def test_the_engine_registry_names_both():
+    assert get("transformers").in_process and not get("llama_cpp").in_process
