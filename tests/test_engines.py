@@ -217,3 +217,77 @@ def _cmdline(process) -> list[str]:
 
 def test_the_engine_registry_names_both():
     assert get("transformers").in_process and not get("llama_cpp").in_process
+
+
+# ---- the real llama-server, where `make engines` built it ---------------------------------------
+
+REAL = LlamaCpp(SimpleNamespace(**{f: getattr(LlamaCpp.Settings(), f) for f in LlamaCpp.Settings.__dataclass_fields__}))
+needs_llama_server = pytest.mark.skipif(
+    bool(REAL.missing()), reason=f"llama-server is not built here ({REAL.missing()})"
+)
+QUICK = ("workload=dataset", "workload.path=examples/questions.jsonl", "workload.repeats=1", "workload.warmup=0")
+
+
+@pytest.mark.slow
+@needs_llama_server
+def test_the_labelled_questions_through_llama_cpp_are_scored_and_its_server_stopped(tmp_path, existing_store):
+    import json
+
+    from conftest import kvpipe_here
+
+    existing_store(tmp_path)
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    before = set(_servers())
+    done = kvpipe_here(["engine=llama_cpp", *QUICK], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert set(_servers()) == before, "its server is stopped"
+    result = json.loads(next(tmp_path.glob("outputs/runs/*/*/result.json")).read_text())
+    metrics = result["metrics"]
+    assert metrics["served_requests"] == 28 and 0 < metrics["task_accuracy"] <= 1
+    # llama.cpp's own count: SmolLM2-135M's 30 layers of 3 KV heads of 64, f16 keys and values, per cell
+    assert metrics["kv_cache_bytes"] == pytest.approx(metrics["kv_cells"] * 30 * 192 * 2 * 2, abs=0.01 * 2**20)
+    assert "llama_kv_cache: size =" in next(tmp_path.glob("outputs/runs/*/*/llama_cpp-server.log")).read_text()
+
+
+@pytest.mark.slow
+@needs_llama_server
+def test_a_sweep_of_llama_cpps_kv_types_is_paired_against_its_f16_cache_and_recommended_in_its_words(
+    tmp_path, existing_store
+):
+    from conftest import kvpipe_here
+
+    existing_store(tmp_path)
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    done = kvpipe_here(["-m", "engine=llama_cpp", "engine.cache_type=f16,q8_0", *QUICK], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = done.stdout + done.stderr
+    assert "2 finished" in said and "TPOT vs llama_cpp" in said  # the f16 cache is the baseline
+    assert not _servers()
+    recommended = kvpipe_here(["recommend", "--min-accuracy", "0.5"], tmp_path)
+    use = next(line for line in recommended.stdout.splitlines() if line.strip().startswith("use:"))
+    assert use.split()[1] == "llama-server" and "-ctk" in use and "-ctv" in use
+    assert "generate() call" not in recommended.stdout
+
+
+@pytest.mark.slow
+@needs_llama_server
+def test_no_llama_server_outlives_a_kvpipe_killed_mid_job(tmp_path, existing_store):
+    import psutil
+
+    existing_store(tmp_path)
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    words = [sys.executable, "-m", "kvpipe", "engine=llama_cpp", *QUICK, "workload.repeats=50"]
+    kvpipe = subprocess.Popen(words, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, server = time.monotonic() + 120, None
+        while server is None and time.monotonic() < deadline and kvpipe.poll() is None:
+            children = psutil.Process(kvpipe.pid).children()
+            server = next((c for c in children if "llama-server" in " ".join(_cmdline(c))), None)
+            time.sleep(0.2)
+        assert server is not None, "its server started"
+        time.sleep(2)  # serving
+        kvpipe.send_signal(signal.SIGKILL)
+        kvpipe.wait(10)
+        assert gone(server.pid), "the server outlived kvpipe"
+    finally:
+        kvpipe.kill()

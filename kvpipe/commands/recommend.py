@@ -52,7 +52,8 @@ def answer(limits: Limits, experiment: str, parent: str | None, tracking_uri: st
             code = "\n".join("    " + line for line in recommend.snippet(chosen).splitlines())
             print(
                 f"recommend: {chosen['label']} (run {chosen['run_id']})\n  {what}\n  why: {why}\n"
-                f"  use: {recommend.use_command(chosen)}\n  in your own generate() call:\n{code}"
+                f"  use: {recommend.use_command(chosen)}"
+                + (f"\n  in your own generate() call:\n{code}" if code else "")
             )
         _explain_memory(group, chosen if chosen is not None else recommend.closest(group, limits)[0])
     return 1 if missing else 0

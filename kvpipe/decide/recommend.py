@@ -44,6 +44,12 @@ def family(strategy: str, press: str | None = None) -> str | None:
     return cache.REGISTRY[strategy].family if strategy in cache.REGISTRY else None
 
 
+def engine_family(lossless: str) -> str:
+    """An engine's run (its own KV cache): its full-precision cache weighed as the dynamic one, a
+    quantized one with the quantized caches (smaller, and lossy)."""
+    return DYNAMIC if lossless == "true" else QUANTIZED
+
+
 def _figure(name: str, value: float) -> str:
     return shown(name, value)
 
@@ -93,7 +99,12 @@ def account(run, limits: Limits, baseline=None) -> str:
 
 def choose(runs, limits: Limits):
     """(chosen run or None, why): the guide's rules over measured runs, in order."""
-    runs = runs.assign(kind=[family(s, p) for s, p in zip(runs["strategy"], runs["press"])], tpot=runs[TPOT.column])
+    lossless = runs.get(mlflow_tags.column(mlflow_tags.ENGINE_LOSSLESS), [None] * len(runs))
+    kinds = [
+        family(s, p) if e is None or e != e else engine_family(e)
+        for s, p, e in zip(runs["strategy"], runs["press"], lossless)
+    ]
+    runs = runs.assign(kind=kinds, tpot=runs[TPOT.column])
     ok = runs[[not limits.misses(run) for _, run in runs.iterrows()]].sort_values(["tpot", "quality_loss"])
     best, ties = {}, {}
     for kind, group in ok.groupby("kind"):
@@ -110,9 +121,10 @@ def choose(runs, limits: Limits):
                 + ties[STATIC],
             )
         note = "" if static is None else "; " + _static_versus_dynamic(static, dynamic, faster)
+        grows = "grows only as needed" if dynamic["label"] == DYNAMIC else "keeps keys and values at full precision"
         return dynamic, (
             account(dynamic, limits),
-            "dynamic meets every limit and grows only as needed" + note + ties[DYNAMIC],
+            f"{dynamic['label']} meets every limit and {grows}" + note + ties[DYNAMIC],
         )
     dense = runs[runs["kind"].isin(DENSE)]
     if static is not None:
@@ -270,7 +282,10 @@ def _cache_of(run) -> tuple[dict[str, str], type, type]:
 
 def snippet(run) -> str:
     """Python that applies the same cache in the user's own `model.generate(...)` (kvpipe.api builds
-    the cache object the run measured, for the installed transformers)."""
+    the cache object the run measured, for the installed transformers); none for a run an engine's
+    own server made (its `use:` line starts that server)."""
+    if isinstance(run.get(mlflow_tags.column(mlflow_tags.ENGINE_COMMAND)), str):
+        return ""
     new_tokens = run.get(run_table.param("workload.max_new_tokens"))
     new_tokens = new_tokens if isinstance(new_tokens, str) else "32"
     settings = json.dumps(" ".join(cache_overrides(run)))

@@ -17,7 +17,7 @@ from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.read_back import column, read_runs, stepped_history
 
 NOT_MEASURED = ("tracking.", "print_table", "resume", "sweep_name", "fallback")
-CACHE_PARAMS = ("cache.", "backend.", "axis.", "press.")  # the rest says what was measured: the workload
+CACHE_PARAMS = ("cache.", "backend.", "axis.", "press.", "engine.")  # the rest says what was measured: the workload
 NO_PRESS = "none"  # press=none: what runs recorded before presses existed (no press.name) ran with
 
 

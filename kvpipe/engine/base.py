@@ -47,6 +47,11 @@ class Engine(Registered):
             **{f.name: getattr(engine_cfg, f.name) for f in dataclasses.fields(self.Settings)}
         )
 
+    @classmethod
+    def resolved(cls, engine_cfg):
+        """Its config as what it means (a setting that stands for others replaced by them)."""
+        return engine_cfg
+
     def read_fields(self) -> tuple[str, ...]:
         """The engine.* fields its measurement depends on (its key, its params)."""
         return ("engine.name", *(f"engine.{f.name}" for f in dataclasses.fields(self.Settings)))

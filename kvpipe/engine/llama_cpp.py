@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, Optional
 
@@ -50,6 +50,7 @@ class LlamaCpp(Engine):
 
     @dataclass
     class Settings:
+        cache_type: Optional[str] = None  # keys and values alike (-ctk and -ctv); null: each its own below
         cache_type_k: str = "f16"  # the keys' type in llama.cpp's KV cache (-ctk)
         cache_type_v: str = "f16"  # the values' (-ctv); a quantized one needs flash attention
         flash_attn: str = "auto"  # -fa on|off|auto
@@ -59,9 +60,21 @@ class LlamaCpp(Engine):
         server: Optional[str] = None  # the llama-server program; null: $KVPIPE_LLAMA_SERVER, make engines' build, PATH
         start_timeout_s: float = 180.0  # how long the server may take to load the model and answer /health
 
+    # what its server computes with: not where its program is, nor how long it may take to start, nor
+    # cache_type, which resolved() has made both types
+    UNREAD = ("engine.cache_type", "engine.server", "engine.start_timeout_s")
+
+    @classmethod
+    def resolved(cls, engine_cfg):
+        """engine.cache_type=q8_0 as what it means, -ctk q8_0 -ctv q8_0: the spec, its key and its params say so."""
+        if engine_cfg.cache_type is None:
+            return engine_cfg
+        return replace(
+            engine_cfg, cache_type_k=engine_cfg.cache_type, cache_type_v=engine_cfg.cache_type, cache_type=None
+        )
+
     def read_fields(self) -> tuple[str, ...]:
-        """What its server computes with: not where its program is, nor how long it may take to start."""
-        return tuple(f for f in super().read_fields() if f not in ("engine.server", "engine.start_timeout_s"))
+        return tuple(f for f in super().read_fields() if f not in self.UNREAD)
 
     def check(self, spec) -> None:
         s = self.settings

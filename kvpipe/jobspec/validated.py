@@ -202,7 +202,9 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
         fallback=tuple(typed.fallback),
         load=typed.load,
         press=None if typed.press.name == "none" else typed.press,
-        engine=None if engines.get(typed.engine.name).in_process else typed.engine,
+        engine=None
+        if engines.get(typed.engine.name).in_process
+        else engines.get(typed.engine.name).resolved(typed.engine),
     )
     _check_engine(spec)
     _check_serving(spec)
