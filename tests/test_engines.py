@@ -43,6 +43,7 @@ def llama(*overrides: str) -> LlamaCpp:
         (["engine.flash_attn=maybe"], "engine.flash_attn", "on, off, auto"),
         (["model=tiny_random"], "model", "model=smollm2_135m"),
         (["workload=conversation"], "workload", "engine=transformers"),
+        (["workload=shared_context"], "workload", "engine=transformers"),
     ],
 )
 def test_what_llama_cpp_cannot_do_is_refused_in_one_line_before_anything_starts(overrides, field, says):
@@ -258,10 +259,16 @@ def test_a_sweep_of_llama_cpps_kv_types_is_paired_against_its_f16_cache_and_reco
 
     existing_store(tmp_path)
     (tmp_path / "examples").symlink_to(REPO / "examples")
-    done = kvpipe_here(["-m", "engine=llama_cpp", "engine.cache_type=f16,q8_0", *QUICK], tmp_path)
+    # four requests in flight: the server's four slots, each a whole request's context
+    done = kvpipe_here(
+        ["-m", "engine=llama_cpp", "engine.cache_type=f16,q8_0", *QUICK, "load=concurrency", "load.requests=8"],
+        tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     said = done.stdout + done.stderr
     assert "2 finished" in said and "TPOT vs llama_cpp" in said  # the f16 cache is the baseline
+    log = next(tmp_path.glob("outputs/multiruns/*/*/1/llama_cpp-server.log")).read_text()
+    assert "-np 4" in log.splitlines()[0] and "K (q8_0)" in log
     assert not _servers()
     recommended = kvpipe_here(["recommend", "--min-accuracy", "0.5"], tmp_path)
     use = next(line for line in recommended.stdout.splitlines() if line.strip().startswith("use:"))

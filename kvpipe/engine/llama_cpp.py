@@ -91,6 +91,12 @@ class LlamaCpp(Engine):
             )  # fmt: skip
         if not s.start_timeout_s > 0:
             raise ConfigError("engine.start_timeout_s", s.start_timeout_s, "expected seconds above 0")
+        if spec.bound_workload.questions_after_context:
+            raise ConfigError(
+                "workload", spec.workload.kind,
+                "engine=llama_cpp serves whole prompts; a workload that answers many questions from one read "
+                "context runs on engine=transformers",
+            )  # fmt: skip
         if spec.bound_workload.in_sessions:
             raise ConfigError(
                 "workload", spec.workload.kind,
