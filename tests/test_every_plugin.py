@@ -49,6 +49,8 @@ def test_every_plugin_runs_a_short_job_with_its_core_metrics(case):
 
     group, plugin = case
     spec = spec_from(overrides_of(group, plugin))
+    if spec.bound_engine is not None and spec.bound_engine.missing():
+        pytest.skip(spec.bound_engine.missing())  # an engine's server not built here (make engines)
     metrics = run_job(spec).metrics
     for name in CORE_METRICS:
         assert metrics[name] > 0, name

@@ -26,7 +26,6 @@ from kvpipe.engine import get as engine_class
 from kvpipe.engine.base import ServerPlan
 from kvpipe.engine.server import EngineServer
 from kvpipe.errors import KvpipeError
-from kvpipe.job.arrivals import Scheduled
 from kvpipe.job.served import ServedJob
 from kvpipe.job.servers import POLL_S, Outcome
 from kvpipe.job.threads import threads_for
@@ -130,11 +129,7 @@ class EngineJob(ServedJob):
 
     def warm_up(self, longest_prompt: int) -> None:
         self.setup = None  # the server keeps its own cache
-        first = self.requests[: self.cap]
-        for _ in range(self.spec.workload.warmup):
-            started = time.perf_counter()
-            self._serve(Scheduled(first, [0.0] * len(first), len(first), closed=False), len(first))
-            self.warmup_ms.append((time.perf_counter() - started) * 1e3)
+        self.warm_up_requests()
 
     def round(self, advance) -> dict[str, float]:
         from kvpipe.measure.request_figures import pass_figures

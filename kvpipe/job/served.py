@@ -50,6 +50,10 @@ class ServedJob(Job):
         strategy = self.spec.strategy
         # sized and checked as a batch job's caches are: the longest context less workload.max_new_tokens
         self.setup = None if strategy.continuous else strategy.setup(self.loaded, longest_prompt)
+        self.warm_up_requests()
+
+    def warm_up_requests(self) -> None:
+        """workload.warmup passes over the first requests, as many as are let in at once."""
         first = self.requests[: self.cap]  # what a warm-up pays once (allocation, kernels), at the largest batch
         for _ in range(self.spec.workload.warmup):
             started = time.perf_counter()
