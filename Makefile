@@ -56,9 +56,9 @@ CONVERT_EMBEDDED := from kvpipe.model import embedded_folder; embedded_folder()
 
 # The serving engines kvpipe can start (engine=llama_cpp): llama.cpp's llama-server, compiled once per
 # machine from the source llama-cpp-python pins (~8 min on 2 cores), kept in the per-user cache beside
-# the converted model (kvpipe/engine/build.py). Without it, engine=llama_cpp says to run this.
+# the converted model (kvpipe/engine/lifecycle/build.py). Without it, engine=llama_cpp says to run this.
 engines: venv
-	$(PY) -m kvpipe.engine.build
+	$(PY) -m kvpipe.engine.lifecycle.build
 
 run: venv
 	$(PY) -m kvpipe $(ARGS)

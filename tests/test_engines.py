@@ -17,8 +17,8 @@ import pytest
 
 from kvpipe.engine import get
 from kvpipe.engine.base import ServerPlan
+from kvpipe.engine.lifecycle.server import EngineServer
 from kvpipe.engine.llama_cpp import LlamaCpp
-from kvpipe.engine.server import EngineServer
 from kvpipe.errors import ConfigError, KvpipeError
 from kvpipe.jobspec import spec_from
 

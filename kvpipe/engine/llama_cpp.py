@@ -5,7 +5,7 @@ or off (engine.cache_prompt), and every request sent as token ids to its native 
 endpoint, streamed, so that each answer's tokens and their arrival times come back as generated.
 
 The server is built from llama.cpp's source as pinned by `llama-cpp-python` (LLAMA_CPP_PYTHON) on the
-package index, once per machine: `make engines` (kvpipe.engine.build). Its KV bytes are what its own
+package index, once per machine: `make engines` (kvpipe.engine.lifecycle.build). Its KV bytes are what its own
 log reports (`llama_kv_cache: size = ... MiB`), to its two decimals of a MiB."""
 
 from __future__ import annotations

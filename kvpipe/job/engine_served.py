@@ -1,5 +1,5 @@
 """A job served by an engine's own server (engine=llama_cpp): kvpipe starts the server for the job
-(kvpipe.engine.server), sends the workload's prompts to it as token ids over HTTP, as the load picks
+(kvpipe.engine.lifecycle.server), sends the workload's prompts to it as token ids over HTTP, as the load picks
 and times them, and reads each answer's tokens as they stream back: when each arrived is its TTFT and
 inter-token gaps, as a client of that server would see them. Everything above the engine is a served
 job's (kvpipe.job.served): the load, the figures, the workload's scoring of every answer.
@@ -24,7 +24,7 @@ from kvpipe import load as loads
 from kvpipe import model
 from kvpipe.engine import get as engine_class
 from kvpipe.engine.base import ServerPlan
-from kvpipe.engine.server import EngineServer
+from kvpipe.engine.lifecycle.server import EngineServer
 from kvpipe.errors import KvpipeError
 from kvpipe.job.served import ServedJob
 from kvpipe.job.servers import POLL_S, Outcome

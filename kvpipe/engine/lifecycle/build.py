@@ -1,4 +1,4 @@
-"""`python -m kvpipe.engine.build [ENGINE ...]` (what `make engines` runs): build each engine's server
+"""`python -m kvpipe.engine.lifecycle.build [ENGINE ...]` (what `make engines` runs): build each engine's server
 once per machine, where kvpipe finds it (kvpipe.engine.llama_cpp.built_server). Each step is one line;
 what the compilers print goes to a log file, whose last lines are shown where a step fails."""
 
@@ -68,10 +68,18 @@ BUILDS = {"llama_cpp": build_llama_cpp}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m kvpipe.engine.build", description=__doc__.splitlines()[0])
-    parser.add_argument("engines", nargs="*", choices=sorted(BUILDS), default=sorted(BUILDS))
+    parser = argparse.ArgumentParser(
+        prog="python -m kvpipe.engine.lifecycle.build", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "engines", nargs="*", metavar="ENGINE", help=f"{', '.join(sorted(BUILDS))} (default: every one)"
+    )
     parser.add_argument("--log", type=Path, default=built_server().parent.parent / "build.log")
     args = parser.parse_args(argv)
+    args.engines = args.engines or sorted(BUILDS)
+    for name in args.engines:
+        if name not in BUILDS:
+            parser.error(f"{name} is not an engine kvpipe builds; expected one of: {', '.join(sorted(BUILDS))}")
     args.log.parent.mkdir(parents=True, exist_ok=True)
     print(f"building {', '.join(args.engines)} (each step's output: {args.log})")
     for name in args.engines:
