@@ -21,6 +21,9 @@ FILES_S: dict[str, float] = {
     "test_kvpress_parity.py": 43,
     "test_kvpress_query_agnostic.py": 110,  # six 1,024-token prefills and 24 answer calls of the embedded model: 86-103 s (2026-12-07)
     "test_launchers.py": 43,
+    # the real llama-server on the embedded model (a job, a two-type sweep, a kill: ~80 s) and 17 tests against
+    # a stand-in server (~12 s), 2026-12-07; 0 s where llama-server is not built (they skip)
+    "test_engines.py": 105,
     "test_capacity.py": 41,
     "test_sliding_window.py": 39,
     "test_search.py": 37,
