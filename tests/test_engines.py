@@ -298,3 +298,27 @@ def test_no_llama_server_outlives_a_kvpipe_killed_mid_job(tmp_path, existing_sto
         assert gone(server.pid), "the server outlived kvpipe"
     finally:
         kvpipe.kill()
+
+
+def test_a_servers_log_goes_beside_a_hydra_run_and_to_a_new_folder_outside_one(tmp_path):
+    """A worker that composed a config with Hydra's own (an earlier test, the API) holds a Hydra config
+    without a run folder: the log goes to a new folder then, not to an error."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict, read_write
+
+    from kvpipe.job.engine_served import EngineJob
+    from kvpipe.jobspec import compose
+
+    job = EngineJob(spec_from([*ENGINE, f"engine.server={FAKE}"]))
+    held = HydraConfig.instance().cfg
+    try:
+        composed = compose(["model=tiny_random"], with_hydra=True)
+        HydraConfig.instance().set_config(composed)
+        assert job.server_log().parent.name.startswith("kvpipe-engine-")
+        composed = compose(["model=tiny_random"], with_hydra=True)
+        with read_write(composed), open_dict(composed):
+            composed.hydra.runtime.output_dir = str(tmp_path)
+        HydraConfig.instance().set_config(composed)
+        assert job.server_log() == tmp_path / "llama_cpp-server.log"
+    finally:
+        HydraConfig.instance().cfg = held

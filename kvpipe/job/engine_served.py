@@ -117,14 +117,15 @@ class EngineJob(ServedJob):
 
     def server_log(self) -> Path:
         """Beside the run: in the job's output folder where Hydra made one, else a new temporary folder."""
+        import tempfile
+
         from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf
 
-        if HydraConfig.initialized():
-            folder = Path(HydraConfig.get().runtime.output_dir)
-        else:
-            import tempfile
-
-            folder = Path(tempfile.mkdtemp(prefix="kvpipe-engine-"))
+        # a job Hydra runs has its folder; a config composed without running one (a test, the API) has none
+        hydra = HydraConfig.get() if HydraConfig.initialized() else None
+        run_dir = OmegaConf.select(hydra, "runtime.output_dir", throw_on_missing=False) if hydra else None
+        folder = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="kvpipe-engine-"))
         return folder / f"{self.engine.name}-server.log"
 
     def warm_up(self, longest_prompt: int) -> None:
