@@ -87,6 +87,11 @@ def table(rows: list[dict]) -> pd.DataFrame:
     )
 
 
+def markdown(rows: list[dict]) -> str:
+    shown = table(rows)
+    return shown.to_markdown(index=False, disable_numparse=True, colalign=["left"] + ["right"] * (shown.shape[1] - 1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--path", default="examples/questions.jsonl", help="the labelled file")
@@ -97,11 +102,7 @@ def main() -> None:
     parser.add_argument("--table-only", action="store_true", help="the table again from --out's results.json")
     args = parser.parse_args()
     if args.table_only:
-        rows = json.loads((args.out / "results.json").read_text())
-        shown = table(rows)
-        print(
-            shown.to_markdown(index=False, disable_numparse=True, colalign=["left"] + ["right"] * (shown.shape[1] - 1))
-        )
+        print(markdown(json.loads((args.out / "results.json").read_text())))
         return
     base = ["model=smollm2_135m", f"model.threads={args.threads}", "workload=dataset", f"workload.path={args.path}",
             f"workload.max_new_tokens={args.new_tokens}", f"workload.repeats={args.repeats}", "workload.warmup=1",
@@ -109,18 +110,15 @@ def main() -> None:
     rows = measure(base, CONFIGS)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(rows, indent=2))
-    shown = table(rows)
-    markdown = shown.to_markdown(
-        index=False, disable_numparse=True, colalign=["left"] + ["right"] * (shown.shape[1] - 1)
-    )
     header = (
         f"Model `smollm2_135m` (llama.cpp: its GGUF, Q4_1 weights; transformers: the same weights converted to "
         f"float32), {args.threads} thread(s), `{args.path}` ({len(rows[0]['right'])} questions), scorer contains, "
         f"at most {args.new_tokens} new tokens, one request at a time; {args.repeats} interleaved rounds after 1 "
         "warm-up, call by call."
     )
-    (args.out / "table.md").write_text(f"{header}\n\n{markdown}\n\nservers:\n" + "\n".join(r["server"] for r in rows))
-    print(f"{header}\n\n{markdown}\n\nwritten: {args.out / 'table.md'}, {args.out / 'results.json'}")
+    shown = markdown(rows)
+    (args.out / "table.md").write_text(f"{header}\n\n{shown}\n\nservers:\n" + "\n".join(r["server"] for r in rows))
+    print(f"{header}\n\n{shown}\n\nwritten: {args.out / 'table.md'}, {args.out / 'results.json'}")
 
 
 if __name__ == "__main__":
