@@ -322,3 +322,17 @@ def test_a_servers_log_goes_beside_a_hydra_run_and_to_a_new_folder_outside_one(t
         assert job.server_log() == tmp_path / "llama_cpp-server.log"
     finally:
         HydraConfig.instance().cfg = held
+
+
+@pytest.mark.slow  # the embedded model's tokenizer
+def test_an_open_loop_of_requests_arrives_at_an_engine_as_the_load_says(monkeypatch):
+    from kvpipe.job.runner import run_job
+
+    monkeypatch.chdir(REPO)
+    spec = spec_from([*ENGINE, f"engine.server={FAKE}", "load=rate", "load.rate=20", "load.requests=8",
+                      "workload.max_new_tokens=4", "workload.repeats=1", "workload.warmup=0", "tracking=off"])  # fmt: skip
+    result = run_job(spec)
+    assert result.tags["load"] == "rate(20/s)" and result.metrics["served_requests"] == 8
+    # the seeded arrivals: the last of eight 0.34 s after the first, which the pass waits for
+    last = spec.bound_load.arrivals(list(range(8)))[-1]
+    assert result.metrics["serve_span_ms"] >= last * 1e3
