@@ -30,7 +30,8 @@ from kvpipe.job.served import ServedJob
 from kvpipe.job.servers import POLL_S, Outcome
 from kvpipe.job.threads import threads_for
 from kvpipe.jobspec import schema
-from kvpipe.measure.request_figures import Served
+from kvpipe.measure.memory import peak_of, reset_peak_of
+from kvpipe.measure.request_figures import Served, pass_figures
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class EngineJob(ServedJob):
             option = schema.option_schema(loads.get("concurrency"))
             self.load = loads.get("concurrency")(option(concurrency=1))
         self.server: EngineServer | None = None
+        self.plan_used: ServerPlan | None = None  # what its server was started for (load_model)
         self.kv: dict[str, float] = {}
 
     def loads_anew(self) -> bool:
@@ -91,7 +93,7 @@ class EngineJob(ServedJob):
     def load_model(self):
         """The tokenizer and generation config from the model's folder; the weights load in the server."""
         spec = self.spec
-        plan = self.server_plan()
+        self.plan_used = plan = self.server_plan()
         self.server = EngineServer(
             self.engine.name, lambda port: self.engine.command(plan, port), self.server_log(),
             self.engine.ready_path, self.engine.settings.start_timeout_s,
@@ -133,12 +135,10 @@ class EngineJob(ServedJob):
         self.warm_up_requests()
 
     def round(self, advance) -> dict[str, float]:
-        from kvpipe.measure.request_figures import pass_figures
-
-        baseline = _reset_peak(self.server.pid)
+        baseline = reset_peak_of(self.server.pid)
         outcome = self._serve(self.queue(), self.cap)
         self.passes.append(outcome)
-        self.peaks.append(ServerPeak(_peak(self.server.pid), baseline))
+        self.peaks.append(ServerPeak(peak_of(self.server.pid), baseline))
         for _ in outcome.served:
             advance()
         return pass_figures(outcome.served)
@@ -157,7 +157,7 @@ class EngineJob(ServedJob):
         metrics["kv_bytes_per_token"] = self.kv["kv_bytes_per_token"]
         metrics["kv_cells"] = self.kv["kv_cells"]
         metrics["server_start_ms"] = self.server.start_s * 1e3
-        tags.update(engine=self.engine.name, engine_command=self.engine.use_words(self.server_plan()),
+        tags.update(engine=self.engine.name, engine_command=self.engine.use_words(self.plan_used),
                     engine_lossless=str(self.engine.lossless()).lower(), engine_log=str(self.server.log_path))  # fmt: skip
         return metrics, notes, tags
 
@@ -220,23 +220,3 @@ def stream_completion(port: int, body: dict) -> EngineAnswer:
         return EngineAnswer(sent, token_s, tokens, time.perf_counter(), cached)
     finally:
         connection.close()
-
-
-def _reset_peak(pid: int) -> int:
-    """Reset a process's peak resident set to its current one (writing 5 to clear_refs); that RSS."""
-    try:
-        Path(f"/proc/{pid}/clear_refs").write_text("5")
-    except OSError:
-        pass
-    return _status_bytes(pid, "VmRSS")
-
-
-def _peak(pid: int) -> int:
-    return _status_bytes(pid, "VmHWM")
-
-
-def _status_bytes(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    return 0

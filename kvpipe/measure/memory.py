@@ -64,8 +64,8 @@ class PeakMemory:
 _STATUS = Path("/proc/self/status")
 
 
-def _status_kib(name: str) -> int:
-    match = re.search(rf"^{name}:\s+(\d+) kB", _STATUS.read_text(), re.MULTILINE)
+def _status_kib(name: str, pid: int | str = "self") -> int:
+    match = re.search(rf"^{name}:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.MULTILINE)
     return int(match.group(1)) if match else 0
 
 
@@ -77,17 +77,29 @@ def _rss_bytes() -> int:
     return psutil.Process().memory_info().rss
 
 
-def _high_water_mark_bytes() -> int:
-    return _status_kib("VmHWM") * 1024
+def _high_water_mark_bytes(pid: int | str = "self") -> int:
+    return _status_kib("VmHWM", pid) * 1024
 
 
-def _reset_high_water_mark() -> bool:
+def _reset_high_water_mark(pid: int | str = "self") -> bool:
     """Linux resets VmHWM to the current RSS when '5' is written to clear_refs."""
     try:
-        Path("/proc/self/clear_refs").write_text("5")
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
     except OSError:
         return False
-    return _high_water_mark_bytes() > 0
+    return _high_water_mark_bytes(pid) > 0
+
+
+def reset_peak_of(pid: int) -> int:
+    """Another process's (a child's: an engine's server) peak resident set reset to its current one
+    (Linux's clear_refs); its resident bytes then."""
+    _reset_high_water_mark(pid)
+    return _status_kib("VmRSS", pid) * 1024
+
+
+def peak_of(pid: int) -> int:
+    """Another process's peak resident set since it was last reset (Linux's VmHWM), in bytes."""
+    return _high_water_mark_bytes(pid)
 
 
 class _RssSampler:
