@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from kvpipe import workload
 from kvpipe.errors import ConfigError
+from kvpipe.load import PERCENTILES  # what a served job records per request (kvpipe.measure.request_figures)
 from kvpipe.units import counted
 
-PERCENTILES = (50, 90, 99)  # what a served job records per request (kvpipe.measure.request_figures)
 # what a point's failure says when the cache ran out of memory (torch's, transformers' and the OS's words)
 OUT_OF_MEMORY = ("out of memory", "outofmemory", "cannot allocate memory", "memoryerror", "no free blocks")
 THROUGHPUT = "throughput"  # binds where the cache met the targets at the most it serves at all

@@ -17,6 +17,7 @@ from kvpipe.measure.metrics import repeat_noise
 from kvpipe.measure.request_figures import (
     SERVED_FIGURES,
     arrival_figures,
+    certain_miss,
     pass_figures,
     request_rows,
     serving_metrics,
@@ -66,7 +67,7 @@ class ServedJob(Job):
         release_freed_memory(self.loaded.device)
         torch.manual_seed(self.spec.workload.seed)
         with PeakMemory(self.loaded.device) as peak:
-            outcome = self._serve(self.queue(), self.cap)
+            outcome = self._serve(self.queue(), self.cap, stop=self.stop_rule())
         self.passes.append(outcome)
         self.peaks.append(peak)
         for _ in outcome.served:
@@ -77,10 +78,18 @@ class ServedJob(Job):
         """A round's requests as they arrive (kvpipe.job.arrivals)."""
         return Scheduled(self.requests, self.arrivals, self.cap, self.load.closed)
 
-    def _serve(self, queue, cap: int, kept=None) -> Outcome:
+    def stop_rule(self):
+        """With load.stop_when_missed_at: a pass's rule for letting no more requests in, once its
+        targets are missed at that percentile whatever the rest do (kvpipe.measure.request_figures)."""
+        at, common, total = self.load.config.stop_when_missed_at, self.load.config, len(self.requests)
+        if at is None:
+            return None
+        return lambda answered: certain_miss(answered, total, common.max_ttft_ms, common.max_tpot_ms, at)
+
+    def _serve(self, queue, cap: int, kept=None, stop=None) -> Outcome:
         if self.setup is None:  # a continuous server builds its own cache
-            return serve_continuously(self.spec, self.loaded, queue, cap)
-        return serve_static_batches(self.spec, self.loaded, self.setup, queue, cap, kept)
+            return serve_continuously(self.spec, self.loaded, queue, cap, stop)
+        return serve_static_batches(self.spec, self.loaded, self.setup, queue, cap, kept, stop)
 
     def summary(self) -> tuple[dict[str, float], list[str], dict[str, str]]:
         passes, common = self.passes, self.load.config
@@ -111,7 +120,11 @@ class ServedJob(Job):
         self.scored_answers = self.workload.score(tokenizer, stops, *answered)
         metrics.update(self.scored_answers.values())
         tags = {"load": self.load.served_label(self.requests), "peak_memory_source": self.peaks[0].source}
-        return metrics, self.load.notes(self.requests), tags
+        notes = self.load.notes(self.requests) + [
+            f"stopped after {len(o.served)} of its {len(self.requests)} requests (load.stop_when_missed_at): {o.stopped}"
+            for o in passes if o.stopped
+        ]  # fmt: skip
+        return metrics, notes, tags
 
     def verdicts(self, tokenizer, stops: set[int], batches: list, calls: list) -> list[list[bool]] | None:
         """Per pass, per request: whether the answer it was served was right (`answered`'s batches and
@@ -137,7 +150,8 @@ class ServedJob(Job):
         import torch
 
         batch_of = {id(prompt): batch for batch, prompt in zip(self.batches, self.prompts)}
-        batches = [batch_of[id(request)] for request in self.requests]
+        # a pass stopped early (load.stop_when_missed_at, one pass) answered its first requests only
+        batches = [batch_of[id(request)] for request in self.requests][: len(self.passes[0].served)]
         calls = [
             SimpleNamespace(new_tokens=torch.tensor([served.tokens], dtype=torch.long))
             for outcome in self.passes

@@ -51,10 +51,10 @@ class SessionsJob(ServedJob):
         self.rounds_turns.append(turns)
         return turns
 
-    def _serve(self, queue, cap: int, kept=None):
+    def _serve(self, queue, cap: int, kept=None, stop=None):
         if self.workload.keeps_session_cache and self.setup is not None:
             kept = KeptCaches()
-        return super()._serve(queue, cap, kept)
+        return super()._serve(queue, cap, kept, stop)
 
     def _render(self, session, turn: int, answers: list, last: bool, position: int) -> Request:
         """A turn's request: the history with the model's answers (the text before its end-of-sequence)."""

@@ -57,6 +57,7 @@ class Outcome:
     kv_held_bytes: int | None = None
     prefix_hit_tokens: int | None = None
     session_kv_held_bytes: int | None = None
+    stopped: str = ""  # why the pass stopped letting requests in before the last (`stop`), if it did
 
 
 def requests_of(batches, new_tokens: int) -> list[Request]:
@@ -70,20 +71,21 @@ def requests_of(batches, new_tokens: int) -> list[Request]:
     return prompts
 
 
-def serve_static_batches(spec, loaded, setup, queue, cap: int, kept=None) -> Outcome:
+def serve_static_batches(spec, loaded, setup, queue, cap: int, kept=None, stop=None) -> Outcome:
     """Static batches of up to `cap` arrived requests (from `queue`: kvpipe.job.arrivals), each one
     generate() call held to its longest. With `kept` (kvpipe.job.kept_caches), a session's turn
     continues from the cache its previous turn left, one request per call: caches of different
-    lengths do not batch."""
+    lengths do not batch. `stop(answered)`: why to let no more requests in (the pass has missed its
+    targets whatever the rest do), or None."""
     import torch
 
     from kvpipe.workload.base import padded_batch
 
     workload = spec.workload
     served: dict[int, Served] = {}
-    start, kv_peak, most = time.perf_counter(), 0, 0
+    start, kv_peak, most, stopped = time.perf_counter(), 0, 0, ""
     queue.begin(start)
-    while queue.untaken:
+    while queue.untaken and not stopped:
         now = time.perf_counter()
         taken = queue.take(now, 1 if kept is not None else cap)
         if not taken:  # nothing in flight here between calls: the next arrival is known
@@ -114,14 +116,16 @@ def serve_static_batches(spec, loaded, setup, queue, cap: int, kept=None) -> Out
             kept.keep(rows[0], cache, served[taken[0].index].tokens)
         for arrival in taken:
             queue.answered(arrival.index, finished, served[arrival.index].tokens)
+        stopped = (stop(served.values()) or "") if stop is not None and queue.untaken else ""
     held = None if kept is None else kept.held_peak_bytes
     hits = None if kept is None else kept.reused_tokens
-    return Outcome([served[i] for i in sorted(served)], most, kv_peak, None, hits, held)
+    return Outcome([served[i] for i in sorted(served)], most, kv_peak, None, hits, held, stopped)
 
 
-def serve_continuously(spec, loaded, queue, cap: int) -> Outcome:
+def serve_continuously(spec, loaded, queue, cap: int, stop=None) -> Outcome:
     """Requests added to transformers' continuous batching manager as they arrive (from `queue`:
-    kvpipe.job.arrivals; at most `cap` in flight), answers taken as they finish."""
+    kvpipe.job.arrivals; at most `cap` in flight), answers taken as they finish. `stop(answered)`:
+    why to let no more requests in, or None (those in flight are still answered)."""
     strategy = spec.strategy
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)  # its start and stop lines, per run
     manager = strategy.start_manager(
@@ -135,13 +139,13 @@ def serve_continuously(spec, loaded, queue, cap: int) -> Outcome:
     )
     served: dict[int, Served] = {}
     in_flight: dict[str, object] = {}  # request id -> its kvpipe.job.arrivals.Arrival
-    start, most = time.perf_counter(), 0
+    start, most, stopped = time.perf_counter(), 0, ""
     queue.begin(start)
     try:
         matches = strategy.prefix_matches(manager)
         pool = strategy.pool_bytes(manager)
-        while len(served) < queue.total:
-            for arrival in queue.take(time.perf_counter(), cap - len(in_flight)):
+        while len(served) < queue.total and not (stopped and not in_flight):
+            for arrival in [] if stopped else queue.take(time.perf_counter(), cap - len(in_flight)):
                 request_id = f"request_{arrival.index}"
                 manager.add_request(
                     arrival.request.ids, request_id=request_id, max_new_tokens=arrival.request.new_tokens,
@@ -149,7 +153,7 @@ def serve_continuously(spec, loaded, queue, cap: int) -> Outcome:
                 )  # fmt: skip
                 in_flight[request_id] = arrival
             most = max(most, len(in_flight))
-            wait, due = POLL_S, queue.next_s()
+            wait, due = POLL_S, None if stopped else queue.next_s()
             if due is not None and len(in_flight) < cap:
                 wait = min(POLL_S, max(due - time.perf_counter(), 0.001))
             answer = manager.get_result(timeout=wait)
@@ -167,8 +171,10 @@ def serve_continuously(spec, loaded, queue, cap: int) -> Outcome:
                 tokens=list(answer.generated_tokens),
             )
             queue.answered(arrival.index, time.perf_counter(), served[arrival.index].tokens)
+            if stop is not None and not stopped and queue.untaken:
+                stopped = stop(served.values()) or ""
         _, held_peak = strategy.peak_held(manager)
     finally:
         strategy.stop_manager(manager)
     hits = sum(matches.get(f"request_{index}", 0) for index in served)
-    return Outcome([served[i] for i in sorted(served)], most, pool, held_peak, hits)
+    return Outcome([served[i] for i in sorted(served)], most, pool, held_peak, hits, stopped=stopped)

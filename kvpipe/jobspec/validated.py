@@ -208,6 +208,7 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
     )
     _check_engine(spec)
     _check_serving(spec)
+    _check_stop_when_missed(spec)
     # the groups and the settings the user named: a warning about a setting only where it was given
     overridden = frozenset(override_group(o) for o in overrides) | frozenset(override_key(o) for o in overrides)
     warnings = options.ignored_warnings("cache", chosen["cache"]) + spec.strategy.check(overridden)
@@ -421,6 +422,22 @@ def _check_engine(spec: Spec) -> None:
     if spec.press is not None:
         raise ConfigError("press", spec.press.name, f"engine={engine.name} evicts nothing: expected press=none")
     engine.check(spec)
+
+
+def _check_stop_when_missed(spec: Spec) -> None:
+    """load.stop_when_missed_at ends one pass of requests served by kvpipe's own servers early."""
+    stop_at = None if spec.load is None else getattr(spec.load, "stop_when_missed_at", None)
+    if stop_at is None:
+        return
+    why = None
+    if spec.workload.repeats != 1:
+        why = f"it ends one pass early; expected workload.repeats=1 (got {spec.workload.repeats})"
+    elif spec.bound_engine is not None:
+        why = f"engine={spec.bound_engine.name} serves every request it is sent; expected null"
+    elif spec.bound_workload.in_sessions:
+        why = f"workload={spec.workload.kind}'s turns arrive after their answers; expected null"
+    if why:
+        raise ConfigError("load.stop_when_missed_at", stop_at, why)
 
 
 def _check_serving(spec: Spec) -> None:

@@ -2,9 +2,9 @@
 each, registered on import. Independent of which prompts (workload=) and which cache (cache=).
 Without a load (the default), a job runs its workload's batches one after another."""
 
-from kvpipe.load.base import Common, Load, get, names, registered
+from kvpipe.load.base import PERCENTILES, Common, Load, get, names, registered
 from kvpipe.registry import import_plugins
 
 import_plugins(__name__, __path__)
 
-__all__ = ["Common", "Load", "get", "names", "registered"]
+__all__ = ["PERCENTILES", "Common", "Load", "get", "names", "registered"]

@@ -13,6 +13,10 @@ from typing import Any, ClassVar, Optional, Sequence
 from kvpipe.errors import ConfigError
 from kvpipe.registry import Registered, Registry
 
+# The percentiles of its requests a served run records (TTFT, TPOT, ... at p50, p90, p99), and at which
+# its targets can be held
+PERCENTILES = (50, 90, 99)
+
 
 @dataclass
 class Common:
@@ -23,9 +27,16 @@ class Common:
     # meets them when its TTFT (from arrival) and its TPOT are both within; null: no target
     max_ttft_ms: Optional[float] = None
     max_tpot_ms: Optional[float] = None
+    # 50, 90 or 99: stop letting requests in once so many have missed a target that the pass's TTFT or
+    # TPOT at this percentile misses it whatever the rest do (those in flight are answered; one pass,
+    # workload.repeats=1); null: every request served. kvpipe capacity's rate points set it.
+    stop_when_missed_at: Optional[int] = None
 
 
 COMMON_FIELDS = tuple(f.name for f in dataclasses.fields(Common))
+# Common settings added after runs were keyed: keyed and logged only where set, so that resume=true
+# still finds the runs made before them
+LATE_COMMON = ("stop_when_missed_at",)
 
 
 @dataclass
@@ -57,7 +68,8 @@ class Load(Registered):
     def read_fields(self) -> tuple[str, ...]:
         """The load.* fields this load's measurement depends on (its key, its params)."""
         own = [f.name for f in dataclasses.fields(self.Settings) if not self._at_late_default(f.name)]
-        return ("load.kind", *(f"load.{name}" for name in (*COMMON_FIELDS, *own)))
+        common = [n for n in COMMON_FIELDS if n not in LATE_COMMON or getattr(self.config, n, None) is not None]
+        return ("load.kind", *(f"load.{name}" for name in (*common, *own)))
 
     def _at_late_default(self, name: str) -> bool:
         return name in self.late_defaults and getattr(self.settings, name) in (None, self.late_defaults[name])
@@ -70,6 +82,14 @@ class Load(Registered):
             value = getattr(self.config, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"load.{name}", value, "expected a latency target in ms above 0, or null")
+        stop_at = getattr(self.config, "stop_when_missed_at", None)
+        if stop_at is not None:
+            if stop_at not in PERCENTILES:
+                raise ConfigError("load.stop_when_missed_at", stop_at,
+                                  f"expected one of {', '.join(map(str, PERCENTILES))} (a recorded percentile), or null")  # fmt: skip
+            if self.config.max_ttft_ms is None and self.config.max_tpot_ms is None:
+                raise ConfigError("load.stop_when_missed_at", stop_at, "it stops on a missed target: expected "
+                                  "load.max_ttft_ms or load.max_tpot_ms, or null")  # fmt: skip
 
     def requests(self, prompts: Sequence) -> list:
         """The requests a run serves, in the order they arrive, from the workload's (one per prompt):

@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
+from typing import Iterable
 
+from kvpipe.load import PERCENTILES
 from kvpipe.measure.uncertainty import with_intervals
 
 
@@ -65,6 +67,24 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(max(rank, 1), len(ordered)) - 1]
 
 
+def certain_miss(served: Iterable[Served], total: int, max_ttft_ms: float | None, max_tpot_ms: float | None,
+                 at: int) -> str | None:  # fmt: skip
+    """Why a pass of `total` requests misses a target at percentile `at` whatever its requests not yet
+    answered do, from those answered (`served`); None while it still may meet them. The nearest-rank
+    percentile of n values is its ceil(at% of n)-th smallest: once n less that rank, plus one, exceed
+    the target, so does it. The count needed grows with n, so the answered ones alone show the miss
+    as well (one-token answers, which have no TPOT, only lower it)."""
+    rank = min(max(math.ceil(round(at / 100 * total, 9)), 1), total)
+    enough = total - rank + 1
+    answered = list(served)
+    for name, target, values in (("TTFT", max_ttft_ms, [s.ttft_ms for s in answered]),
+                                 ("TPOT", max_tpot_ms, [s.tpot_ms for s in answered])):  # fmt: skip
+        missed = 0 if target is None else sum(value is not None and value > target for value in values)
+        if target is not None and missed >= enough:
+            return f"{missed} of its {total} requests had {name} above {target:g} ms, so p{at} {name} misses it"
+    return None
+
+
 SERVED_FIGURES = ("ttft_ms", "tpot_ms", "output_tokens_per_s")  # what one pass over the requests (a round) gives
 
 
@@ -106,7 +126,7 @@ def serving_metrics(passes: list[list[Served]], max_in_flight: int, max_ttft_ms:
     }
     with_intervals(metrics, {"ttft_ms": ttft, "tpot_ms": tpot})  # over requests
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e), ("queue", queue)):
-        for share in (50, 90, 99):
+        for share in PERCENTILES:
             metrics[f"{name}_p{share}_ms"] = percentile(values, share / 100)
     if max_ttft_ms is not None or max_tpot_ms is not None:
         met = [s.meets(max_ttft_ms, max_tpot_ms) for s in served]

@@ -222,10 +222,15 @@ def _open_parent(config, tracking_cfg, launch_dir: Path, name: str, swept: dict,
 
 
 def _worker_helps(config: DictConfig) -> bool:
-    """Where the jobs run in this process (Hydra's basic launcher; joblib and submitit start their
-    own) and MLflow is not imported yet: a process that has it already saves nothing."""
-    target = config.hydra.launcher.get("_target_", "")
-    return target.endswith((".BasicLauncher", TAKES_TURNS)) and "mlflow" not in sys.modules
+    """Where the jobs run in this process and MLflow is not imported yet: a process that has it
+    already saves nothing."""
+    return jobs_run_here(config) and "mlflow" not in sys.modules
+
+
+def jobs_run_here(config: DictConfig) -> bool:
+    """Whether the launcher runs the jobs in this process (Hydra's basic launcher, kvpipe's
+    interleaved one); joblib, submitit and Ray start processes of their own."""
+    return config.hydra.launcher.get("_target_", "").endswith((".BasicLauncher", TAKES_TURNS))
 
 
 def outcome_counts(sweep_dir: Path) -> dict[str, int]:

@@ -36,6 +36,8 @@ class CapacitySweeper(BatchedSweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         from kvpipe.orchestrate.capacity.walker import Walker
+        from kvpipe.orchestrate.sweep import jobs_run_here
 
         sweep_dir = self.sweep_dir()
-        return Walker.start(self.settings, arguments, self.cwd(), sweep_dir).run(self.launch)
+        walker = Walker.start(self.settings, arguments, self.cwd(), sweep_dir, jobs_run_here(self.config))
+        return walker.run(self.launch)

@@ -57,15 +57,18 @@ class Walker:
     """One capacity sweep: `Walker.start(...)` sets its walks up, `run(launch)` its batches."""
 
     def __init__(self, settings, caches: list[str], fixed: list[str], spec, walks: dict, sweep_dir: Path,
-                 launch_dir: Path):  # fmt: skip
+                 launch_dir: Path, jobs_run_here: bool = False):  # fmt: skip
         self.settings, self.caches, self.fixed, self.spec, self.walks = settings, caches, fixed, spec, walks
         self.sweep_dir, self.launch_dir = sweep_dir, launch_dir
+        self.jobs_run_here = jobs_run_here  # the launcher runs every job in this process
+        self.warm: set[str] = set()  # the caches a job of this process has served (not reused from a store)
         self.started = time.monotonic()
         self.launched = self.reused = 0
         self.name = "capacity" if settings.walk == "rate" else "advise"
 
     @classmethod
-    def start(cls, settings, arguments: list[str], launch_dir: Path, sweep_dir: Path) -> Walker:
+    def start(cls, settings, arguments: list[str], launch_dir: Path, sweep_dir: Path,
+              jobs_run_here: bool = False) -> Walker:  # fmt: skip
         from kvpipe.jobspec import spec_from
 
         if settings.walk not in WALKS:
@@ -85,26 +88,44 @@ class Walker:
                 raise ConfigError("hydra.sweeper.requests", settings.requests, "expected 2 or more requests per rate")
             bounds = memory_bounds(spec, fixed, caches, settings.memory_budget)
             walks = {c: RateWalk(c, targets, settings.resolution, settings.requests, bounds[c]) for c in caches}
-        return cls(settings, caches, fixed, spec, walks, sweep_dir, launch_dir)
+        return cls(settings, caches, fixed, spec, walks, sweep_dir, launch_dir, jobs_run_here)
 
     def target_overrides(self) -> list[str]:
         """The targets every point's goodput counts against."""
         given = (("load.max_ttft_ms", self.settings.max_ttft_ms), ("load.max_tpot_ms", self.settings.max_tpot_ms))
         return [f"{key}={value:g}" for key, value in given if value is not None]
 
-    def point_overrides(self, load: list[str]) -> list[str]:
+    def point_overrides(self, cache: str, load: list[str]) -> list[str]:
         """The targets, and what a rate point measures less of than a plain job unless the user set it:
-        one pass over its requests (a point's seeded arrivals are the same every pass, so more passes
-        only re-time one schedule: the chat workload's 3 took 152 s of a 164 s point at 0.3 req/s, embedded
-        model, 2-core VM), and the quality pass on the ceiling alone (what a cache does to the answers
-        does not change with the rate; its accuracy is the workload's own scoring, which every point keeps)."""
+        - one pass over its requests (a point's seeded arrivals are the same every pass, so more passes
+          only re-time one schedule: the chat workload's 3 took 152 s of a 164 s point at 0.3 req/s,
+          embedded model, 2-core VM);
+        - the quality pass on the ceiling alone (what a cache does to the answers does not change with
+          the rate; its accuracy is the workload's own scoring, which every point keeps);
+        - no warm-up where a job of this process has served the cache already (its ceiling, warmed up):
+          the model, its kernels and the allocator are warm; a warm-up pass is every request at once,
+          another ceiling's worth of time (~6 s a point, embedded model, 2-core VM);
+        - no more requests let in once the targets are missed at the search's percentile whatever the
+          rest do (stops_early)."""
         if self.settings.walk != "rate":
             return self.target_overrides()
         given = {override_key(o) for o in self.fixed}
         fewer = [] if "workload.repeats" in given else ["workload.repeats=1"]
-        if "load=rate" in load and not any(key == "quality" or key.startswith("quality.") for key in given):
+        at_rate = "load=rate" in load
+        if at_rate and not any(key == "quality" or key.startswith("quality.") for key in given):
             fewer.append("quality=off")
+        if at_rate and cache in self.warm and "workload.warmup" not in given:
+            fewer.append("workload.warmup=0")
+        if at_rate and "workload.repeats" not in given and self.stops_early():
+            fewer.append(f"load.stop_when_missed_at={self.settings.percentile}")
         return [*self.target_overrides(), *fewer]
+
+    def stops_early(self) -> bool:
+        """Whether a rate point may end once it has missed a target at the search's percentile,
+        whatever its other requests do (load.stop_when_missed_at): its verdict is already "misses",
+        and the rest of its requests would only queue. kvpipe's own servers can (not an engine's
+        server, nor a conversation's turns, which arrive after their answers)."""
+        return self.spec.bound_engine is None and not self.spec.bound_workload.in_sessions
 
     def run(self, launch: Callable) -> list:
         """Batches until every walk is done or the job budget is spent; `launch(jobs, first_index)`
@@ -117,14 +138,17 @@ class Walker:
             batch_number += 1
             shown = ", ".join(f"{cache} at {what}" for cache, what, _ in batch)
             self._say(f"batch {batch_number}: {shown} · {duration_text(time.monotonic() - self.started)} elapsed")
-            jobs = [[*self.fixed, f"cache={cache}", *load, *self.point_overrides(load), "resume=true"]
+            jobs = [[*self.fixed, f"cache={cache}", *load, *self.point_overrides(cache, load), "resume=true"]
                     for cache, _, load in batch]  # fmt: skip
             results = launch(jobs, job_index)
             job_index += len(jobs)
             self.launched += len(jobs)
             returns.append(results)
             for (cache, what, _), job in zip(batch, results, strict=True):
+                reused = self.reused
                 figures = self._figures(job)
+                if self.jobs_run_here and figures.metrics is not None and self.reused == reused:
+                    self.warm.add(cache)  # served here, not read back from an earlier search
                 self._share_reference(figures)
                 self._say_point(cache, what, figures, self.walks[cache].tell(figures))
         self._save()
