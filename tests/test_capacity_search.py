@@ -168,3 +168,26 @@ def test_an_accuracy_drop_floors_each_rate_at_full_precisions_accuracy_less_the_
     both = dataclasses.replace(known, min_accuracy=0.85)
     assert both.accuracy_floor() == 0.85 and both.misses({**point, "task_accuracy": 0.82})
     assert "accuracy ≥ full precision's less 10%" in targets.describe()
+
+
+def test_a_near_miss_steps_down_by_a_quarter_and_a_far_one_by_half():
+    """A point costs its requests over its rate: a rate far below the answer is the dearest to measure."""
+    assert next_rate(None, 4.0, 8.0, 0.1) == 2.0 and next_rate(None, 4.0, 8.0, 0.1, near=True) == 3.0
+    walk = RateWalk("dynamic", TARGETS, 0.1, 16, None)
+    walk.tell(Figures({"requests_per_s": 4.0}))
+    walk.tell(Figures(figures(ttft_p90=2300)))  # +15%: near
+    assert walk.next_load()[0] == "3/s"
+    walk.tell(Figures(figures(ttft_p90=2300, tpot_p90=300)))  # TPOT +100%: far
+    assert walk.next_load()[0] == "1.5/s"
+    walk.tell(Figures(None, "FAILED: RuntimeError: CPU out of memory"))  # no figures: far
+    assert walk.next_load()[0] == "0.75/s"
+
+
+def test_a_cache_that_misses_near_everywhere_still_stops_at_about_a_sixteenth_of_its_ceiling():
+    walk = RateWalk("paged", TARGETS, 0.1, 16, None)
+    walk.tell(Figures({"requests_per_s": 16.0}))
+    rates = []
+    while (load := walk.next_load()) is not None:
+        rates.append(float(load[0].removesuffix("/s")))
+        walk.tell(Figures(figures(tpot_p90=160)))  # +7% at every rate
+    assert rates[:3] == [16.0, 12.0, 9.0] and len(rates) <= 11 and 16.0 / 16 * 0.7 < rates[-1] < 16.0 / 8

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from kvpipe.decide.capacity import Point, Targets, Verdict, judged, verdict, what_binds
 from kvpipe.decide.limits import LIMITS, Limits
-from kvpipe.orchestrate.capacity.rates import next_rate
+from kvpipe.orchestrate.capacity.rates import NEAR, next_rate
 
 # a level must add more throughput than this share to be worth the next one: served runs of one pass
 # differ by a few percent from run to run on an idle 2-core machine
@@ -36,6 +36,7 @@ class RateWalk:
         self.ceiling_failure = ""
         self.points: list[Point] = []
         self.met = self.missed = None
+        self.near = False  # the lowest rate that missed missed by less than NEAR (rates.py)
 
     def next_load(self) -> tuple[str, list[str]] | None:
         """(what the point is, its load overrides), or None when the search is done."""
@@ -43,7 +44,7 @@ class RateWalk:
             return None
         if self.ceiling is None:
             return "every request at once", ["load=offline", f"load.requests={self.requests}"]
-        rate = next_rate(self.met, self.missed, self.ceiling, self.resolution)
+        rate = next_rate(self.met, self.missed, self.ceiling, self.resolution, self.near)
         if rate is None:
             return None
         return f"{rate:g}/s", ["load=rate", f"load.rate={rate:g}", f"load.requests={self.requests}"]
@@ -57,13 +58,14 @@ class RateWalk:
             else:
                 self.ceiling = rate
             return None
-        rate = next_rate(self.met, self.missed, self.ceiling, self.resolution)
+        rate = next_rate(self.met, self.missed, self.ceiling, self.resolution, self.near)
         point = judged(rate, figures.metrics, figures.failure, self.targets, self.memory_requests)
         self.points.append(point)
         if point.meets:
             self.met = rate
         else:
             self.missed = rate
+            self.near = near_miss(point)
         return point
 
     def verdict(self) -> Verdict:
@@ -77,6 +79,14 @@ class RateWalk:
     def as_dict(self) -> dict:
         return {**self.verdict().as_dict(), "rates": [p.rate for p in self.points],
                 "met": [p.meets for p in self.points]}  # fmt: skip
+
+
+def near_miss(point: Point) -> bool:
+    """Whether a point missed only latency targets (TTFT, TPOT, goodput's share), each by less than
+    NEAR: the rate that meets is likely close below. Memory and accuracy change little with the rate:
+    a cache that misses them steps down by half, as one that failed."""
+    latency = ("ms", "share")
+    return bool(point.misses) and all(m.unit in latency and m.over < NEAR for m in point.misses)
 
 
 def walk_limits(limits: Limits) -> Limits:
