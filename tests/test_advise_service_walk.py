@@ -15,6 +15,8 @@ from kvpipe.orchestrate.capacity.walker import Walker
 from kvpipe.orchestrate.capacity.walks import ConcurrencyWalk, RateWalk
 from kvpipe.record.result import Result
 
+from conftest import TINY, spec_for
+
 
 def fake_launch(sweep_dir: Path, figures_of, batches: list):
     """A launcher whose jobs record figures_of(overrides as a dict) in their result.json."""
@@ -32,9 +34,10 @@ def fake_launch(sweep_dir: Path, figures_of, batches: list):
     return launch
 
 
-def walked(tmp_path, settings, walks, figures_of) -> tuple[dict, list]:
+def walked(tmp_path, settings, walks, figures_of, jobs_run_here=False) -> tuple[dict, list]:
     batches: list = []
-    walker = Walker(settings, list(walks), [], None, walks, tmp_path, tmp_path)
+    spec = spec_for(*TINY, "load=rate")
+    walker = Walker(settings, list(walks), [], spec, walks, tmp_path, tmp_path, jobs_run_here)
     walker.run(fake_launch(tmp_path, figures_of, batches))
     return json.loads((tmp_path / "capacity.json").read_text()), batches
 
@@ -75,13 +78,17 @@ def test_the_rate_search_runs_in_batches_and_finds_each_caches_rate(tmp_path):
         return {"ttft_p90_ms": 500.0 if rate <= carries[job["cache"]] else 1500.0, "max_in_flight": 4.0,
                 "within_targets": 1.0, "goodput_requests_per_s": rate}  # fmt: skip
 
-    found, batches = walked(tmp_path, CapacitySettings(max_ttft_ms=1000), walks, figures_of)
+    found, batches = walked(tmp_path, CapacitySettings(max_ttft_ms=1000), walks, figures_of, jobs_run_here=True)
     for cache in found["caches"]:
         assert cache["rate"] <= carries[cache["cache"]] < cache["failing_rate"] <= cache["rate"] * 1.1
         assert cache["binds"] == "TTFT" and cache["max_throughput"] == 8.0
     assert [j["load"] for j in batches[0]] == ["offline", "offline"]  # each ceiling first, together
     assert all(j.get("resume") == "true" for batch in batches for j in batch)  # a repeated search reuses them
     assert found["jobs"] == sum(len(batch) for batch in batches)
+    # the ceilings warm up and serve every request; each rate point after them, served in this process,
+    # skips the warm-up and stops once it has missed at the search's percentile
+    assert not any("workload.warmup" in j or "load.stop_when_missed_at" in j for j in batches[0])
+    assert all(j["workload.warmup"] == "0" and j["load.stop_when_missed_at"] == "90" for b in batches[1:] for j in b)
 
 
 def test_the_rate_search_stops_at_its_job_budget(tmp_path):
