@@ -31,7 +31,7 @@ from kvpipe.job.servers import POLL_S, Outcome
 from kvpipe.job.threads import threads_for
 from kvpipe.jobspec import schema
 from kvpipe.measure.memory import peak_of, reset_peak_of
-from kvpipe.measure.request_figures import Served, pass_figures
+from kvpipe.measure.request_figures import Served
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +51,24 @@ class EngineAnswer:
 
 @dataclass
 class ServerPeak:
-    """The server's peak resident memory over a round (Linux's VmHWM, reset at the round's start)."""
+    """The server's peak resident memory over a block, a round (Linux's VmHWM, reset as it starts):
+    PeakMemory's figures, for the process that holds the cache."""
 
-    peak_bytes: int
-    baseline_bytes: int
+    pid: int
+    peak_bytes: int = 0
+    baseline_bytes: int = 0
     source: str = "engine server's VmHWM"
 
     @property
     def peak_over_baseline_bytes(self) -> int:
         return max(0, self.peak_bytes - self.baseline_bytes)
+
+    def __enter__(self) -> ServerPeak:
+        self.baseline_bytes = reset_peak_of(self.pid)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.peak_bytes = peak_of(self.pid)
 
 
 class EngineJob(ServedJob):
@@ -134,16 +143,10 @@ class EngineJob(ServedJob):
         self.setup = None  # the server keeps its own cache
         self.warm_up_requests()
 
-    def round(self, advance) -> dict[str, float]:
-        baseline = reset_peak_of(self.server.pid)
-        outcome = self._serve(self.queue(), self.cap)
-        self.passes.append(outcome)
-        self.peaks.append(ServerPeak(peak_of(self.server.pid), baseline))
-        for _ in outcome.served:
-            advance()
-        return pass_figures(outcome.served)
+    def peak_meter(self) -> ServerPeak:
+        return ServerPeak(self.server.pid)  # the server holds the cache, not kvpipe's process
 
-    def _serve(self, queue, cap: int, kept=None) -> Outcome:
+    def _serve(self, queue, cap: int, kept=None, stop=None) -> Outcome:  # stop: refused for an engine (validated)
         return serve_over_http(
             self.engine, self.server.port, self.spec.workload, queue, cap, int(self.kv["kv_cache_bytes"])
         )

@@ -66,13 +66,17 @@ class ServedJob(Job):
 
         release_freed_memory(self.loaded.device)
         torch.manual_seed(self.spec.workload.seed)
-        with PeakMemory(self.loaded.device) as peak:
+        with self.peak_meter() as peak:
             outcome = self._serve(self.queue(), self.cap, stop=self.stop_rule())
         self.passes.append(outcome)
         self.peaks.append(peak)
         for _ in outcome.served:
             advance()
         return pass_figures(outcome.served)
+
+    def peak_meter(self):
+        """What measures a round's peak memory: this process's (weights, cache and activations)."""
+        return PeakMemory(self.loaded.device)
 
     def queue(self):
         """A round's requests as they arrive (kvpipe.job.arrivals)."""
