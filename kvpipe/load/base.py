@@ -34,9 +34,8 @@ class Common:
 
 
 COMMON_FIELDS = tuple(f.name for f in dataclasses.fields(Common))
-# Common settings added after runs were keyed: keyed and logged only where set, so that resume=true
-# still finds the runs made before them
-LATE_COMMON = ("stop_when_missed_at",)
+# Common settings added after runs were keyed, as a kind's late_defaults below
+LATE_COMMON: dict[str, Any] = {"stop_when_missed_at": None}
 
 
 @dataclass
@@ -67,12 +66,12 @@ class Load(Registered):
 
     def read_fields(self) -> tuple[str, ...]:
         """The load.* fields this load's measurement depends on (its key, its params)."""
-        own = [f.name for f in dataclasses.fields(self.Settings) if not self._at_late_default(f.name)]
-        common = [n for n in COMMON_FIELDS if n not in LATE_COMMON or getattr(self.config, n, None) is not None]
-        return ("load.kind", *(f"load.{name}" for name in (*common, *own)))
+        fields = (*COMMON_FIELDS, *(f.name for f in dataclasses.fields(self.Settings)))
+        return ("load.kind", *(f"load.{name}" for name in fields if not self._at_late_default(name)))
 
     def _at_late_default(self, name: str) -> bool:
-        return name in self.late_defaults and getattr(self.settings, name) in (None, self.late_defaults[name])
+        late = {**LATE_COMMON, **self.late_defaults}
+        return name in late and getattr(self.config, name, None) in (None, late[name])
 
     def check(self) -> None:
         """Checks against the config alone; raises a one-line ConfigError."""

@@ -62,9 +62,13 @@ def percentile(values: list[float], share: float) -> float:
     """The nearest-rank percentile (share in 0-1) of the values; NaN for none."""
     if not values:
         return float("nan")
-    ordered = sorted(values)
-    rank = math.ceil(round(share * len(ordered), 9))  # the smallest rank covering that share
-    return ordered[min(max(rank, 1), len(ordered)) - 1]
+    return sorted(values)[_rank(share, len(values)) - 1]
+
+
+def _rank(share: float, count: int) -> int:
+    """The nearest-rank percentile's place among `count` values in order, from 1: the smallest rank
+    covering that share."""
+    return min(max(math.ceil(round(share * count, 9)), 1), count)
 
 
 def certain_miss(served: Iterable[Served], total: int, max_ttft_ms: float | None, max_tpot_ms: float | None,
@@ -74,13 +78,14 @@ def certain_miss(served: Iterable[Served], total: int, max_ttft_ms: float | None
     percentile of n values is its ceil(at% of n)-th smallest: once n less that rank, plus one, exceed
     the target, so does it. The count needed grows with n, so the answered ones alone show the miss
     as well (one-token answers, which have no TPOT, only lower it)."""
-    rank = min(max(math.ceil(round(at / 100 * total, 9)), 1), total)
-    enough = total - rank + 1
+    enough = total - _rank(at / 100, total) + 1
     answered = list(served)
     for name, target, values in (("TTFT", max_ttft_ms, [s.ttft_ms for s in answered]),
                                  ("TPOT", max_tpot_ms, [s.tpot_ms for s in answered])):  # fmt: skip
-        missed = 0 if target is None else sum(value is not None and value > target for value in values)
-        if target is not None and missed >= enough:
+        if target is None:
+            continue
+        missed = sum(value is not None and value > target for value in values)
+        if missed >= enough:
             return f"{missed} of its {total} requests had {name} above {target:g} ms, so p{at} {name} misses it"
     return None
 

@@ -125,7 +125,9 @@ class Walker:
         whatever its other requests do (load.stop_when_missed_at): its verdict is already "misses",
         and the rest of its requests would only queue. kvpipe's own servers can (not an engine's
         server, nor a conversation's turns, which arrive after their answers)."""
-        return self.spec.bound_engine is None and not self.spec.bound_workload.in_sessions
+        from kvpipe.jobspec.validated import cannot_stop_early
+
+        return cannot_stop_early(self.spec) is None
 
     def run(self, launch: Callable) -> list:
         """Batches until every walk is done or the job budget is spent; `launch(jobs, first_index)`
