@@ -47,7 +47,26 @@ def test_multirun_with_a_process_launcher_lands_every_child_under_one_parent(tmp
     # submitit, this machine: its two jobs run in processes of their own, started from this one
     proc = run_cli(["-m", "hydra/launcher=local", *TINY], cwd=tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    assert_every_child_under_one_parent(f"sqlite:///{tmp_path}/outputs/mlflow.db")
+    uri = f"sqlite:///{tmp_path}/outputs/mlflow.db"
+    assert_every_child_under_one_parent(uri)
+    assert "each job takes turns by call with a copy of the baseline (cache=dynamic)" in proc.stdout + proc.stderr
+    assert_paired_on_node(uri)
+
+
+def assert_paired_on_node(uri: str) -> None:
+    """The dynamic job measured alone; the quantized one beside its own copy of the dynamic cache, in
+    its process, and compare reads its ratio from that pair (paired call by call)."""
+    from kvpipe.decide import paired
+    from kvpipe.decide.runs import load_runs
+
+    runs = paired.with_ratios(load_runs("kvpipe", None, uri)[0])
+    by_label = {run["label"]: run for _, run in runs.iterrows()}
+    quantized, dynamic = by_label["quantized:hqq:int4:kivi"], by_label["dynamic"]
+    assert quantized["tags.kvpipe.measured_order"] == "paired_on_node"
+    assert quantized["tags.kvpipe.pair.label"] == "dynamic"
+    assert quantized["tags.kvpipe.pair.call_keys"] == quantized["tags.kvpipe.call_keys"]
+    assert quantized["ratio_tpot_ms"].paired and quantized["ratio_tpot_ms"].rounds >= 2
+    assert dynamic["tags.kvpipe.measured_order"] == "sequential" and dynamic["ratio_tpot_ms"] is None
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ OUTPUT_FILES = ("compare.md", "compare.csv", "memory_vs_context.png", "tpot_vs_m
 SERVING_FILES = ("serving_curve.png",)  # when some runs served requests under a load
 FRONT_FILES = ("quality_vs_kv_bytes.png",)  # when some run evicted (press=...): each family a series
 FOOTNOTE = (
-    "★ Pareto front of each workload over peak memory, TPOT and KL (lower is better; lossy runs without a "
+    "★ Pareto front of each workload (and of each machine, where several measured) over peak memory, TPOT and KL (lower is better; lossy runs without a "
     "quality pass are left off); where every run measured its workload's accuracy (passkey retrieval, task or RULER accuracy), over it in place of KL "
     "(and KL too when every run has it). ⚠ noisy: TTFT or TPOT varied between calls of one shape, or between a "
     "call's tokens, by more than the run's workload.noise_threshold, so its place on the front is not firm. "
@@ -47,7 +47,7 @@ FOOTNOTE = (
 )
 RATIO_NOTE = (
     " TPOT and TTFT vs the baseline: the ratio and its 95% interval, call by call where the two took turns "
-    "by call (an interleaved sweep), else round by round where they shared rounds, so the machine's drift "
+    "by call (an interleaved sweep, or a job beside its own copy of the baseline: pair_on_node), else round by round where they shared rounds, so the machine's drift "
     "cancels: clearly slower or faster where the interval lies beyond ±2% of 1, the same within 2% where it "
     "lies inside, not yet decided where it straddles an edge. † measured in different rounds: a machine that "
     "drifted between them can fake or hide a difference."
@@ -65,10 +65,15 @@ def footnote(runs: pd.DataFrame, table: pd.DataFrame | None = None) -> str:
     once = "".join(f" {line}" for line in (table.attrs.get(SAID_ONCE, []) if table is not None else []))
     if not ratios:
         return FOOTNOTE + once
+    apart = (
+        f" – ({APART}): the two were not measured in turns on one machine, so their timings are not weighed against each other."
+        if "apart" in runs and runs["apart"].any()
+        else ""
+    )
     if all(r is None for r in ratios):
-        return FOOTNOTE + NO_BASELINE_NOTE + once
+        return FOOTNOTE + NO_BASELINE_NOTE + apart + once
     judged = any(r is not None and r.state != paired.NO_INTERVAL for r in ratios)
-    return FOOTNOTE + (RATIO_NOTE if judged else RATIO_ALONE_NOTE) + once
+    return FOOTNOTE + (RATIO_NOTE if judged else RATIO_ALONE_NOTE) + apart + once
 
 
 SAID_ONCE = "said_once"  # display_table's attrs: the notes it took out of every cell of a column
@@ -99,6 +104,8 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
     marks = zip(runs["pareto"], runs["noisy"], runs["contended"])
     stars = [("★" if p else "") + (" ⚠ contended" if c else " ⚠" if n else "") for p, n, c in marks]
     table = {"★": stars, "cache": list(runs["label"])}
+    if "node" in runs and runs["node"].nunique() > 1:  # several machines: which measured each run
+        table["measured on"] = list(runs["node"])
     table.update({p: param_values(runs, p) for p in varying_params(runs)})
     for metric in workload.metrics().values():
         values = figure_column(runs, metric)
@@ -114,8 +121,10 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
     for figure, label in paired.FIGURES.items():  # paired.with_ratios: each against its baseline
         if f"ratio_{figure}" in runs:
             header = f"{label} vs {runs.attrs.get('baseline', 'baseline')}"
+            apart = runs["apart"] if "apart" in runs else [False] * len(runs)
             table[header] = [
-                _ratio_cell(r, b, own) for r, b, own in zip(runs[f"ratio_{figure}"], runs["baseline"], runs["label"])
+                _ratio_cell(r, b, own, far)
+                for r, b, own, far in zip(runs[f"ratio_{figure}"], runs["baseline"], runs["label"], apart)
             ]
     for name, header in PREDICTED.items():  # compare --predicted (kvpipe.predict.predicted_runs)
         if name in runs:
@@ -123,10 +132,15 @@ def display_table(runs: pd.DataFrame) -> pd.DataFrame:
     return said_once(pd.DataFrame(table))
 
 
-def _ratio_cell(ratio, baseline, label) -> str:
+def _ratio_cell(ratio, baseline, label, apart: bool = False) -> str:
     if ratio is not None:
         return ratio.text()
+    if apart:
+        return f"– ({APART})"
     return "baseline" if baseline is not None and baseline == label else "–"
+
+
+APART = "its baseline ran on another machine"
 
 
 def figure_column(runs: pd.DataFrame, metric: catalogue.Metric) -> pd.Series:

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from kvpipe import cache
-from kvpipe.measure.round_figures import CALL_KEYS, CALL_PREFIX, TAG_PREFIX, parse_series
+from kvpipe.measure.round_figures import CALL_KEYS, CALL_PREFIX, PAIR_PREFIX, TAG_PREFIX, parse_series
 from kvpipe.measure.uncertainty import (
     FASTER,
     NEGLIGIBLE,
@@ -153,11 +153,12 @@ def with_ratios(runs, baseline: str | None = None):
 
     name = baseline or DEFAULT_BASELINE
     chosen = [named(run, name) for _, run in runs.iterrows()]
+    beside = [copy_beside(run, name) for _, run in runs.iterrows()]  # pair_on_node: its own copy of the baseline
     lossless = mlflow_tags.column(mlflow_tags.ENGINE_LOSSLESS)
     if baseline is None and not any(chosen) and lossless in runs:  # an engine's runs: its full-precision cache
         chosen = [run.get(lossless) == "true" for _, run in runs.iterrows()]
         name = next((run["label"] for is_base, (_, run) in zip(chosen, runs.iterrows()) if is_base), name)
-    if not any(chosen):
+    if not any(chosen) and not any(copy is not None for copy in beside):
         if baseline is None:
             return runs
         labels = sorted(set(runs["label"]))
@@ -167,18 +168,55 @@ def with_ratios(runs, baseline: str | None = None):
     for is_baseline, (_, run) in zip(chosen, runs.iterrows()):
         if is_baseline:
             found.setdefault(_context(run), run)
-    bases, ratios = [], {figure: [] for figure in FIGURES}
-    for _, run in runs.iterrows():
-        base = found.get(_context(run))
+    bases, aparts, ratios = [], [], {figure: [] for figure in FIGURES}
+    for copy, (_, run) in zip(beside, runs.iterrows()):
+        base = copy if copy is not None else found.get(_context(run))
         bases.append(None if base is None else base["label"])
+        apart = base is not None and not same_rounds(run, base) and measured_apart(run, base)
+        aparts.append(apart)
         for figure in FIGURES:
             same = base is not None and base["run_id"] == run["run_id"]
-            ratios[figure].append(None if base is None or same else ratio(run, base, figure))
+            ratios[figure].append(None if base is None or same or apart else ratio(run, base, figure))
     runs["baseline"] = bases
+    runs["apart"] = aparts  # its baseline measured on another machine, not in turns with it: no ratio
     for figure, values in ratios.items():
         runs[f"ratio_{figure}"] = values
     runs.attrs["baseline"] = name
     return runs
+
+
+def copy_beside(run, name: str) -> dict | None:
+    """The copy of the baseline a run took turns with in its own process (pair_on_node, kvpipe's
+    launchers that run each job in a process of its own), as a row ratio() reads, where that copy is
+    the configuration `name` labels; else None."""
+    label = run.get(_tag(PAIR_PREFIX + "label"))
+    if not isinstance(label, str) or label != name:
+        return None
+    copy = {"label": label, "run_id": None, ROUND_GROUP: run.get(ROUND_GROUP)}
+    for figure in FIGURES:
+        for prefix in (TAG_PREFIX, CALL_PREFIX):
+            copy[_tag(prefix + figure)] = run.get(_tag(PAIR_PREFIX + prefix + figure))
+    copy[_tag(CALL_KEYS)] = run.get(_tag(PAIR_PREFIX + CALL_KEYS))
+    return copy
+
+
+def measured_apart(run, baseline) -> bool:
+    """Whether two runs were measured on different hosts or devices: their raw timings do not compare."""
+    return node(run) != node(baseline) and None not in (node(run), node(baseline))
+
+
+def node(run) -> str | None:
+    """`host · device` (its GPU's name, else its CPU model), the machine a run measured on, or None
+    where it did not record it."""
+    host = run.get(_tag(mlflow_tags.HOST))
+    names = (run.get(_tag(name)) for name in ("gpu_name", "cpu_model", "device"))
+    device = next((name for name in names if isinstance(name, str) and name), None)
+    return f"{host} · {device}" if isinstance(host, str) and device else None
+
+
+def _tag(name: str) -> str:
+    """The table's column of a kvpipe tag (`round_tpot_ms` or `kvpipe.host`)."""
+    return mlflow_tags.column(name if name.startswith("kvpipe.") else mlflow_tags.of(name))
 
 
 def _context(run) -> tuple:

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kvpipe import cache, catalogue, workload
+from kvpipe.decide import paired
 from kvpipe.decide.limits import ANSWER_QUALITY
 from kvpipe.record import table as run_table
 from kvpipe.record import tags as mlflow_tags
@@ -94,8 +95,10 @@ def with_derived(runs: pd.DataFrame) -> pd.DataFrame:
     runs["workload"] = settings_text(
         runs, [p for p in varying_params(runs) if not p.startswith(CACHE_PARAMS)], full=True
     )
+    # Raw timings rank only against those taken on the same machine (host and device)
+    runs["node"] = [paired.node(run) or "" for _, run in runs.iterrows()]
     runs["pareto"] = False
-    for _, group in runs.groupby("workload"):
+    for _, group in runs.groupby(["workload", "node"]):
         runs.loc[group.index, "pareto"] = pareto_front(group)
     return runs
 

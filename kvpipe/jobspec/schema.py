@@ -83,6 +83,9 @@ class KvpipeConfig:
     interleave: str = (
         "auto"  # multirun: auto|true|false, the jobs measured in shared rounds (kvpipe.orchestrate.interleave)
     )
+    # multirun in processes of their own (joblib, submitit, Ray): each job takes turns with a copy of the
+    # sweep's baseline in its own process (kvpipe.orchestrate.on_node)
+    pair_on_node: bool = True
 
 
 _stored_for: tuple | None = None  # the registered plugins the stored schema was built from

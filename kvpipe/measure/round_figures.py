@@ -22,6 +22,7 @@ STOPPING_FIGURE = "tpot_ms"  # every job has it: repeats=auto stops on its inter
 MIN_ROUNDS = 3  # the fewest an interval is read from over rounds (fewer: over calls)
 TAG_PREFIX = "round_"  # round_tpot_ms: a JSON list, one value per round
 CALL_PREFIX = "call_"  # call_tpot_ms: one value per call, round after round (null: left out as contended)
+PAIR_PREFIX = "pair."  # pair.call_tpot_ms…: the calls of a copy of the baseline measured beside a job (pair_on_node)
 CALL_KEYS = "call_keys"  # a digest of what each call of a round is: two runs' calls pair where it matches
 CALL_FIGURES = ("ttft_ms", "tpot_ms")  # what paired ratios are read from
 DECIDE_WITHIN = 0.03  # workload.decide_within's default: a sweep on repeats=auto stops at ±3%

@@ -28,13 +28,13 @@ from kvpipe.errors import ConfigError, KvpipeError, fail
 from kvpipe.job import runner
 from kvpipe.jobspec import make_spec, reject_unknown_keys
 from kvpipe.model import loading
-from kvpipe.orchestrate import closing, eta, skips
+from kvpipe.orchestrate import closing, eta, on_node, skips
 from kvpipe.orchestrate.pipeline import record_killed, record_measured, run_pipeline
 from kvpipe.record import auth, recorder, store, tracking, worker
 from kvpipe.record import tags as mlflow_tags
 from kvpipe.record.report import print_sweep_end
 from kvpipe.record.result import Result, iter_results
-from kvpipe.schedule import check_quiet_wait, check_turn
+from kvpipe.schedule import QUIET_WAIT_S, check_quiet_wait, check_turn
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +124,13 @@ class SweepCallback(Callback):
             check_quiet_wait(config.hydra.launcher.get("quiet_wait_s", 0))
         except ConfigError as exc:
             fail(str(exc))
+        planned = None if is_search(config) else planned_jobs(config)
         if why_sequential and why_sequential != "interleave=false":
-            log.warning("measuring the jobs one after another, not in interleaved rounds: %s", why_sequential)
+            if config.get("pair_on_node", True) and not jobs_run_here(config):
+                launcher = config.hydra.runtime.choices.get("hydra/launcher") or config.hydra.launcher.get("_target_")
+                log.warning(on_node.limits_line(launcher, on_node.baseline_strategy(planned)))
+            else:
+                log.warning("measuring the jobs one after another, not in interleaved rounds: %s", why_sequential)
         total = count_jobs(config)
         name = sweep_name(config)
         swept = {key: ",".join(values) for key, values in swept_values(config).items()}
@@ -147,7 +152,6 @@ class SweepCallback(Callback):
         except store.TrackingUnavailable as exc:  # Hydra would only warn and lose the sweep's state
             worker.stop()
             log.warning("%s; the sweep runs without a parent run, its results safe on disk", exc)
-        planned = None if is_search(config) else planned_jobs(config)
         state = SweepState(name=name, total_jobs=total, started_at=time.time(), parent_run_id=parent,
                            planned_jobs=planned)  # fmt: skip
         state.save(sweep_dir)
@@ -230,7 +234,12 @@ def _worker_helps(config: DictConfig) -> bool:
 def jobs_run_here(config: DictConfig) -> bool:
     """Whether the launcher runs the jobs in this process (Hydra's basic launcher, kvpipe's
     interleaved one); joblib, submitit and Ray start processes of their own."""
-    return config.hydra.launcher.get("_target_", "").endswith((".BasicLauncher", TAKES_TURNS))
+    return launcher_runs_jobs_here(config.hydra)
+
+
+def launcher_runs_jobs_here(hydra_cfg) -> bool:
+    """jobs_run_here, from the hydra node (a job's HydraConfig, or the sweep config's `hydra`)."""
+    return str(hydra_cfg.launcher.get("_target_", "")).endswith((".BasicLauncher", TAKES_TURNS))
 
 
 def outcome_counts(sweep_dir: Path) -> dict[str, int]:
@@ -328,6 +337,9 @@ def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str | Deferre
         run_pipeline(spec, run_dir, launch_dir, False, parent, check_store=False, order_tags=order_tags)
         return "FINISHED"
 
+    partner = pair_partner(cfg, hydra_cfg, state, overrides, why_sequential)
+    if partner is not None:
+        return guarded(lambda: measure_beside_baseline(spec, partner, hydra_cfg, run_dir, launch_dir, parent, key))
     if why_sequential is not None:
         return guarded(lambda: measure_now({"measured_order": "sequential", "order_reason": why_sequential}))
 
@@ -366,6 +378,61 @@ def run_sweep_job(cfg: DictConfig, hydra_cfg, launch_dir: Path) -> str | Deferre
         return Deferred(job, lambda order_tags: finish(job, order_tags), lambda: kill(job))
 
     return guarded(prepare)
+
+
+def pair_partner(
+    cfg: DictConfig, hydra_cfg, state: SweepState | None, overrides: list[str], why_sequential
+) -> list[str] | None:
+    """The baseline copy's overrides where this job takes turns with one in its own process
+    (kvpipe.orchestrate.on_node): a launcher that runs jobs in processes of their own, pair_on_node
+    on, interleave not turned off, and a cache other than the baseline's; else None."""
+    if why_sequential is None or why_sequential == "interleave=false" or not cfg.get("pair_on_node", True):
+        return None
+    if launcher_runs_jobs_here(hydra_cfg):  # Hydra's basic launcher: one after another, as asked
+        return None
+    return on_node.partner_overrides(overrides, state.planned_jobs if state else None)
+
+
+def measure_beside_baseline(spec, partner: list[str], hydra_cfg, run_dir: Path, launch_dir: Path, parent, key) -> str:
+    """The job and a copy of the sweep's baseline, prepared in this process (one model load) and
+    measured in turns by call; the job recorded with the copy's calls beside its own."""
+    import uuid
+
+    from kvpipe.schedule import run_rounds
+
+    base_spec = make_spec(on_node.compose_partner(hydra_cfg, partner), partner)
+    job, base = runner.job_for(spec), runner.job_for(base_spec)
+    job.label, base.label = f"#{hydra_cfg.job.num}", "baseline copy"
+    log.info("measured in turns by call beside a copy of the baseline (%s), in this process", " ".join(partner))
+    skips.mark_pending(run_dir, key)
+    try:
+        base.prepare()
+        job.prepare()
+        run_rounds([base, job], int(spec.workload.seed), shuffle=True, turn="call",
+                   quiet_wait_s=float(hydra_cfg.launcher.get("quiet_wait_s", QUIET_WAIT_S)))  # fmt: skip
+        order_tags = {
+            "measured_order": on_node.MEASURED_ORDER,
+            "order_reason": f"hydra/launcher={_launcher_name(hydra_cfg)} runs each job in a process of its own",
+            "round_group": uuid.uuid4().hex[:12],
+            **on_node.pair_tags(base, base.cache_label, partner),
+        }
+
+        def measured():
+            return job.result(order_tags)
+
+        record_measured(spec, measured, run_dir, launch_dir, False, parent)
+    except KeyboardInterrupt:
+        record_killed(spec, run_dir, launch_dir, parent)
+        raise
+    finally:
+        base.close()
+        job.close()
+        skips.unmark_pending(run_dir)
+    return "FINISHED"
+
+
+def _launcher_name(hydra_cfg) -> str:
+    return hydra_cfg.runtime.choices.get("hydra/launcher") or str(hydra_cfg.launcher.get("_target_", ""))
 
 
 def _eta(index: int, state: SweepState | None, hydra_cfg) -> str:
