@@ -18,7 +18,7 @@ MLFLOW_PORT ?= 5000
 # `make ui` and `make mlflow-server` show them; MLFLOW_DIR=... serves another.
 MLFLOW_DIR  ?= $(CURDIR)/outputs
 
-.PHONY: venv run test test-fast test-census lint format docs ui mlflow-server clean-venv engines
+.PHONY: venv run test test-fast test-census lint format docs ui mlflow-server clean-venv engines ray
 
 venv: $(STAMP)
 
@@ -59,6 +59,13 @@ CONVERT_EMBEDDED := from kvpipe.model import embedded_folder; embedded_folder()
 # the converted model (kvpipe/engine/lifecycle/build.py). Without it, engine=llama_cpp says to run this.
 engines: venv
 	$(PY) -m kvpipe.engine.lifecycle.build
+
+# Sweeps on a Ray cluster (hydra/launcher=ray_cluster): Ray itself (the `ray` extra) and Hydra's Ray
+# launcher, the latter without its declared dependencies (see pyproject.toml's `ray` extra for why)
+RAY_LAUNCHER := hydra-ray-launcher==1.2.2
+ray: venv
+	@$(QUIETLY) "Ray (the ray extra, requirements.lock)" $(PIP) -c requirements.lock -e ".[dev,docs,eval,ray]" && \
+	$(QUIETLY) "Hydra's Ray launcher ($(RAY_LAUNCHER), its own code only)" $(PIP) --no-deps "$(RAY_LAUNCHER)"
 
 run: venv
 	$(PY) -m kvpipe $(ARGS)

@@ -67,7 +67,7 @@ def compose_partner(hydra_cfg, overrides: list[str]) -> DictConfig:
     config = loader.load_configuration(
         config_name=hydra_cfg.job.config_name,
         overrides=[*hydra_cfg.overrides.hydra, *overrides],
-        run_mode=RunMode.MULTIRUN,
+        run_mode=RunMode.RUN,  # as Hydra's load_sweep_config composes a job's
     )
     with open_dict(config):
         del config["hydra"]

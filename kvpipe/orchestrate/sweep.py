@@ -115,6 +115,8 @@ class SweepCallback(Callback):
     """Registered in conf/config.yaml under hydra.callbacks."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        if not jobs_run_here(config):
+            _sweep_dir_absolute(config)
         sweep_dir = Path(config.hydra.sweep.dir)
         launch_dir = Path(config.hydra.runtime.cwd)
         try:  # before any job loads a model; Hydra only warns of a callback's exceptions, an exit it lets through
@@ -187,6 +189,22 @@ class SweepCallback(Callback):
         worker.stop()
         if counts["failed"] or kept:
             sys.exit(1)  # a sweep with failed or unrecorded jobs fails, after every job has had its turn
+
+
+def _sweep_dir_absolute(config: DictConfig) -> None:
+    """The sweep folder as an absolute path, for this process and every job's composition: a process
+    a launcher starts need not start where the sweep was launched (a Ray worker starts where its node
+    did), and Hydra places a job's folder under the sweep folder as the job's process sees it."""
+    from omegaconf import flag_override
+
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    if sweep_dir.is_absolute():
+        return
+    absolute = str(Path(config.hydra.runtime.cwd) / sweep_dir)
+    quoted = "'" + absolute.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    with flag_override(config, ["struct", "readonly"], [False, False]):
+        config.hydra.sweep.dir = absolute
+        config.hydra.overrides.hydra.append(f"hydra.sweep.dir={quoted}")  # each job's config is composed anew
 
 
 def _open_parent(config, tracking_cfg, launch_dir: Path, name: str, swept: dict, tags: dict, reopen: bool) -> str:
