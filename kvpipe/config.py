@@ -205,6 +205,13 @@ def _typed_fields(settings: type | None) -> list[tuple]:
 # ---- composition errors -------------------------------------------------------------------------
 
 
+# Options an optional install adds (conf/hydra/launcher/ray_cluster.yaml builds on hydra/launcher/ray)
+OPTIONAL_PLUGINS = {
+    ("hydra/launcher", "ray"): "hydra/launcher=ray and ray_cluster need Ray and Hydra's Ray launcher, not installed "
+    "here; install them with: make ray",
+}
+
+
 def from_hydra(exc: BaseException) -> Optional[str]:
     """Turn a Hydra/OmegaConf composition error into one line, or None if it is not one."""
     text = str(exc)
@@ -214,6 +221,8 @@ def from_hydra(exc: BaseException) -> Optional[str]:
     missing_option = re.search(r"Could not find '([\w/]+)/([^']+)'", full)
     if missing_option:
         group, option = missing_option.groups()
+        if (group, option) in OPTIONAL_PLUGINS:
+            return OPTIONAL_PLUGINS[group, option]
         available = re.search(r"Available options in '[\w/]+':\s*((?:\n\s+\S+)+)", full)
         options = available.group(1).split() if available else []
         return f"{group}={option} is not a known option; " + (

@@ -20,7 +20,11 @@ FILES_S: dict[str, float] = {
     "test_pipeline.py": 45,
     "test_kvpress_parity.py": 43,
     "test_kvpress_query_agnostic.py": 110,  # six 1,024-token prefills and 24 answer calls of the embedded model: 86-103 s (2026-12-07)
-    "test_launchers.py": 43,
+    "test_launchers.py": 46,  # + the submitit sweep's quantized job beside its copy of the baseline (2026-12-07)
+    # a two-slot Ray cluster, an MLflow server, a sweep's driver killed and the sweep resumed: 61 s (2026-12-07);
+    # 0 s where Ray is not installed (it skips)
+    "test_ray.py": 75,
+    "test_pair_on_node.py": 3,
     # the real llama-server on the embedded model (a job, a two-type sweep, a kill: ~80 s) and 17 tests against
     # a stand-in server (~12 s), 2026-12-07; 0 s where llama-server is not built (they skip)
     "test_engines.py": 105,

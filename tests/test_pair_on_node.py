@@ -101,3 +101,13 @@ def test_a_copy_of_another_configuration_is_not_the_named_baseline():
     ]))  # fmt: skip
     runs = paired.with_ratios(frame, baseline="static")
     assert runs["baseline"][1] == "static" and not runs["ratio_tpot_ms"][1].paired  # round by round, unpaired
+
+
+def test_the_ray_launcher_missing_is_one_line_naming_its_install():
+    from hydra.errors import MissingConfigException
+
+    from kvpipe.config import from_hydra
+
+    missing = MissingConfigException("In 'hydra/launcher/ray_cluster': Could not find 'hydra/launcher/ray'\n\n"
+                                     "Available options in 'hydra/launcher':\n\tbasic\n\tinterleaved")  # fmt: skip
+    assert from_hydra(missing).endswith("install them with: make ray")

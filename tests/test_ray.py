@@ -63,6 +63,8 @@ def test_a_sweep_on_a_ray_cluster_killed_and_resumed_lands_each_job_once_paired_
         ]  # each job exactly once: nothing lost, nothing twice  # fmt: skip
         assert "RUNNING" not in {c.info.status for c in children}  # a half-logged child closed on resume
         assert_paired_on_node(url, others=("static",))  # compare reads them back, each paired on its node
+    leftover = [p for p in psutil.process_iter(["cmdline"]) if FOLDER_PREFIX in " ".join(p.info["cmdline"] or [])]
+    assert not leftover, [p.info["cmdline"][:3] for p in leftover]  # nothing of the cluster outlives it
 
 
 def ray_tasks_running() -> bool:
@@ -70,9 +72,9 @@ def ray_tasks_running() -> bool:
     return any("_run_job" in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
 
 
-@pytest.fixture(autouse=True)
-def _no_cluster_left(request):
-    """Nothing of a cluster outlives its test, whatever happened in it."""
-    yield
-    leftover = [p for p in psutil.process_iter(["cmdline"]) if FOLDER_PREFIX in " ".join(p.info["cmdline"] or [])]
-    assert not leftover, [p.info["cmdline"][:3] for p in leftover]
+@pytest.mark.parametrize(("device", "gpus"), [("cpu", 0), ("cuda", 1), ("cuda:1", 1), ("auto", 0)])
+def test_a_ray_job_asks_a_gpu_where_its_model_runs_on_one(device, gpus):
+    from kvpipe.orchestrate import cluster
+
+    # auto: one where the cluster the sweep joined has a GPU; none joined here, so none
+    assert cluster.gpus_per_job(device) == gpus

@@ -1,7 +1,8 @@
 """kvpipe's Hydra plugins, registered by name: three sweepers, the grid (the default,
 kvpipe.orchestrate.grid), the search (hydra/sweeper=search, kvpipe.orchestrate.search.sweeper) and the
 capacity walks (hydra/sweeper=capacity, kvpipe.orchestrate.capacity.sweeper),
-and the interleaving launcher (the default, kvpipe.orchestrate.interleave)."""
+and the interleaving launcher (the default, kvpipe.orchestrate.interleave), and the launcher onto a Ray
+cluster (hydra/launcher=ray_cluster, kvpipe.orchestrate.cluster)."""
 
 from kvpipe.errors import KvpipeError
 
@@ -26,12 +27,13 @@ def register_capacity_sweeper() -> None:
 
 
 def register_grid_sweeper() -> None:
-    """The default sweeper and launcher, registered as the search is."""
+    """The default sweeper and launcher, and the Ray cluster's launcher, registered as the search is."""
     from hydra.core.plugins import Plugins
 
     try:
         from hydra_plugins.kvpipe_grid import KvpipeGridSweeper
         from hydra_plugins.kvpipe_interleaved import KvpipeInterleavedLauncher
+        from hydra_plugins.kvpipe_ray import KvpipeRayLauncher  # imports nothing of Ray until it launches
     except ImportError as exc:  # an editable install made before the module existed maps only the older ones
         raise KvpipeError(
             f"this kvpipe install predates one of its Hydra plugins ({exc.name} is missing): "
@@ -39,3 +41,4 @@ def register_grid_sweeper() -> None:
         ) from exc
     Plugins.instance().register(KvpipeGridSweeper)
     Plugins.instance().register(KvpipeInterleavedLauncher)
+    Plugins.instance().register(KvpipeRayLauncher)
