@@ -241,9 +241,13 @@ def landed(auth_server, tmp_path_factory):
 @pytest.mark.slow  # a real basic-auth server and a kvpipe job
 def test_right_credentials_land_a_finished_run(landed, auth_server):
     runs = {run.info.run_id: run for run in server_runs(auth_server.url)}
+    orders = {}
     for run_dir in landed.run_dirs:
         run = runs[json.loads((run_dir / "result.json").read_text())["mlflow_run_id"]]
         assert run.info.status == "FINISHED" and run.data.tags["kvpipe.status"] == "FINISHED"
+        orders[run.data.tags["kvpipe.cache.effective"]] = run.data.tags["kvpipe.measured_order"]
+    # joblib's workers hold no Hydra app: static's copy of the dynamic cache is composed from the job's sources
+    assert orders == {"dynamic": "sequential", "static": "paired_on_node"}
 
 
 @pytest.mark.slow  # a real basic-auth server and a kvpipe job

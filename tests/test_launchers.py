@@ -1,4 +1,5 @@
-"""Beyond one process: Hydra's submitit launcher, and a real MLflow server without authentication.
+"""Beyond one process: Hydra's submitit launcher (a sweep killed and resumed), and a real MLflow server
+without authentication.
 
 submitit (`local`) runs against the launch dir's SQLite store, its two jobs side by side, so the store
 takes concurrent writers (see also test_resilience's two concurrent jobs). joblib (`parallel`) runs
@@ -7,7 +8,11 @@ job goes through the door of a plain `make mlflow-server`, which has no login to
 
 from __future__ import annotations
 
+import contextlib
+import signal
+
 import pytest
+from test_resilience import start_cli, wait_for
 
 from conftest import mlflow_server, run_cli
 
@@ -34,23 +39,51 @@ def runs_under_one_parent(uri: str) -> tuple:
     return parents, children
 
 
-def assert_every_child_under_one_parent(uri: str) -> None:
-    parents, children = runs_under_one_parent(uri)
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    statuses = [(c.info.run_name, c.info.status, c.data.tags.get("kvpipe.status")) for c in children]
-    assert len(children) == 2 and all(c.info.status == "FINISHED" for c in children), statuses
-    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
-
-
-def test_multirun_with_a_process_launcher_lands_every_child_under_one_parent(tmp_path, existing_store):
+def test_a_submitit_sweep_killed_and_resumed_lands_each_job_once_under_one_parent(tmp_path, existing_store):
     existing_store(tmp_path)
-    # submitit, this machine: its two jobs run in processes of their own, started from this one
-    proc = run_cli(["-m", "hydra/launcher=local", *TINY], cwd=tmp_path)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     uri = f"sqlite:///{tmp_path}/outputs/mlflow.db"
-    assert_every_child_under_one_parent(uri)
-    assert "each job takes turns by call with a copy of the baseline (cache=dynamic)" in proc.stdout + proc.stderr
+    # submitit, this machine: its two jobs run in processes of their own, started from this one, which is
+    # killed once the first job is recorded
+    proc = start_cli(["-m", "hydra/launcher=local", *TINY], tmp_path)
+    try:
+        wait_for(lambda: len(finished_children(uri)) >= 1 or proc.poll() is not None, timeout_s=240)
+        proc.send_signal(signal.SIGKILL)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "each job takes turns by call with a copy of the baseline (cache=dynamic)" in output, output[-3000:]
+    # submitit's job processes outlive their driver: each ends as it would have (recorded, or not yet)
+    wait_for(lambda: not processes_naming(tmp_path), timeout_s=120)
+    done_before = len(finished_children(uri))
+    assert 1 <= done_before <= 2
+
+    resumed = run_cli(["-m", "hydra/launcher=local", *TINY, "resume=true"], cwd=tmp_path)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    assert f"{2 - done_before} finished, {done_before} skipped" in resumed.stdout
+    parents, children = runs_under_one_parent(uri)
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"  # the killed sweep's, reopened
+    assert sorted(c.data.tags["kvpipe.cache.effective"] for c in finished_children(uri)) == [
+        "dynamic", "quantized:hqq:int4:kivi",
+    ]  # each job exactly once  # fmt: skip
+    assert "RUNNING" not in {c.info.status for c in children}
     assert_paired_on_node(uri)
+
+
+def finished_children(uri: str) -> list:
+    _, children = runs_under_one_parent(uri)
+    return [c for c in children if c.info.status == "FINISHED" and c.data.tags.get("kvpipe.status") == "FINISHED"]
+
+
+def processes_naming(folder) -> list:
+    """The processes whose command line names `folder` (a launcher's job processes, by their job folder)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if str(folder) in " ".join(proc.info["cmdline"] or []):
+                found.append(proc)
+    return found
 
 
 def assert_paired_on_node(uri: str, others: tuple[str, ...] = ()) -> None:

@@ -12,7 +12,7 @@ import signal
 import psutil
 import pytest
 from ray_cluster import FOLDER_PREFIX, ray_cluster
-from test_launchers import assert_paired_on_node, runs_under_one_parent
+from test_launchers import assert_paired_on_node, finished_children, runs_under_one_parent
 from test_resilience import start_cli, wait_for
 
 from conftest import mlflow_server, run_cli
@@ -28,11 +28,6 @@ SWEEP = [
     "quality=off", "workload.prompts=[Hi.]", "workload.repeats=4", "backend=hqq", *JOBS,
     "hydra.launcher.ray.remote.num_cpus=2",  # one job at a time on the two slots: the kill lands between jobs' records
 ]  # fmt: skip
-
-
-def finished_children(uri: str) -> list:
-    _, children = runs_under_one_parent(uri)
-    return [c for c in children if c.info.status == "FINISHED" and c.data.tags.get("kvpipe.status") == "FINISHED"]
 
 
 def test_a_sweep_on_a_ray_cluster_killed_and_resumed_lands_each_job_once_paired_on_its_node(tmp_path, monkeypatch):

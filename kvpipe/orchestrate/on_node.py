@@ -58,13 +58,17 @@ def partner_overrides(overrides: list[str], planned: list[list[str]] | None) -> 
 
 
 def compose_partner(hydra_cfg, overrides: list[str]) -> DictConfig:
-    """The copy's config, composed as the job's was: by the running Hydra app's own config loader
-    (its search path, its --config-dir), as a launcher's job process holds it."""
-    from hydra.core.global_hydra import GlobalHydra
+    """The copy's config, composed as the job's was: from the same config sources, in the same order
+    (`hydra.runtime.config_sources`: a user's --config-dir and search path hold), with Hydra's own
+    loader. A launcher's job process need not hold the sweep's Hydra app (joblib's workers do not)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
     from hydra.types import RunMode
 
-    loader = GlobalHydra.instance().config_loader()
-    config = loader.load_configuration(
+    search_path = ConfigSearchPathImpl()
+    for source in hydra_cfg.runtime.config_sources:
+        search_path.append(source.provider, f"{source.schema}://{source.path}")
+    config = ConfigLoaderImpl(config_search_path=search_path).load_configuration(
         config_name=hydra_cfg.job.config_name,
         overrides=[*hydra_cfg.overrides.hydra, *overrides],
         run_mode=RunMode.RUN,  # as Hydra's load_sweep_config composes a job's
