@@ -86,20 +86,19 @@ def processes_naming(folder) -> list:
     return found
 
 
-def assert_paired_on_node(uri: str, others: tuple[str, ...] = ()) -> None:
-    """The dynamic job measured alone; the quantized one (and `others`) beside its own copy of the
-    dynamic cache, in its process, and compare reads its ratio from that pair (paired call by call)."""
+def assert_paired_on_node(uri: str) -> None:
+    """The dynamic job measured alone; the quantized one beside its own copy of the dynamic cache, in
+    its process, and compare reads its ratio from that pair (paired call by call)."""
     from kvpipe.decide import paired
     from kvpipe.decide.runs import load_runs
 
     runs = paired.with_ratios(load_runs("kvpipe", None, uri)[0])
     by_label = {run["label"]: run for _, run in runs.iterrows()}
-    for label in ["quantized:hqq:int4:kivi", *others]:
-        run = by_label[label]
-        assert run["tags.kvpipe.measured_order"] == "paired_on_node"
-        assert run["tags.kvpipe.pair.label"] == "dynamic"
-        assert run["tags.kvpipe.pair.call_keys"] == run["tags.kvpipe.call_keys"]
-        assert run["ratio_tpot_ms"].paired  # how many pairs count depends on what else held the cores
+    run = by_label["quantized:hqq:int4:kivi"]
+    assert run["tags.kvpipe.measured_order"] == "paired_on_node"
+    assert run["tags.kvpipe.pair.label"] == "dynamic"
+    assert run["tags.kvpipe.pair.call_keys"] == run["tags.kvpipe.call_keys"]
+    assert run["ratio_tpot_ms"].paired  # how many pairs count depends on what else held the cores
     dynamic = by_label["dynamic"]
     assert dynamic["tags.kvpipe.measured_order"] == "sequential" and dynamic["ratio_tpot_ms"] is None
 

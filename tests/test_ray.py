@@ -22,11 +22,10 @@ pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="the Ray launcher
 
 pytestmark = pytest.mark.slow  # a Ray cluster, its workers, an MLflow server and two kvpipe drivers
 
-JOBS = ["cache=dynamic,quantized,static"]
 SWEEP = [
     "-m", "hydra/launcher=ray_cluster", "model=tiny_random", "workload.max_new_tokens=3", "workload.warmup=0",
-    "quality=off", "workload.prompts=[Hi.]", "workload.repeats=4", "backend=hqq", *JOBS,
-    "hydra.launcher.ray.remote.num_cpus=2",  # one job at a time on the two slots: the kill lands between jobs' records
+    "quality=off", "workload.prompts=[Hi.]", "workload.repeats=2", "backend=hqq", "cache=dynamic,quantized",
+    "hydra.launcher.ray.remote.num_cpus=2",  # one job at a time on the two slots: the kill lands between their records
 ]  # fmt: skip
 
 
@@ -43,21 +42,21 @@ def test_a_sweep_on_a_ray_cluster_killed_and_resumed_lands_each_job_once_paired_
             proc.kill()
         assert "each job takes turns by call with a copy of the baseline (cache=dynamic)" in output, output[-3000:]
         wait_for(lambda: not ray_tasks_running(), timeout_s=60)  # Ray stops the killed driver's task
-        done_before = len(finished_children(url))
-        assert 1 <= done_before < 3, output[-3000:]
+        done_before = len(finished_children(url))  # one job's; the other was measuring, most likely
+        assert 1 <= done_before <= 2, output[-3000:]
 
         resumed = run_cli([*SWEEP[1:], *tracking, "-m", "resume=true"], cwd=tmp_path, process=True, timeout=600)
         assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
-        assert f"{3 - done_before} finished, {done_before} skipped" in resumed.stdout
+        assert f"{2 - done_before} finished, {done_before} skipped" in resumed.stdout
 
         parents, children = runs_under_one_parent(url)
         assert len(parents) == 1 and parents[0].info.status == "FINISHED"  # the killed sweep's, reopened
         measured = finished_children(url)
         assert sorted(c.data.tags["kvpipe.cache.effective"] for c in measured) == [
-            "dynamic", "quantized:hqq:int4:kivi", "static",
+            "dynamic", "quantized:hqq:int4:kivi",
         ]  # each job exactly once: nothing lost, nothing twice  # fmt: skip
         assert "RUNNING" not in {c.info.status for c in children}  # a half-logged child closed on resume
-        assert_paired_on_node(url, others=("static",))  # compare reads them back, each paired on its node
+        assert_paired_on_node(url)  # compare reads them back, the quantized job paired on its node
     leftover = [p for p in psutil.process_iter(["cmdline"]) if FOLDER_PREFIX in " ".join(p.info["cmdline"] or [])]
     assert not leftover, [p.info["cmdline"][:3] for p in leftover]  # nothing of the cluster outlives it
 
