@@ -44,14 +44,7 @@ def test_a_submitit_sweep_killed_and_resumed_lands_each_job_once_under_one_paren
     uri = f"sqlite:///{tmp_path}/outputs/mlflow.db"
     # submitit, this machine: its two jobs run in processes of their own, started from this one, which is
     # killed once the first job is recorded
-    proc = start_cli(["-m", "hydra/launcher=local", *TINY], tmp_path)
-    try:
-        wait_for(lambda: len(finished_children(uri)) >= 1 or proc.poll() is not None, timeout_s=240)
-        proc.send_signal(signal.SIGKILL)
-        output, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert "each job takes turns by call with a copy of the baseline (cache=dynamic)" in output, output[-3000:]
+    killed_once_a_job_is_recorded(["-m", "hydra/launcher=local", *TINY], tmp_path, uri)
     # submitit's job processes outlive their driver: each ends as it would have (recorded, or not yet)
     wait_for(lambda: not processes_naming(tmp_path), timeout_s=120)
     done_before = len(finished_children(uri))
@@ -67,6 +60,19 @@ def test_a_submitit_sweep_killed_and_resumed_lands_each_job_once_under_one_paren
     ]  # each job exactly once  # fmt: skip
     assert "RUNNING" not in {c.info.status for c in children}
     assert_paired_on_node(uri)
+
+
+def killed_once_a_job_is_recorded(args: list[str], cwd, uri: str) -> None:
+    """A sweep `kvpipe ARGS` in a process of its own, SIGKILLed once its store holds a FINISHED job; it
+    said at its start that each job is paired on its node."""
+    proc = start_cli(args, cwd)
+    try:
+        wait_for(lambda: len(finished_children(uri)) >= 1 or proc.poll() is not None, timeout_s=240)
+        proc.send_signal(signal.SIGKILL)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "each job takes turns by call with a copy of the baseline (cache=dynamic)" in output, output[-3000:]
 
 
 def finished_children(uri: str) -> list:
