@@ -254,6 +254,12 @@ def from_hydra(exc: BaseException) -> Optional[str]:
     if missing_value:
         return f"{missing_value.group(1)} must be set, e.g. {missing_value.group(1)}=/path/to/model"
 
+    wrong_type = re.search(r"Value '([^']*)' (?:is not a valid|could not be converted to) (bool|int|float)", full)
+    if wrong_type and full_key:
+        value, kind = wrong_type.groups()
+        expected = {"bool": "true or false", "int": "a whole number", "float": "a number"}[kind]
+        return f"{full_key.group(1)}={value}: expected {expected}"
+
     bad_override = re.search(r"Error parsing override '([^']+)'", full)
     if bad_override:
         return f"could not parse the override {bad_override.group(1)!r}; expected key=value"

@@ -111,3 +111,12 @@ def test_the_ray_launcher_missing_is_one_line_naming_its_install():
     missing = MissingConfigException("In 'hydra/launcher/ray_cluster': Could not find 'hydra/launcher/ray'\n\n"
                                      "Available options in 'hydra/launcher':\n\tbasic\n\tinterleaved")  # fmt: skip
     assert from_hydra(missing).endswith("install them with: make ray")
+
+
+def test_a_setting_that_is_not_true_or_false_is_one_line_naming_it():
+    from kvpipe.config import from_hydra
+    from kvpipe.jobspec import compose
+
+    with pytest.raises(Exception) as refused:
+        compose(["pair_on_node=maybe"])
+    assert from_hydra(refused.value) == "pair_on_node=maybe: expected true or false"
