@@ -202,7 +202,8 @@ def copy_beside(run, name: str) -> dict | None:
 
 def measured_apart(run, baseline) -> bool:
     """Whether two runs were measured on different hosts or devices: their raw timings do not compare."""
-    return node(run) != node(baseline) and None not in (node(run), node(baseline))
+    mine, theirs = node(run), node(baseline)
+    return mine != theirs and None not in (mine, theirs)
 
 
 def node(run) -> str | None:

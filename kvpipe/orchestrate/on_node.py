@@ -13,14 +13,10 @@ a run of its own: the sweep holds each configuration once.
 
 from __future__ import annotations
 
-import logging
-
 from omegaconf import DictConfig, open_dict
 
 from kvpipe.jobspec import STRATEGY_GROUPS, override_group
 from kvpipe.measure.round_figures import CALL_PREFIX, PAIR_PREFIX, TAG_PREFIX, call_tags, round_tags
-
-log = logging.getLogger(__name__)
 
 MEASURED_ORDER = "paired_on_node"
 DYNAMIC = ("cache=dynamic",)
@@ -81,7 +77,8 @@ def compose_partner(hydra_cfg, overrides: list[str]) -> DictConfig:
 def pair_tags(baseline, label: str, overrides: list[str]) -> dict[str, str]:
     """The copy's calls and rounds as the job's tags (`pair.call_tpot_ms`…), with its label and overrides."""
     series = {**round_tags(baseline.per_round), **call_tags(baseline.paired_calls(), baseline.call_keys())}
-    kept = {name: value for name, value in series.items() if name.startswith((TAG_PREFIX, CALL_PREFIX, "call_keys"))}
+    # the series, and call_keys; not round_tags' interval_over
+    kept = {name: value for name, value in series.items() if name.startswith((TAG_PREFIX, CALL_PREFIX))}
     return {
         PAIR_PREFIX + "label": label,
         PAIR_PREFIX + "overrides": " ".join(overrides) or "(defaults)",

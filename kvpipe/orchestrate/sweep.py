@@ -127,12 +127,10 @@ class SweepCallback(Callback):
         except ConfigError as exc:
             fail(str(exc))
         planned = None if is_search(config) else planned_jobs(config)
-        if why_sequential and why_sequential != "interleave=false":
-            if config.get("pair_on_node", True) and not jobs_run_here(config):
-                launcher = config.hydra.runtime.choices.get("hydra/launcher") or config.hydra.launcher.get("_target_")
-                log.warning(on_node.limits_line(launcher, on_node.baseline_strategy(planned)))
-            else:
-                log.warning("measuring the jobs one after another, not in interleaved rounds: %s", why_sequential)
+        if pairs_on_node(config, config.hydra, why_sequential):
+            log.warning(on_node.limits_line(launcher_name(config.hydra), on_node.baseline_strategy(planned)))
+        elif why_sequential and why_sequential != "interleave=false":
+            log.warning("measuring the jobs one after another, not in interleaved rounds: %s", why_sequential)
         total = count_jobs(config)
         name = sweep_name(config)
         swept = {key: ",".join(values) for key, values in swept_values(config).items()}
@@ -288,10 +286,7 @@ def one_after_another(config: DictConfig, hydra_cfg) -> str | None:
         return "interleave=false"
     if str(hydra_cfg.launcher.get("_target_", "")).endswith(TAKES_TURNS):
         return None
-    launcher = hydra_cfg.runtime.choices.get("hydra/launcher") or hydra_cfg.launcher.get("_target_")
-    reason = (
-        f"hydra/launcher={launcher} runs each job to its end (or in a process of its own), so jobs cannot take turns"
-    )
+    reason = f"hydra/launcher={launcher_name(hydra_cfg)} runs each job to its end (or in a process of its own), so jobs cannot take turns"
     if setting == "true":
         raise ConfigError("interleave", "true", f"expected auto or false: {reason}; hydra/launcher=interleaved can")
     return reason
@@ -402,13 +397,19 @@ def pair_partner(
     cfg: DictConfig, hydra_cfg, state: SweepState | None, overrides: list[str], why_sequential
 ) -> list[str] | None:
     """The baseline copy's overrides where this job takes turns with one in its own process
-    (kvpipe.orchestrate.on_node): a launcher that runs jobs in processes of their own, pair_on_node
-    on, interleave not turned off, and a cache other than the baseline's; else None."""
-    if why_sequential is None or why_sequential == "interleave=false" or not cfg.get("pair_on_node", True):
-        return None
-    if launcher_runs_jobs_here(hydra_cfg):  # Hydra's basic launcher: one after another, as asked
+    (pairs_on_node, and a cache other than the baseline's); else None."""
+    if not pairs_on_node(cfg, hydra_cfg, why_sequential):
         return None
     return on_node.partner_overrides(overrides, state.planned_jobs if state else None)
+
+
+def pairs_on_node(cfg: DictConfig, hydra_cfg, why_sequential: str | None) -> bool:
+    """Whether each job takes turns with a copy of the baseline in its own process
+    (kvpipe.orchestrate.on_node): a launcher that runs jobs in processes of their own (not Hydra's
+    basic one, which measures one after another, as asked), pair_on_node on, interleave not off."""
+    if why_sequential is None or why_sequential == "interleave=false" or not cfg.get("pair_on_node", True):
+        return False
+    return not launcher_runs_jobs_here(hydra_cfg)
 
 
 def measure_beside_baseline(spec, partner: list[str], hydra_cfg, run_dir: Path, launch_dir: Path, parent, key) -> str:
@@ -424,24 +425,21 @@ def measure_beside_baseline(spec, partner: list[str], hydra_cfg, run_dir: Path, 
     log.info("measured in turns by call beside a copy of the baseline (%s), in this process", " ".join(partner))
     skips.mark_pending(run_dir, key)
     try:
-        base.prepare()
-        job.prepare()
-        run_rounds([base, job], int(spec.workload.seed), shuffle=True, turn="call",
-                   quiet_wait_s=float(hydra_cfg.launcher.get("quiet_wait_s", QUIET_WAIT_S)))  # fmt: skip
+        try:
+            base.prepare()
+            job.prepare()
+            run_rounds([base, job], int(spec.workload.seed), shuffle=True, turn="call",
+                       quiet_wait_s=float(hydra_cfg.launcher.get("quiet_wait_s", QUIET_WAIT_S)))  # fmt: skip
+        except KeyboardInterrupt:  # record_measured records a Ctrl-C in the summary itself
+            record_killed(spec, run_dir, launch_dir, parent)
+            raise
         order_tags = {
             "measured_order": on_node.MEASURED_ORDER,
-            "order_reason": f"hydra/launcher={_launcher_name(hydra_cfg)} runs each job in a process of its own",
+            "order_reason": f"hydra/launcher={launcher_name(hydra_cfg)} runs each job in a process of its own",
             "round_group": uuid.uuid4().hex[:12],
             **on_node.pair_tags(base, base.cache_label, partner),
         }
-
-        def measured():
-            return job.result(order_tags)
-
-        record_measured(spec, measured, run_dir, launch_dir, False, parent)
-    except KeyboardInterrupt:
-        record_killed(spec, run_dir, launch_dir, parent)
-        raise
+        record_measured(spec, lambda: job.result(order_tags), run_dir, launch_dir, False, parent)
     finally:
         base.close()
         job.close()
@@ -449,7 +447,8 @@ def measure_beside_baseline(spec, partner: list[str], hydra_cfg, run_dir: Path, 
     return "FINISHED"
 
 
-def _launcher_name(hydra_cfg) -> str:
+def launcher_name(hydra_cfg) -> str:
+    """The launcher as the user chose it (hydra/launcher=ray_cluster), else its class."""
     return hydra_cfg.runtime.choices.get("hydra/launcher") or str(hydra_cfg.launcher.get("_target_", ""))
 
 
