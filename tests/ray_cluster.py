@@ -52,7 +52,9 @@ def stop_cluster(folder: str) -> None:
     for proc in found.values():
         with contextlib.suppress(psutil.Error):
             proc.terminate()
-    _, alive = psutil.wait_procs(list(found.values()), timeout=15)
+    # Ray's GCS server and autoscaler monitor outlive SIGTERM (`ray stop` waits 16 s for them, then kills):
+    # a few seconds for the rest to end cleanly, then SIGKILL
+    _, alive = psutil.wait_procs(list(found.values()), timeout=3)
     for proc in alive:
         with contextlib.suppress(psutil.Error):
             proc.kill()

@@ -3,9 +3,10 @@ docs/*.md runs here on the tiny model, each page's in page order against a store
 `compare` or `recommend` finds the sweeps the page showed before it. Every command is shrunk the
 same way (`shrunk`): the tiny model (an engine's server: the embedded model's own file); one round, one thread, no warm-up call and eight tokens of one
 window scored for quality unless it sets them; at most two new tokens and one prompt per cell
-(RULER's samples, passkey's trials) even where it or its workload sets more (RULER's examples ask
+(RULER's samples, passkey's trials; four rows of a dataset) even where it or its workload sets more (RULER's examples ask
 64 tokens of two samples); two rounds at most on repeats=auto; three advise trials, two requests per
-capacity point, at most 16 per load; what it says stays. A command shown with its `kvpipe: error:`
+capacity point, at most 6 per load and a ramp of 2 s, a conversation's user thinking 0.05 s between
+turns; what it says stays. A command shown with its `kvpipe: error:`
 must fail with that error; every other one must exit 0 and warn of no setting it did not give. A
 command shown again, shrunk alike, runs where it is shown first, unless a compare or recommend after
 it on its page reads what it makes (`shown_before`).
@@ -38,20 +39,25 @@ MODEL = ("model=tiny_random", "model.max_position_embeddings=8192")
 # + 32, is most of a tiny job; no warm-up call, which a command's meaning never needs)
 RUN = ("model.threads=1", "workload.max_new_tokens=2", "workload.repeats=1", "workload.warmup=0")
 RUN += ("quality.scored_tokens=8", "quality.windows=1")
-# A search's or a load's size: at most this many of each (16 requests keep a 10 s ramp's meaning); and
-# what a command sets that its meaning does not need at full size: answers of two tokens (RULER's
-# examples ask 64), one sample of each task
+# A search's or a load's size: at most this many of each; and what a command sets that its meaning does
+# not need at full size: answers of two tokens (RULER's examples ask 64), one sample of each task. A load
+# at a rate waits for its arrivals in real time (16 requests at 2/s: 8 s of a worker doing nothing):
+# six requests, and a ramp of at most 2 s, which still ends before the last of them arrives
 AT_MOST = {
     "--requests": 2,
-    "load.requests": 16,
+    "load.requests": 6,
+    "load.ramp_up_s": 2,
     "hydra.sweeper.trials": 3,
     "workload.max_new_tokens": 2,
     "workload.samples": 1,
     "workload.trials": 1,
 }
 # Prompts per cell, where a workload draws several (RULER's samples per task and length, passkey's
-# trials per length and depth): one, whether the command sets them or its workload's defaults do
-PER_CELL = {"ruler": "workload.samples=1", "passkey": "workload.trials=1"}
+# trials per length and depth): one, whether the command sets them or its workload's defaults do; a
+# file of the user's rows: a seeded sample of four (examples/questions.jsonl holds 28)
+PER_CELL = {"ruler": "workload.samples=1", "passkey": "workload.trials=1", "dataset": "workload.limit=4"}
+# What a workload waits in real time: a conversation's user thinks 1 s before each next turn (3 s a session)
+WAITS = {"conversation": "workload.think_time_s=0.05"}
 # A command on repeats=auto measures until its figures settle, up to 30 rounds: its rule runs in two
 AUTO_AT_MOST = "workload.max_repeats=2"
 # advise's --trials counts configurations, each a whole job; capacity's counts rate points, which
@@ -95,9 +101,10 @@ def shrunk(words: list[str]) -> list[str]:
     given = {override_key(w) for w in out}
     model = () if served_by_engine else MODEL  # an engine's server loads the embedded model's own file
     added = [w for w in (*model, *([] if subcommand == "plan" else RUN)) if override_key(w) not in given]
-    per_cell = PER_CELL.get(workload_of(out), "")
-    if per_cell and subcommand != "plan" and override_key(per_cell) not in given:
-        added.append(per_cell)
+    for shrinks in (PER_CELL, WAITS):
+        smaller = shrinks.get(workload_of(out), "")
+        if smaller and subcommand != "plan" and override_key(smaller) not in given:
+            added.append(smaller)
     if "workload.repeats=auto" in out and "workload.max_repeats" not in given:
         added.append(AUTO_AT_MOST)  # rounds until the figures settle: two are enough to run the rule
     if subcommand is not None:
