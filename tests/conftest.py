@@ -30,6 +30,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from kvpipe import disk_cache
+
 # One torch thread, here and in the kvpipe processes the tests start (they inherit the environment),
 # unless the caller sets OMP_NUM_THREADS. The tests' models are tiny, or the 135M embedded one on short
 # inputs, so a second thread gains little; and whenever anything else runs on a 2-core machine, torch's
@@ -49,6 +51,11 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 # kvpipe processes the tests start, so no test reads what an earlier session or the user stored.
 os.environ["KVPIPE_REFERENCE_DIR"] = tempfile.mkdtemp(prefix="kvpipe-references-")
 atexit.register(shutil.rmtree, os.environ["KVPIPE_REFERENCE_DIR"], ignore_errors=True)
+# torch.compile's inductor cache: the suite's own folder beside the converted model and the llama-server
+# build in the per-user cache, kept between runs as they are, where torch's default (/tmp/torchinductor_$USER)
+# goes with /tmp. The embedded static + compile test takes ~12 s with it warm, ~40 s cold (2-core VM,
+# 2026-12-07); a cold compile's cost is benchmarks/cache_strategies.py's compile_ms with an empty folder.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(disk_cache.cache_dir() / "inductor-tests"))
 
 # Where the suite's time goes, printed at its end beside the budget (tests/census.py, tests/budget.py)
 from census import (  # noqa: E402, F401
