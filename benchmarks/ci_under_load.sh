@@ -13,8 +13,9 @@
 # --reuse-clone  clone once and run .ci/run in that clone each time (its venv made by the first run)
 #                instead of a fresh clone (and a fresh venv) for every run
 # What a clone shares with the others whatever the flags: the per-user caches (pip's, kvpipe's converted
-# model and the llama-server `make engines` builds, in ~/.cache/kvpipe, torch's inductor cache in
-# /tmp/torchinductor_$USER): remove ~/.cache/kvpipe/engines first to count the build in the first run.
+# model, the llama-server `make engines` builds and the suite's torch inductor cache, in ~/.cache/kvpipe):
+# remove ~/.cache/kvpipe/engines first to count the build in the first run, ~/.cache/kvpipe/inductor-tests
+# to count the tests' first compiles.
 set -euo pipefail
 
 RUNS=3

@@ -11,9 +11,10 @@ yet, and a line here is lowered when its file is made cheaper.
 PARALLEL_S = 360
 FAST_S = 60
 FILES_S: dict[str, float] = {
-    # 385 s idle on 2026-12-07: a command shown again runs once, one prompt per cell; 491 s from a fresh clone
-    # later that day, the search on hydra/launcher=parallel measuring each trial beside a copy of the baseline
-    "test_docs_run.py": 490,
+    # 213-218 s on a faster 2-core VM later on 2026-12-07, its loads and conversations no longer waiting in real time
+    # (at most 6 requests at a rate, a 2 s ramp, 0.05 s of thinking) and four rows of a dataset (the llama.cpp sweep
+    # of three KV types 20 s -> 6.5 s); 385-491 s earlier that day on a slower one
+    "test_docs_run.py": 250,
     "test_exactly_once.py": 94,
     "test_presses.py": 74,
     "test_caches.py": 71,
@@ -23,9 +24,10 @@ FILES_S: dict[str, float] = {
     "test_kvpress_parity.py": 43,
     "test_kvpress_query_agnostic.py": 110,  # six 1,024-token prefills and 24 answer calls of the embedded model: 86-103 s (2026-12-07)
     "test_launchers.py": 75,  # + the submitit sweep killed, its jobs let end, resumed: 73 s from a fresh clone (2026-12-07)
-    # a two-slot Ray cluster, an MLflow server, a sweep's driver killed and the sweep resumed: 75 s in an existing
-    # venv, most of it waiting on the cluster's workers (2026-12-07); 0 s where Ray is not installed (it skips)
-    "test_ray.py": 100,
+    # a two-slot Ray cluster, an MLflow server, a sweep's driver killed and the sweep resumed: 57-62 s (2026-12-07,
+    # the cluster stopped 3 s after SIGTERM, not 15), most of it in the cluster's own processes; 0 s where Ray is
+    # not installed (it skips)
+    "test_ray.py": 70,
     "test_pair_on_node.py": 3,
     # the real llama-server on the embedded model (a job, a two-type sweep, a kill: ~80 s) and 17 tests against
     # a stand-in server (~12 s), 2026-12-07; 0 s where llama-server is not built (they skip)

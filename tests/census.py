@@ -217,4 +217,6 @@ def pytest_terminal_summary(terminalreporter, config):
     for line in report(census, wall_s, part, config.option.census_all):
         terminalreporter.write_line(line)
     if config.option.census_json:
-        Path(config.option.census_json).write_text(json.dumps({**census, "wall_s": wall_s}, indent=1))
+        kept = Path(config.option.census_json)
+        kept.parent.mkdir(parents=True, exist_ok=True)  # outputs/ in a fresh clone, before anything ran
+        kept.write_text(json.dumps({**census, "wall_s": wall_s}, indent=1))
