@@ -1,8 +1,8 @@
 """Shared fixtures: Hydra composition, a scratch launch dir, specs for tiny models, and what the
 expensive end-to-end tests share: one real sweep, one migrated MLflow store, the embedded model.
 
-Speed (2 cores, no GPU, `make test`: two pytest-xdist workers): the parallel part in ~11.5 minutes, the
-fast subset in ~1.5 (docs/architecture.md, "Tests": their goals, 6 minutes and 60 s, are not yet met);
+Speed (2 cores, no GPU, `make test`: two pytest-xdist workers): the parallel part in 7-8 minutes, the
+fast subset in ~50 s (docs/architecture.md, "Tests": their goals are 6 minutes and 60 s);
 every run ends with a census of where its time went beside tests/budget.py (tests/census.py). Tests
 marked slow run real jobs, load the embedded model or start kvpipe, Hydra or MLflow processes; the
 fast ones check logic on configs, records and synthetic figures. An expensive fixture is made once per
