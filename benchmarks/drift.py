@@ -28,6 +28,8 @@ idle sweeps with whole-pass turns and with turns by call, in turn: turns by call
     python benchmarks/drift.py                    # both settings, 3 orders, 5 runs each, 2 idle pairs
     python benchmarks/drift.py --settings default-chat --orders pass call --repeats auto
     python benchmarks/drift.py --neighbour steady --settings default-chat --orders call --repeats auto
+    python benchmarks/drift.py --neighbour steady --settings default-chat --orders call --repeats auto \
+        --set workload.max_measure_s=1800    # any override, added to every sweep
     python benchmarks/drift.py --runs 1 --settings one-prompt --orders call --repeats 2 --cost-pairs 1 \
         --busy 3 --idle 3 --model tiny_random       # a smoke run: the script end to end, in a minute
 
@@ -96,14 +98,15 @@ class Drift(threading.Thread):
         self.join()
 
 
-def sweep(setting: str, order: str, repeats: str | None, model: str, sweep_dir: Path) -> tuple[dict, float]:
-    """One `python -m kvpipe -m` sweep; (its jobs' result.json by (strategy, seed), wall seconds)."""
+def sweep(setting: str, order: str, repeats: str | None, model: str, sweep_dir: Path, extra=()) -> tuple[dict, float]:
+    """One `python -m kvpipe -m` sweep, with the `extra` overrides (--set); (its jobs' result.json by
+    (strategy, seed), wall seconds)."""
     overrides, _, default_repeats = SETTINGS[setting]
     repeats = repeats or default_repeats
     shutil.rmtree(sweep_dir, ignore_errors=True)  # an earlier run's folder would be resumed, its jobs skipped
     command = [sys.executable, "-m", "kvpipe", "-m", f"model={model}", *SWEPT, *overrides,
                *([f"workload.repeats={repeats}"] if repeats else []), f"hydra.sweep.dir={sweep_dir}",
-               *ORDERS[order]]  # fmt: skip
+               *ORDERS[order], *extra]  # fmt: skip
     started = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -195,6 +198,8 @@ def main() -> None:
     parser.add_argument("--cost-pairs", type=int, default=2, help="idle pass + call sweeps per setting, for the cost")
     parser.add_argument("--model", default="smollm2_135m", help="model=...: tiny_random for a smoke run")
     parser.add_argument("--out", type=Path, default=Path("outputs/benchmarks/drift"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override for every sweep, e.g. --set workload.max_measure_s=1800 (repeatable)")  # fmt: skip
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     phases = args.out / "phases.log"
@@ -210,7 +215,7 @@ def main() -> None:
                 shift = (index - 1) % len(args.orders)
                 for order in args.orders[shift:] + args.orders[:shift]:
                     run_dir = args.out / "runs" / f"{setting}-{order}-{index}"
-                    jobs, wall = sweep(setting, order, args.repeats, args.model, run_dir)
+                    jobs, wall = sweep(setting, order, args.repeats, args.model, run_dir, args.set)
                     rows.append(verdict_row(setting, index, order, wall, jobs))
                     print(json.dumps({k: v for k, v in rows[-1].items() if not k.startswith("_")}, ensure_ascii=False),
                           flush=True)  # fmt: skip
@@ -222,7 +227,7 @@ def main() -> None:
         for index in range(args.cost_pairs):
             for order in ("pass", "call") if index % 2 == 0 else ("call", "pass"):
                 run_dir = args.out / "runs" / f"idle-{setting}-{order}-{index + 1}"
-                _, wall = sweep(setting, order, args.repeats, args.model, run_dir)
+                _, wall = sweep(setting, order, args.repeats, args.model, run_dir, args.set)
                 cost[setting][order].append(wall)
                 print(f"idle {setting} {order} sweep: {wall:.1f} s", flush=True)
     cost_ratio = {
