@@ -1,15 +1,16 @@
 """The manual, run as written: every `python -m kvpipe …` and `kvpipe …` line of the README and
 docs/*.md runs here on the tiny model, each page's in page order against a store of its own, so a
 `compare` or `recommend` finds the sweeps the page showed before it. Every command is shrunk the
-same way (`shrunk`): the tiny model (an engine's server: the embedded model's own file); one round, one thread, no warm-up call and eight tokens of one
-window scored for quality unless it sets them; at most two new tokens and one prompt per cell
-(RULER's samples, passkey's trials; four rows of a dataset) even where it or its workload sets more (RULER's examples ask
-64 tokens of two samples); two rounds at most on repeats=auto; three advise trials, two requests per
-capacity point, at most 6 per load and a ramp of 2 s, a conversation's user thinking 0.05 s between
-turns; what it says stays. A command shown with its `kvpipe: error:`
-must fail with that error; every other one must exit 0 and warn of no setting it did not give. A
-command shown again, shrunk alike, runs where it is shown first, unless a compare or recommend after
-it on its page reads what it makes (`shown_before`).
+same way (`shrunk`): the tiny model (an engine's server: the embedded model's own file); one round,
+one thread, no warm-up call and eight tokens of one window scored for quality unless it sets them; at
+most two new tokens and one prompt per cell (RULER's samples, passkey's trials; four rows of a
+dataset) even where it or its workload sets more (RULER's examples ask 64 tokens of two samples); two
+rounds at most on repeats=auto; three advise trials, two requests per capacity point; at most six
+requests per load and a ramp of 2 s, a conversation's user thinking 0.05 s between turns (what waits
+in real time); what it says stays. A command shown with its `kvpipe: error:` must fail with that
+error; every other one must exit 0 and warn of no setting it did not give. A command shown again,
+shrunk alike, runs where it is shown first, unless a compare or recommend after it on its page reads
+what it makes (`shown_before`).
 
 A page's commands run on one xdist worker, in page order; the pages spread over the workers. Where
 the time goes: `make test-census` (tests/census.py)."""
