@@ -9,6 +9,7 @@ job goes through the door of a plain `make mlflow-server`, which has no login to
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 
 import pytest
@@ -104,7 +105,15 @@ def assert_paired_on_node(uri: str) -> None:
     assert run["tags.kvpipe.measured_order"] == "paired_on_node"
     assert run["tags.kvpipe.pair.label"] == "dynamic"
     assert run["tags.kvpipe.pair.call_keys"] == run["tags.kvpipe.call_keys"]
-    assert run["ratio_tpot_ms"].paired  # how many pairs count depends on what else held the cores
+    # How many pairs count depends on what else held the cores: the job's process cannot be told to count
+    # them all (test_sweep does, in its own process), and on a busy machine every pair of a short job can
+    # have a call left out. Then it has no ratio, and each of its pairs must show why.
+    if run["ratio_tpot_ms"] is None:
+        mine, theirs = (paired.call_series(row, "tpot_ms") for row in (run, paired.copy_beside(run, "dynamic")))
+        assert mine and len(mine) == len(theirs), (mine, theirs)
+        assert all(math.isnan(a) or math.isnan(b) for a, b in zip(mine, theirs)), (mine, theirs)
+    else:
+        assert run["ratio_tpot_ms"].paired
     dynamic = by_label["dynamic"]
     assert dynamic["tags.kvpipe.measured_order"] == "sequential" and dynamic["ratio_tpot_ms"] is None
 
