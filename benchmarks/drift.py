@@ -98,7 +98,9 @@ class Drift(threading.Thread):
         self.join()
 
 
-def sweep(setting: str, order: str, repeats: str | None, model: str, sweep_dir: Path, extra=()) -> tuple[dict, float]:
+def sweep(
+    setting: str, order: str, repeats: str | None, model: str, sweep_dir: Path, extra: list[str] | tuple = ()
+) -> tuple[dict, float]:
     """One `python -m kvpipe -m` sweep, with the `extra` overrides (--set); (its jobs' result.json by
     (strategy, seed), wall seconds)."""
     overrides, _, default_repeats = SETTINGS[setting]

@@ -53,8 +53,9 @@ os.environ["KVPIPE_REFERENCE_DIR"] = tempfile.mkdtemp(prefix="kvpipe-references-
 atexit.register(shutil.rmtree, os.environ["KVPIPE_REFERENCE_DIR"], ignore_errors=True)
 # torch.compile's inductor cache: the suite's own folder beside the converted model and the llama-server
 # build in the per-user cache, kept between runs as they are, where torch's default (/tmp/torchinductor_$USER)
-# goes with /tmp. The embedded static + compile test takes ~12 s with it warm, ~40 s cold (2-core VM,
-# 2026-12-07); a cold compile's cost is benchmarks/cache_strategies.py's compile_ms with an empty folder.
+# goes with /tmp. The embedded static + compile test alone took 23 s with it warm, 56 s with it empty
+# (2-core VM, 2026-12-07); a cold compile's cost is benchmarks/cache_strategies.py's compile_ms with an
+# empty folder.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(disk_cache.cache_dir() / "inductor-tests"))
 
 # Where the suite's time goes, printed at its end beside the budget (tests/census.py, tests/budget.py)
