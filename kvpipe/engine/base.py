@@ -39,6 +39,7 @@ class Engine(Registered):
     Settings: ClassVar[type] = NoSettings
     in_process: ClassVar[bool] = False  # transformers: kvpipe's own process generates, with kvpipe's caches
     ready_path: ClassVar[str] = "/health"  # answers 200 once the server has loaded its model
+    completion_path: ClassVar[str] = "/completion"  # where a request's body (request()) is posted, streamed
     kv_settings: ClassVar[str] = ""  # the engine.* settings that choose its KV cache, as a refusal names them
 
     def __init__(self, engine_cfg):
@@ -77,9 +78,23 @@ class Engine(Registered):
         """The JSON body of one streamed completion of prompt `ids`."""
         raise NotImplementedError
 
-    def kv_report(self, log_text: str) -> dict[str, float]:
-        """What the server's own report says of its KV cache (bytes, bytes per token, cells)."""
+    def environment(self, plan: ServerPlan) -> dict[str, str]:
+        """What its server's environment adds to kvpipe's (settings an engine reads only from there)."""
         return {}
+
+    def streamed(self, chunk: dict) -> tuple[list[int], bool, int | None]:
+        """One server-sent event of a streamed answer, as JSON: the token ids it brings, whether the
+        answer is over, and the prompt tokens served from cache where the event says so (else None)."""
+        raise NotImplementedError
+
+    def kv_report(self, log_text: str) -> dict[str, float]:
+        """What the server's own log says of its KV cache (bytes, bytes per token, cells)."""
+        return {}
+
+    def kv_of(self, server) -> dict[str, float]:
+        """What the running server (kvpipe.engine.lifecycle.server.EngineServer) reports of its KV
+        cache: by default its log's words (kv_report)."""
+        return self.kv_report(server.log_text())
 
     def use_words(self, plan: ServerPlan | None = None) -> str:
         """How a user starts the same server, in the engine's own words."""

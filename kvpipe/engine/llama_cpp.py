@@ -157,6 +157,11 @@ class LlamaCpp(Engine):
             body.update(temperature=0.0, top_k=1)  # greedy, as transformers' do_sample=False
         return body
 
+    def streamed(self, chunk: dict) -> tuple[list[int], bool, int | None]:
+        done = bool(chunk.get("stop"))
+        cached = int((chunk.get("timings") or {}).get("cache_n", 0)) if done else None
+        return [int(token) for token in chunk.get("tokens") or ()], done, cached
+
     def kv_report(self, log_text: str) -> dict[str, float]:
         """Its KV caches as its log reports them (a model with sliding-window layers reports two)."""
         found = KV_LINE.findall(log_text)

@@ -105,10 +105,10 @@ class EngineJob(ServedJob):
         self.plan_used = plan = self.server_plan()
         self.server = EngineServer(
             self.engine.name, lambda port: self.engine.command(plan, port), self.server_log(),
-            self.engine.ready_path, self.engine.settings.start_timeout_s,
+            self.engine.ready_path, self.engine.settings.start_timeout_s, self.engine.environment(plan),
         )  # fmt: skip
         self.server.start()
-        self.kv = self.engine.kv_report(self.server.log_text())
+        self.kv = self.engine.kv_of(self.server)
         if "kv_cache_bytes" not in self.kv:
             raise KvpipeError(f"{self.engine.name}'s server reported no KV cache size in {self.server.log_path}")
         from kvpipe.model.shape import config_dict
@@ -181,7 +181,7 @@ def serve_over_http(engine, port: int, workload_cfg, queue, cap: int, kv_bytes: 
         while len(served) < queue.total:
             for arrival in queue.take(time.perf_counter(), cap - len(in_flight)):
                 body = engine.request(arrival.request.ids, arrival.request.new_tokens, workload_cfg)
-                in_flight[clients.submit(stream_completion, port, body)] = arrival
+                in_flight[clients.submit(stream_completion, engine, port, body)] = arrival
             most = max(most, len(in_flight))
             timeout, due = POLL_S, queue.next_s()
             if due is not None and len(in_flight) < cap:
@@ -199,12 +199,13 @@ def serve_over_http(engine, port: int, workload_cfg, queue, cap: int, kv_bytes: 
     return Outcome([served[i] for i in sorted(served)], most, kv_bytes, None, hits)
 
 
-def stream_completion(port: int, body: dict) -> EngineAnswer:
-    """One completion, streamed (server-sent events): each token's arrival time as this client saw it."""
+def stream_completion(engine, port: int, body: dict) -> EngineAnswer:
+    """One completion, streamed (server-sent events, read by `engine.streamed`): each token's arrival
+    time as this client saw it."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
     try:
         sent = time.perf_counter()
-        connection.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
+        connection.request("POST", engine.completion_path, json.dumps(body), {"Content-Type": "application/json"})
         response = connection.getresponse()
         if response.status != 200:
             raise KvpipeError(f"the engine's server refused a request ({response.status}): {response.read()[:300]!r}")
@@ -212,13 +213,14 @@ def stream_completion(port: int, body: dict) -> EngineAnswer:
         for line in response:
             if not line.startswith(b"data: "):
                 continue
-            chunk = json.loads(line[6:])
+            if line[6:].strip() == b"[DONE]":  # the OpenAI stream's end
+                break
+            brought, done, counted = engine.streamed(json.loads(line[6:]))
             now = time.perf_counter()
-            for token in chunk.get("tokens") or ():
-                tokens.append(int(token))
-                token_s.append(now)
-            if chunk.get("stop"):
-                cached = int((chunk.get("timings") or {}).get("cache_n", 0))
+            tokens += brought
+            token_s += [now] * len(brought)
+            cached = counted if counted is not None else cached
+            if done:
                 break
         return EngineAnswer(sent, token_s, tokens, time.perf_counter(), cached)
     finally:

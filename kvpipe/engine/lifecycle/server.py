@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import http.client
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -32,9 +33,10 @@ PORT_TRIES = 3  # a free port may be taken between finding it and the server bin
 class EngineServer:
     """One engine's server for one job: `command(port)` its command line."""
 
-    def __init__(self, name: str, command, log_path: Path, ready_path: str, timeout_s: float):
+    def __init__(self, name: str, command, log_path: Path, ready_path: str, timeout_s: float, env=None):
         self.name, self.command, self.log_path = name, command, Path(log_path)
         self.ready_path, self.timeout_s = ready_path, timeout_s
+        self.env = dict(env or {})  # added to kvpipe's environment for the server
         self.process: subprocess.Popen | None = None
         self.port: int | None = None
         self.start_s: float | None = None  # seconds from launch to its first ready answer
@@ -61,11 +63,13 @@ class EngineServer:
 
     def _launch(self, words: list[str]) -> None:
         with open(self.log_path, "ab") as sink:
-            sink.write(f"$ {' '.join(words)}\n".encode())
+            given = "".join(f"{name}={value} " for name, value in self.env.items())
+            sink.write(f"$ {given}{' '.join(words)}\n".encode())
             sink.flush()
             self.process = subprocess.Popen(
-                words, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
-            )
+                words, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+                env={**os.environ, **self.env},
+            )  # fmt: skip
         RUNNING.add(self)
 
     def _wait_ready(self, started: float, last_try: bool) -> bool:
