@@ -199,12 +199,12 @@ def test_a_job_on_an_engine_reads_its_figures_from_the_server_and_stops_it(tmp_p
     assert set(_servers()) == before, "its server is stopped"
 
 
-def _servers() -> list[int]:
-    """The engine servers this process started and that still run (its children)."""
+def _servers(named: str = "llama") -> list[int]:
+    """The engine servers this process started and that still run (its children), by a word of their command."""
     import psutil
 
     children = psutil.Process().children(recursive=True)
-    return [c.pid for c in children if any("llama" in word for word in _cmdline(c))]
+    return [c.pid for c in children if any(named in word for word in _cmdline(c))]
 
 
 def _cmdline(process) -> list[str]:
@@ -216,8 +216,8 @@ def _cmdline(process) -> list[str]:
         return []
 
 
-def test_the_engine_registry_names_both():
-    assert get("transformers").in_process and not get("llama_cpp").in_process
+def test_the_engine_registry_names_every_engine():
+    assert get("transformers").in_process and not get("llama_cpp").in_process and not get("vllm").in_process
 
 
 # ---- the real llama-server, where `make engines` built it ---------------------------------------

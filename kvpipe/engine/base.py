@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from kvpipe.errors import ConfigError
 from kvpipe.registry import Registered, Registry
 
 
@@ -61,6 +62,20 @@ class Engine(Registered):
         """What the engine refuses of a job, from its settings alone, before anything starts: a
         one-line ConfigError naming the field and what would work (kvpipe's own caches and presses
         are refused by kvpipe.jobspec, which knows them)."""
+
+    def check_single_requests(self, spec) -> None:
+        """A server of single requests refuses the workloads that only kvpipe's own process serves."""
+        if spec.bound_workload.questions_after_context:
+            raise ConfigError(
+                "workload", spec.workload.kind,
+                f"engine={self.name} serves whole prompts; a workload that answers many questions from one read "
+                "context runs on engine=transformers",
+            )  # fmt: skip
+        if spec.bound_workload.in_sessions:
+            raise ConfigError(
+                "workload", spec.workload.kind,
+                f"engine={self.name} serves single requests; sessions of turns run on engine=transformers",
+            )  # fmt: skip
 
     def model_file(self, model_cfg) -> Path:
         """The file its server loads for `model_cfg`."""

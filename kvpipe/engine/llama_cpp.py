@@ -91,17 +91,7 @@ class LlamaCpp(Engine):
             )  # fmt: skip
         if not s.start_timeout_s > 0:
             raise ConfigError("engine.start_timeout_s", s.start_timeout_s, "expected seconds above 0")
-        if spec.bound_workload.questions_after_context:
-            raise ConfigError(
-                "workload", spec.workload.kind,
-                "engine=llama_cpp serves whole prompts; a workload that answers many questions from one read "
-                "context runs on engine=transformers",
-            )  # fmt: skip
-        if spec.bound_workload.in_sessions:
-            raise ConfigError(
-                "workload", spec.workload.kind,
-                "engine=llama_cpp serves single requests; sessions of turns run on engine=transformers",
-            )  # fmt: skip
+        self.check_single_requests(spec)
         if spec.model.source != "embedded":
             raise ConfigError(
                 "model", spec.model.name,

