@@ -1,16 +1,18 @@
 """The same labelled questions (examples/questions.jsonl, 28 one-word questions) through llama.cpp's
-own server with its KV cache in f16, q8_0 and q4_0 (keys and values alike), with prompt caching on,
+own server with its KV cache in f16, q8_0 and q4_0 (keys and values alike), with prompt caching on;
+through vLLM's server with its KV cache in the weights' bfloat16 and in fp8, with prefix caching on;
 and through kvpipe's own transformers process with the dynamic cache, one request at a time
 (load=concurrency, 1 in flight), the jobs taking turns call by call in interleaved rounds, as a
-sweep's do. Needs llama-server: `make engines`.
+sweep's do. Needs llama-server and vLLM's environment: `make engines`.
 
 Reports, per configuration: task accuracy with its 95% interval, the answers that flipped against
-llama.cpp's own f16 cache (right → wrong, wrong → right) and against transformers', TTFT and TPOT with
-their intervals, KV bytes and KV bytes per token as the engine reports them (llama.cpp: its log's
-`llama_kv_cache: size` over its cells; transformers: kvpipe's count of the cache's tensors, over the
-longest request, so none per token), prompt tokens served from cache, and the server's (or kvpipe's) peak memory.
+its own engine's full-precision cache (right → wrong, wrong → right) and against transformers', TTFT
+and TPOT with their intervals, KV bytes and KV bytes per token as the engine reports them (llama.cpp:
+its log's `llama_kv_cache: size` over its cells; vLLM: its /metrics' KV memory over its blocks' token
+slots; transformers: kvpipe's count of the cache's tensors, over the longest request, so none per
+token), prompt tokens served from cache, and the server's (or kvpipe's) peak memory.
 
-    python benchmarks/engines.py                       # embedded model, 1 thread: ~4 min on 2 CPU cores
+    python benchmarks/engines.py                       # embedded model, 1 thread: ~10 min on 2 CPU cores
 """
 
 from __future__ import annotations
@@ -31,7 +33,12 @@ CONFIGS = [
     ("llama_cpp q8_0", ["engine=llama_cpp", "engine.cache_type=q8_0"]),
     ("llama_cpp q4_0", ["engine=llama_cpp", "engine.cache_type=q4_0"]),
     ("llama_cpp f16, prompt cache", ["engine=llama_cpp", "engine.cache_type=f16", "engine.cache_prompt=true"]),
+    ("vllm auto (bfloat16)", ["engine=vllm"]),
+    ("vllm fp8", ["engine=vllm", "engine.kv_cache_dtype=fp8"]),
+    ("vllm auto, prefix caching", ["engine=vllm", "engine.prefix_caching=true"]),
 ]
+# Each engine's full-precision cache, which its other caches' flips are counted against
+OWN_BASELINE = {"transformers": "transformers dynamic", "llama_cpp": "llama_cpp f16", "vllm": "vllm auto (bfloat16)"}
 FIGURES = ("task_accuracy", "task_accuracy_ci_low", "task_accuracy_ci_high", "ttft_ms", "ttft_ms_ci_low",
            "ttft_ms_ci_high", "tpot_ms", "tpot_ms_ci_low", "tpot_ms_ci_high", "kv_cache_bytes", "kv_bytes_per_token",
            "kv_cells", "prefix_hit_rate", "peak_memory_bytes", "prompt_tokens_max")  # fmt: skip
@@ -65,15 +72,16 @@ def interval(row: dict, name: str, spec: str) -> str:
 
 def table(rows: list[dict]) -> pd.DataFrame:
     by = {row["config"]: row for row in rows}
-    own, hf = by["llama_cpp f16"], by["transformers dynamic"]
-    # llama.cpp's bytes over its cells; none for transformers, whose cache grows to what it holds
+    own = lambda row: by[OWN_BASELINE[row["config"].split()[0]]]  # noqa: E731
+    hf = by["transformers dynamic"]
+    # an engine's bytes over its cells; none for transformers, whose cache grows to what it holds
     per_token = lambda r: f"{r['kv_bytes_per_token']:,.0f}" if r["kv_bytes_per_token"] else "–"  # noqa: E731
     return pd.DataFrame(
         [
             {
                 "configuration": row["config"],
                 "accuracy [95% CI]": interval(row, "task_accuracy", ".0%"),
-                "flips vs llama_cpp f16 (→wrong / →right)": flips(row, own),
+                "flips vs its engine's full precision (→wrong / →right)": flips(row, own(row)),
                 "flips vs transformers": flips(row, hf),
                 "TTFT ms [95% CI]": interval(row, "ttft_ms", ".1f"),
                 "TPOT ms [95% CI]": interval(row, "tpot_ms", ".2f"),
@@ -112,7 +120,7 @@ def main() -> None:
     (args.out / "results.json").write_text(json.dumps(rows, indent=2))
     header = (
         f"Model `smollm2_135m` (llama.cpp: its GGUF, Q4_1 weights; transformers: the same weights converted to "
-        f"float32), {args.threads} thread(s), `{args.path}` ({len(rows[0]['right'])} questions), scorer contains, "
+        f"float32; vLLM: that conversion in bfloat16), {args.threads} thread(s), `{args.path}` ({len(rows[0]['right'])} questions), scorer contains, "
         f"at most {args.new_tokens} new tokens, one request at a time; {args.repeats} interleaved rounds after 1 "
         "warm-up, call by call."
     )

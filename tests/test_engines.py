@@ -42,7 +42,11 @@ def llama(*overrides: str) -> LlamaCpp:
         (["engine.cache_type_k=q3_0"], "engine.cache_type_k", "q8_0, q4_0"),
         (["engine.flash_attn=maybe"], "engine.flash_attn", "on, off, auto"),
         (["model=tiny_random"], "model", "model=smollm2_135m"),
-        (["workload=conversation"], "workload", "engine=transformers"),
+        (
+            ["workload=conversation", "workload.keep_session_cache=true", "load=concurrency"],
+            "workload.keep_session_cache",
+            "engine.cache_prompt=true",
+        ),
         (["workload=shared_context"], "workload", "engine=transformers"),
     ],
 )
@@ -336,3 +340,35 @@ def test_an_open_loop_of_requests_arrives_at_an_engine_as_the_load_says(monkeypa
     # the seeded arrivals: the last of eight 0.34 s after the first, which the pass waits for
     last = spec.bound_load.arrivals(list(range(8)))[-1]
     assert result.metrics["serve_span_ms"] >= last * 1e3
+
+
+@pytest.mark.slow  # the embedded model's tokenizer, a served job's turns
+def test_a_conversation_through_an_engine_re_sends_each_history_and_counts_its_prompt_cache_hits(monkeypatch):
+    from kvpipe.job.engine_served import EngineSessionsJob
+    from kvpipe.job.runner import job_for
+    from kvpipe.schedule import run_rounds
+
+    monkeypatch.chdir(REPO)
+    spec = spec_from([*ENGINE, f"engine.server={FAKE}", "engine.cache_prompt=true", "workload=conversation",
+                      "workload.sessions=2", "workload.turns=3", "workload.think_time_s=0.01", "load=concurrency",
+                      "load.concurrency=2", "workload.max_new_tokens=3", "workload.repeats=1", "workload.warmup=0",
+                      "tracking=off"])  # fmt: skip
+    job = job_for(spec)
+    assert isinstance(job, EngineSessionsJob)
+    try:
+        job.prepare()
+        # every slot holds a whole session: the last turn's history and its answer
+        assert job.plan_used.context_tokens == job.longest_turn + 3 and job.plan_used.slots == 2
+        run_rounds([job], seed=0, shuffle=False)
+        turns = sorted(job.turns_served(), key=lambda item: item[:2])
+        assert len(turns) == 6 and [turn for _, turn, _, _ in turns] == [0, 1, 2] * 2
+        for (_, _, before, answer), (_, turn, after, _) in zip(turns, turns[1:]):
+            if turn:  # a later turn's prompt holds its session's earlier one
+                assert len(after.ids) > len(before.ids) + len(answer.tokens) - 1
+        metrics, _, _ = job.summary()
+    finally:
+        job.close()
+    prompt_tokens = sum(len(request.ids) for _, _, request, _ in turns)
+    # the stand-in serves half of each prompt from its cache (cache_prompt), as each response counts it
+    assert metrics["prefix_hit_rate"] == pytest.approx(sum(len(r.ids) // 2 for _, _, r, _ in turns) / prompt_tokens)
+    assert metrics["ttft_first_turn_p50_ms"] > 0 and metrics["ttft_later_turns_p50_ms"] > 0

@@ -35,9 +35,14 @@ def vllm(*overrides: str) -> Vllm:
         (["engine.kv_cache_dtype=int8"], "engine.kv_cache_dtype", "auto, fp8, fp8_e4m3, fp8_e5m2"),
         (["engine.dtype=float64"], "engine.dtype", "bfloat16"),
         (["engine.kv_cache_space_gib=0"], "engine.kv_cache_space_gib", "whole GiB"),
-        (["engine.block_size=-16"], "engine.block_size", "tokens above 0"),
+        (["engine.block_size=-32"], "engine.block_size", "a multiple of 32"),
+        (["engine.block_size=16"], "engine.block_size", "a multiple of 32"),
         (["model=tiny_random"], "model", "a folder of weights"),
-        (["workload=conversation"], "workload", "engine=transformers"),
+        (
+            ["workload=conversation", "workload.keep_session_cache=true", "load=concurrency"],
+            "workload.keep_session_cache",
+            "engine.prefix_caching=true",
+        ),
         (["workload=shared_context"], "workload", "engine=transformers"),
     ],
 )
@@ -50,12 +55,12 @@ def test_what_vllm_cannot_do_is_refused_in_one_line_before_anything_starts(overr
 
 def test_kv_settings_become_vllms_own_flags_and_environment():
     plan = ServerPlan(REPO / "weights", slots=3, context_tokens=300, threads=2)
-    engine = vllm(f"engine.python={FAKE}", "engine.kv_cache_dtype=fp8", "engine.block_size=16",
+    engine = vllm(f"engine.python={FAKE}", "engine.kv_cache_dtype=fp8", "engine.block_size=64",
                   "engine.prefix_caching=true", "engine.kv_cache_space_gib=2")  # fmt: skip
     words = engine.command(plan, 8123)
     assert words[:3] == [FAKE, "-m", "vllm.entrypoints.openai.api_server"]
     flags = {word: words[index + 1] for index, word in enumerate(words[:-1])}
-    assert (flags["--kv-cache-dtype"], flags["--block-size"], flags["--port"]) == ("fp8", "16", "8123")
+    assert (flags["--kv-cache-dtype"], flags["--block-size"], flags["--port"]) == ("fp8", "64", "8123")
     assert (flags["--max-model-len"], flags["--max-num-seqs"], flags["--model"]) == ("300", "3", str(plan.model_file))
     assert "--enable-prefix-caching" in words and "--enforce-eager" in words
     assert "--no-enable-prefix-caching" in vllm(f"engine.python={FAKE}").command(plan, 1)  # off unless asked
@@ -63,7 +68,7 @@ def test_kv_settings_become_vllms_own_flags_and_environment():
         "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "2"
     }  # fmt: skip
     assert engine.use_words().startswith("VLLM_CPU_KVCACHE_SPACE=2 python -m vllm.entrypoints.openai.api_server")
-    assert "--kv-cache-dtype fp8 --enable-prefix-caching --block-size 16" in engine.use_words()
+    assert "--kv-cache-dtype fp8 --enable-prefix-caching --block-size 64" in engine.use_words()
     assert (engine.label(), engine.lossless()) == ("vllm fp8 prefix", False)
     assert (vllm().label(), vllm().lossless()) == ("vllm auto", True)
 

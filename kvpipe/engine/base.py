@@ -42,6 +42,7 @@ class Engine(Registered):
     ready_path: ClassVar[str] = "/health"  # answers 200 once the server has loaded its model
     completion_path: ClassVar[str] = "/completion"  # where a request's body (request()) is posted, streamed
     kv_settings: ClassVar[str] = ""  # the engine.* settings that choose its KV cache, as a refusal names them
+    prefix_setting: ClassVar[str] = ""  # the engine.* setting that reuses a prompt's cached prefix (`=true`)
 
     def __init__(self, engine_cfg):
         self.config = engine_cfg
@@ -63,18 +64,21 @@ class Engine(Registered):
         one-line ConfigError naming the field and what would work (kvpipe's own caches and presses
         are refused by kvpipe.jobspec, which knows them)."""
 
-    def check_single_requests(self, spec) -> None:
-        """A server of single requests refuses the workloads that only kvpipe's own process serves."""
+    def check_served_workload(self, spec) -> None:
+        """A server of requests refuses what only kvpipe's own process serves: many questions after
+        one read context, and a session's cache kept in kvpipe between its turns (an engine keeps a
+        session's history its own way, by its prefix or prompt caching)."""
         if spec.bound_workload.questions_after_context:
             raise ConfigError(
                 "workload", spec.workload.kind,
                 f"engine={self.name} serves whole prompts; a workload that answers many questions from one read "
                 "context runs on engine=transformers",
             )  # fmt: skip
-        if spec.bound_workload.in_sessions:
+        if spec.bound_workload.keeps_session_cache:
             raise ConfigError(
-                "workload", spec.workload.kind,
-                f"engine={self.name} serves single requests; sessions of turns run on engine=transformers",
+                "workload.keep_session_cache", True,
+                f"engine={self.name} keeps a session's history in its own cache: expected false, and "
+                f"{self.prefix_setting} to reuse it",
             )  # fmt: skip
 
     def model_file(self, model_cfg) -> Path:

@@ -46,6 +46,7 @@ class LlamaCpp(Engine):
     name = "llama_cpp"
     order = 10
     test_overrides: ClassVar[tuple[str, ...]] = ("model=smollm2_135m",)
+    prefix_setting = "engine.cache_prompt=true"
     kv_settings = f"engine.cache_type_k and engine.cache_type_v ({', '.join(CACHE_TYPES)})"
 
     @dataclass
@@ -91,7 +92,7 @@ class LlamaCpp(Engine):
             )  # fmt: skip
         if not s.start_timeout_s > 0:
             raise ConfigError("engine.start_timeout_s", s.start_timeout_s, "expected seconds above 0")
-        self.check_single_requests(spec)
+        self.check_served_workload(spec)
         if spec.model.source != "embedded":
             raise ConfigError(
                 "model", spec.model.name,

@@ -45,6 +45,7 @@ class Vllm(Engine):
     order = 20
     test_overrides: ClassVar[tuple[str, ...]] = ("model=smollm2_135m",)
     completion_path = "/v1/completions"
+    prefix_setting = "engine.prefix_caching=true"
     kv_settings = f"engine.kv_cache_dtype ({', '.join(KV_CACHE_DTYPES)}) and engine.prefix_caching"
 
     @dataclass
@@ -53,7 +54,7 @@ class Vllm(Engine):
         # --enable-prefix-caching (vLLM's own default is on; off here, so that every prompt is computed,
         # as kvpipe's own caches compute it)
         prefix_caching: bool = False
-        block_size: Optional[int] = None  # tokens per KV block (--block-size); null: vLLM's own (128 on CPU)
+        block_size: Optional[int] = None  # tokens per KV block (--block-size), a multiple of 32 on CPU; null: 128
         kv_cache_space_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE: the KV cache's memory, allocated whole at start
         dtype: str = "bfloat16"  # --dtype: the weights' (and an `auto` KV cache's) type
         enforce_eager: bool = True  # no compiling at start (--enforce-eager): ready in ~30 s on 2 cores
@@ -76,11 +77,16 @@ class Vllm(Engine):
             raise ConfigError("engine.dtype", s.dtype, choices(DTYPES, given=s.dtype))
         if not (isinstance(s.kv_cache_space_gib, int) and s.kv_cache_space_gib >= 1):
             raise ConfigError("engine.kv_cache_space_gib", s.kv_cache_space_gib, "expected whole GiB, at least 1")
-        if s.block_size is not None and not (isinstance(s.block_size, int) and s.block_size > 0):
-            raise ConfigError("engine.block_size", s.block_size, "expected tokens above 0, or null: vLLM's own")
+        if s.block_size is not None and not (
+            isinstance(s.block_size, int) and s.block_size > 0 and s.block_size % 32 == 0
+        ):
+            raise ConfigError(
+                "engine.block_size", s.block_size,
+                "expected a multiple of 32 tokens (vLLM's CPU attention takes no other), or null: vLLM's own (128)",
+            )  # fmt: skip
         if not s.start_timeout_s > 0:
             raise ConfigError("engine.start_timeout_s", s.start_timeout_s, "expected seconds above 0")
-        self.check_single_requests(spec)
+        self.check_served_workload(spec)
         if spec.model.source == "random":
             raise ConfigError(
                 "model", spec.model.name,

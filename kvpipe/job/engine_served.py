@@ -27,6 +27,7 @@ from kvpipe.engine.base import ServerPlan
 from kvpipe.engine.lifecycle.server import EngineServer
 from kvpipe.errors import KvpipeError
 from kvpipe.job.served import ServedJob
+from kvpipe.job.served_sessions import SessionsJob
 from kvpipe.job.servers import POLL_S, Outcome
 from kvpipe.job.threads import threads_for
 from kvpipe.jobspec import schema
@@ -175,6 +176,16 @@ class EngineJob(ServedJob):
     def close(self) -> None:
         if self.server is not None:
             self.server.stop()
+
+
+class EngineSessionsJob(EngineJob, SessionsJob):
+    """A workload in sessions (workload=conversation) through an engine's server: each turn re-sends
+    the session's history as one request, which the engine's prefix or prompt caching may serve
+    from its cache (prefix_hit_rate)."""
+
+    def server_plan(self) -> ServerPlan:
+        longest = self.longest_turn + self.spec.workload.max_new_tokens  # a later turn holds the history
+        return ServerPlan(self.engine.model_file(self.spec.model), self.cap, longest, threads_for(self.spec.model))
 
 
 def serve_over_http(engine, port: int, workload_cfg, queue, cap: int, kv_bytes: int) -> Outcome:

@@ -38,9 +38,9 @@ def run_job(spec: Spec, tags: dict[str, str] | None = None):
 def job_for(spec: Spec) -> Job:
     """The job a spec makes: its requests served under its load, or its batches one after another."""
     if spec.engine is not None:
-        from kvpipe.job.engine_served import EngineJob
+        from kvpipe.job.engine_served import EngineJob, EngineSessionsJob
 
-        return EngineJob(spec)
+        return EngineSessionsJob(spec) if spec.bound_workload.in_sessions else EngineJob(spec)
     if spec.load is None:
         return BatchJob(spec)
     return SessionsJob(spec) if spec.bound_workload.in_sessions else ServedJob(spec)

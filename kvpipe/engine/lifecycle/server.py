@@ -13,6 +13,7 @@ import ctypes
 import http.client
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 RUNNING: set["EngineServer"] = set()  # servers this process started and has not stopped
 STOP_WAIT_S = 10.0  # after SIGTERM, how long a server may take to exit before SIGKILL
 PORT_TRIES = 3  # a free port may be taken between finding it and the server binding it
+# an exception's line in a server's log: "ValueError: No common block size for 16 (CPU_ATTN: ...)"
+ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception): .+")
 
 
 class EngineServer:
@@ -82,7 +85,8 @@ class EngineServer:
                 if not last_try and ("bind" in tail.lower() or "address already in use" in tail.lower()):
                     return False
                 raise KvpipeError(
-                    f"{self.name}'s server stopped while starting (exit {code}); the last lines of {self.log_path}:\n{tail}"
+                    f"{self.name}'s server stopped while starting (exit {code}){self.first_error()}; the last lines "
+                    f"of {self.log_path}:\n{tail}"
                 )
             if self._answers():
                 return True
@@ -123,6 +127,15 @@ class EngineServer:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
+
+    def first_error(self) -> str:
+        """': ' and the first line of its log that names an error (a Python exception's last line), or ''
+        (a server of several processes may log the cause far above its last lines)."""
+        for line in self.log_text().splitlines():
+            found = ERROR_LINE.search(line)
+            if found:
+                return f": {found.group(0)}"
+        return ""
 
     def log_tail(self, count: int = 15) -> str:
         return "\n".join(deque(self.log_text().splitlines(), maxlen=count))
