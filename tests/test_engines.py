@@ -203,6 +203,21 @@ def test_a_job_on_an_engine_reads_its_figures_from_the_server_and_stops_it(tmp_p
     assert set(_servers()) == before, "its server is stopped"
 
 
+@pytest.mark.slow  # the embedded model's tokenizer, a served job
+def test_a_pass_through_an_engine_that_has_missed_its_target_sends_no_more_requests(monkeypatch):
+    from kvpipe.job.runner import run_job
+
+    monkeypatch.chdir(REPO)
+    rate = ["load=rate", "load.rate=50", "load.requests=8", "load.max_ttft_ms=0.001", "workload.max_new_tokens=2",
+            "workload.repeats=1", "workload.warmup=0", "tracking=off", f"engine.server={FAKE}"]  # fmt: skip
+    stopped = run_job(spec_from([*ENGINE, *rate, "load.stop_when_missed_at=90"]))
+    served = int(stopped.metrics["served_requests"])
+    assert 1 <= served < 8 and stopped.metrics["within_targets"] == 0  # p90 of 8: the first miss decides it
+    (note,) = [n for n in stopped.notes if "stop_when_missed_at" in n]
+    assert note.startswith(f"stopped after {served} of its 8 requests") and "p90 TTFT misses it" in note
+    assert run_job(spec_from([*ENGINE, *rate])).metrics["served_requests"] == 8  # unset: every request sent
+
+
 def _servers(named: str = "llama") -> list[int]:
     """The engine servers this process started and that still run (its children), by a word of their command."""
     import psutil
@@ -372,3 +387,19 @@ def test_a_conversation_through_an_engine_re_sends_each_history_and_counts_its_p
     # the stand-in serves half of each prompt from its cache (cache_prompt), as each response counts it
     assert metrics["prefix_hit_rate"] == pytest.approx(sum(len(r.ids) // 2 for _, _, r, _ in turns) / prompt_tokens)
     assert metrics["ttft_first_turn_p50_ms"] > 0 and metrics["ttft_later_turns_p50_ms"] > 0
+
+
+@pytest.mark.slow  # a capacity search: a ceiling and a few rate points, each its own stand-in server
+def test_capacity_through_an_engine_searches_its_own_cache_and_names_it_in_the_engines_words(tmp_path, existing_store):
+    from conftest import kvpipe_here
+
+    existing_store(tmp_path)
+    words = ["capacity", *ENGINE, f"engine.server={FAKE}", "engine.cache_type=q8_0", "workload.max_new_tokens=2",
+             "model.threads=1", "--max-ttft-ms", "5000", "--requests", "2", "--resolution", "0.5"]  # fmt: skip
+    done = kvpipe_here(words, tmp_path)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "capacity: dynamic within" in done.stdout  # the engine's one cache: its settings choose it
+    table = done.stdout[done.stdout.rindex("\ncache ") + 1 :]  # capacity's own, after the sweep's compare
+    assert table.splitlines()[1].startswith("llama_cpp q8_0 ") and "paged" not in table, table
+    assert "capacity: llama_cpp q8_0 carries the most" in done.stdout
+    assert "use: kvpipe engine=llama_cpp model=smollm2_135m" in done.stdout and "engine.cache_type=q8_0" in done.stdout

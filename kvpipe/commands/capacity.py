@@ -133,10 +133,11 @@ def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
     judged = targets.judges_accuracy  # the accuracy at the rate carried, beside its goodput
     rows = [("cache", "carries", "fails at", "binds", "goodput there", *(["accuracy there"] if judged else []),
              "max throughput", "plan's memory bound")]  # fmt: skip
+    named = {cache["cache"]: _name(cache["cache"], fixed) for cache in found["caches"]}
     for cache in found["caches"]:
         accuracy = cache.get("accuracy")
         rows.append((
-            cache["cache"],
+            named[cache["cache"]],
             f"{cache['rate']:.3g} req/s" if cache["rate"] else "none",
             _rate(cache["failing_rate"]) if cache["binds"] != THROUGHPUT else "(its ceiling)",
             cache["binds"],
@@ -149,7 +150,7 @@ def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     for cache in found["caches"]:
-        print(f"  {cache['cache']}: {cache['binds']} binds: {cache['why']}")
+        print(f"  {named[cache['cache']]}: {cache['binds']} binds: {cache['why']}")
     print(f"  carries: the arrival rate sent · goodput there: requests within both targets a second, over "
           f"the {requests} requests' first arrival to their last answer")  # fmt: skip
     carrying = [c for c in found["caches"] if c["rate"]]
@@ -157,9 +158,19 @@ def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
         print(f"\ncapacity: no cache meets {targets.describe()} at any rate tried")
         return 1
     best = max(carrying, key=lambda c: c["rate"])
-    print(f"\ncapacity: {best['cache']} carries the most: {best['rate']:.3g} requests/s within {targets.describe()}")
+    print(
+        f"\ncapacity: {named[best['cache']]} carries the most: {best['rate']:.3g} requests/s within {targets.describe()}"
+    )
     print(f"  use: kvpipe {shlex.join(_again(best, targets, fixed, requests))}")
     return 0
+
+
+def _name(cache: str, fixed: list[str]) -> str:
+    """How a table names the cache: through an engine's server, the engine's own KV choice (`llama_cpp q8_0`)."""
+    from kvpipe.jobspec import spec_from
+
+    engine = spec_from([*fixed, f"cache={cache}", "load=rate"]).bound_engine
+    return engine.label() if engine is not None else cache
 
 
 def _again(best: dict, targets: Targets, fixed: list[str], requests: int) -> list[str]:

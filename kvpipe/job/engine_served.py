@@ -155,9 +155,9 @@ class EngineJob(ServedJob):
     def peak_meter(self) -> ServerPeak:
         return ServerPeak(self.server.pid)  # the server holds the cache, not kvpipe's process
 
-    def _serve(self, queue, cap: int, kept=None, stop=None) -> Outcome:  # stop: refused for an engine (validated)
+    def _serve(self, queue, cap: int, kept=None, stop=None) -> Outcome:
         return serve_over_http(
-            self.engine, self.server.port, self.spec.workload, queue, cap, int(self.kv["kv_cache_bytes"])
+            self.engine, self.server.port, self.spec.workload, queue, cap, int(self.kv["kv_cache_bytes"]), stop
         )
 
     def summary(self):
@@ -188,21 +188,23 @@ class EngineSessionsJob(EngineJob, SessionsJob):
         return ServerPlan(self.engine.model_file(self.spec.model), self.cap, longest, threads_for(self.spec.model))
 
 
-def serve_over_http(engine, port: int, workload_cfg, queue, cap: int, kv_bytes: int) -> Outcome:
+def serve_over_http(engine, port: int, workload_cfg, queue, cap: int, kv_bytes: int, stop=None) -> Outcome:
     """Requests sent to the server as they arrive (from `queue`: kvpipe.job.arrivals; at most `cap` in
-    flight, each on a client thread of its own), answers taken as they finish."""
+    flight, each on a client thread of its own), answers taken as they finish. `stop(answered)`: why
+    to send no more requests (the pass has missed its targets whatever the rest do); those in flight
+    are answered, as kvpipe's own servers do."""
     served: dict[int, Served] = {}
-    hits, most = 0, 0
+    hits, most, stopped = 0, 0, ""
     start = time.perf_counter()
     queue.begin(start)
     with ThreadPoolExecutor(max_workers=cap, thread_name_prefix="engine-client") as clients:
         in_flight = {}
-        while len(served) < queue.total:
-            for arrival in queue.take(time.perf_counter(), cap - len(in_flight)):
+        while len(served) < queue.total and not (stopped and not in_flight):
+            for arrival in [] if stopped else queue.take(time.perf_counter(), cap - len(in_flight)):
                 body = engine.request(arrival.request.ids, arrival.request.new_tokens, workload_cfg)
                 in_flight[clients.submit(stream_completion, engine, port, body)] = arrival
             most = max(most, len(in_flight))
-            timeout, due = POLL_S, queue.next_s()
+            timeout, due = POLL_S, None if stopped else queue.next_s()
             if due is not None and len(in_flight) < cap:
                 timeout = min(POLL_S, max(due - time.perf_counter(), 0.001))
             done, _ = wait(in_flight, timeout=timeout, return_when=FIRST_COMPLETED)
@@ -215,7 +217,9 @@ def serve_over_http(engine, port: int, workload_cfg, queue, cap: int, kv_bytes: 
                 )  # fmt: skip
                 hits += answer.cached_tokens
                 queue.answered(arrival.index, answer.finished_s, answer.tokens)
-    return Outcome([served[i] for i in sorted(served)], most, kv_bytes, None, hits)
+            if stop is not None and not stopped and queue.untaken:
+                stopped = stop(served.values()) or ""
+    return Outcome([served[i] for i in sorted(served)], most, kv_bytes, None, hits, stopped=stopped)
 
 
 def stream_completion(engine, port: int, body: dict) -> EngineAnswer:

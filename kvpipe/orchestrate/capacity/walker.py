@@ -33,12 +33,20 @@ WALK_SETS = ("load", "load.kind", "load.rate", "load.concurrency", "load.request
 
 
 def split_arguments(arguments: list[str]) -> tuple[list[str], list[str]]:
-    """(the caches of cache=, default dynamic, paged and quantized; every other override, fixed for
-    every point). Only cache= may list several values."""
+    """(the caches of cache=, default dynamic, paged and quantized, or through an engine's server
+    its own cache alone (cache=dynamic: the engine's settings choose it); every other override, fixed
+    for every point). Only cache= may list several values."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    caches, fixed = SERVED.split(","), []
-    for override in OverridesParser.create().parse_overrides(arguments):
+    from kvpipe.cache import DEFAULT_BASELINE
+
+    parsed = OverridesParser.create().parse_overrides(arguments)
+    served_by_engine = any(
+        o.get_key_element() == "engine" and not o.is_sweep_override() and o.get_value_element_as_str() != "transformers"
+        for o in parsed
+    )
+    caches, fixed = [str(DEFAULT_BASELINE)] if served_by_engine else SERVED.split(","), []
+    for override in parsed:
         key = override.get_key_element()
         if key == "cache":
             caches = [str(v) for v in override.sweep_string_iterator()] if override.is_sweep_override() else [
@@ -123,8 +131,8 @@ class Walker:
     def stops_early(self) -> bool:
         """Whether a rate point may end once it has missed a target at the search's percentile,
         whatever its other requests do (load.stop_when_missed_at): its verdict is already "misses",
-        and the rest of its requests would only queue. kvpipe's own servers can (not an engine's
-        server, nor a conversation's turns, which arrive after their answers)."""
+        and the rest of its requests would only queue. kvpipe's own servers and an engine's can (not a
+        conversation's turns, which arrive after their answers)."""
         from kvpipe.jobspec.validated import cannot_stop_early
 
         return cannot_stop_early(self.spec) is None
