@@ -6,11 +6,14 @@ vLLM's Python (`-m vllm.entrypoints.openai.api_server --model ... --kv-cache-dty
 VLLM_CPU_KVCACHE_SPACE gives it, over SmolLM2-135M's bytes per token), and streams /v1/completions
 with token ids (100, 101, ... one per event, FAKE_TOKEN_S apart) and a last usage event (cached
 tokens: half the prompt where prefix caching is on), then [DONE]. It writes its command line and
-environment's VLLM_ and OMP_ settings to its log."""
+environment's VLLM_ and OMP_ settings to its log. Like vLLM, it starts a process of its own (its
+"engine core", which only sleeps), whose pid it logs: a killed kvpipe must leave neither behind."""
 
 import argparse
 import json
 import os
+import subprocess
+import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -27,6 +30,8 @@ def main() -> None:
     parser.add_argument("--enable-prefix-caching", action="store_true")
     args, _ = parser.parse_known_args()
     print({k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "OMP_"))}, flush=True)
+    core = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(f"engine core pid {core.pid}", flush=True)
     memory = int(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")) * 2**30
     blocks = memory // (args.block_size * PER_TOKEN * BYTES[args.kv_cache_dtype])
     labels = {

@@ -25,6 +25,7 @@ from kvpipe.jobspec import spec_from
 from conftest import REPO
 
 FAKE = str(REPO / "tests" / "fake_llama_server.py")
+FAKE_VLLM = str(REPO / "tests" / "fake_vllm_server.py")
 ENGINE = ("engine=llama_cpp", "model=smollm2_135m")
 
 
@@ -104,6 +105,18 @@ def fake_server(tmp_path, timeout_s: float = 20.0) -> EngineServer:
     )
 
 
+def fake_vllm_server(tmp_path, timeout_s: float = 20.0) -> EngineServer:
+    from kvpipe.engine.vllm import Vllm
+
+    plan = ServerPlan(tmp_path, 1, 64, 1)
+    engine = spec_from(["engine=vllm", "model=smollm2_135m", f"engine.python={FAKE_VLLM}"]).bound_engine
+    assert isinstance(engine, Vllm)
+    return EngineServer(
+        "vllm", lambda port: engine.command(plan, port), tmp_path / "server.log", "/health", timeout_s,
+        engine.environment(plan),
+    )  # fmt: skip
+
+
 def gone(pid: int, within_s: float = 10.0) -> bool:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
@@ -139,22 +152,25 @@ def test_a_server_that_does_not_answer_in_time_is_stopped_and_named(tmp_path, mo
     assert server.process is None
 
 
-def test_no_server_outlives_a_kvpipe_killed_with_sigkill(tmp_path):
+@pytest.mark.parametrize("fake", ["llama", "vllm"])  # vLLM's starts a process of its own, as vLLM does
+def test_no_server_nor_a_process_it_started_outlives_a_kvpipe_killed_with_sigkill(tmp_path, fake):
     code = f"""
 import sys; sys.path.insert(0, {str(REPO / "tests")!r})
 from pathlib import Path
-from test_engines import fake_server
-server = fake_server(Path({str(tmp_path)!r})).start()
-print(server.pid, flush=True)
+from test_engines import fake_server, fake_vllm_server
+server = (fake_server if {fake!r} == "llama" else fake_vllm_server)(Path({str(tmp_path)!r})).start()
+print(*server.server_pids(), flush=True)
 import time; time.sleep(60)
 """
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
-        pid = int(parent.stdout.readline())
-        os.kill(pid, 0)  # up
+        pids = [int(pid) for pid in parent.stdout.readline().split()]
+        assert len(pids) == (1 if fake == "llama" else 2)
+        for pid in pids:
+            os.kill(pid, 0)  # up
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
-        assert gone(pid), "the server outlived the process that started it"
+        assert all(gone(pid) for pid in pids), "the server or a process it started outlived kvpipe"
     finally:
         parent.kill()
 

@@ -57,22 +57,20 @@ class ServerPeak:
     its API server, engine core and worker) counts each one's peak: their sum bounds the peak of
     the whole from above, as their peaks need not coincide."""
 
-    pid: int
+    pids: list[int]
     peak_bytes: int = 0
     baseline_bytes: int = 0
     source: str = "engine server's VmHWM"
-    pids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if len(self.pids) > 1:
+            self.source = f"engine server's VmHWM, summed over its {len(self.pids)} processes"
 
     @property
     def peak_over_baseline_bytes(self) -> int:
         return max(0, self.peak_bytes - self.baseline_bytes)
 
     def __enter__(self) -> ServerPeak:
-        import psutil
-
-        self.pids = (self.pid, *(child.pid for child in psutil.Process(self.pid).children(recursive=True)))
-        if len(self.pids) > 1:
-            self.source = f"engine server's VmHWM, summed over its {len(self.pids)} processes"
         self.baseline_bytes = sum(reset_peak_of(pid) for pid in self.pids)
         return self
 
@@ -153,7 +151,7 @@ class EngineJob(ServedJob):
         self.warm_up_requests()
 
     def peak_meter(self) -> ServerPeak:
-        return ServerPeak(self.server.pid)  # the server holds the cache, not kvpipe's process
+        return ServerPeak(self.server.server_pids())  # the server holds the cache, not kvpipe's process
 
     def _serve(self, queue, cap: int, kept=None, stop=None) -> Outcome:
         return serve_over_http(

@@ -1,9 +1,11 @@
 """An engine's server as kvpipe runs it: started on a free loopback port, its output kept in a log
 file beside the run, waited for until it answers (engine.start_timeout_s), and stopped whatever
 happens. Stopped by `stop()` (a job's end, a sweep's, a failure), by the exit handler (an exception
-that ends the process, Ctrl-C), and by the kernel where kvpipe itself is killed: the server is
-started with a parent-death signal (Linux's PR_SET_PDEATHSIG), so no server outlives the process
-that started it, even after a SIGKILL."""
+that ends the process, Ctrl-C), and by the kernel where kvpipe itself is killed: the server runs
+under a guard (kvpipe.engine.lifecycle.guard) started with a parent-death signal (Linux's
+PR_SET_PDEATHSIG), which stops the server's whole process group, so no server, nor any process a
+server started (vLLM's engine core and worker), outlives the process that started it, even after a
+SIGKILL."""
 
 from __future__ import annotations
 
@@ -22,12 +24,13 @@ import time
 from collections import deque
 from pathlib import Path
 
+from kvpipe.engine.lifecycle.guard import STOP_WAIT_S  # after SIGTERM, how long before the guard's SIGKILL
 from kvpipe.errors import KvpipeError
 
 log = logging.getLogger(__name__)
 
 RUNNING: set["EngineServer"] = set()  # servers this process started and has not stopped
-STOP_WAIT_S = 10.0  # after SIGTERM, how long a server may take to exit before SIGKILL
+GUARD = str(Path(__file__).with_name("guard.py"))  # run as a file: it imports nothing of kvpipe's
 PORT_TRIES = 3  # a free port may be taken between finding it and the server binding it
 # an exception's line in a server's log: "ValueError: No common block size for 16 (CPU_ATTN: ...)"
 ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception): .+")
@@ -70,8 +73,8 @@ class EngineServer:
             sink.write(f"$ {given}{' '.join(words)}\n".encode())
             sink.flush()
             self.process = subprocess.Popen(
-                words, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
-                env={**os.environ, **self.env},
+                [sys.executable, GUARD, *words], stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env}, preexec_fn=_die_with_parent,
             )  # fmt: skip
         RUNNING.add(self)
 
@@ -109,21 +112,32 @@ class EngineServer:
             connection.close()
 
     def stop(self) -> None:
-        """SIGTERM, then SIGKILL after STOP_WAIT_S; nothing where it is not running."""
+        """SIGTERM to its guard, which stops the server's group (SIGKILL after STOP_WAIT_S); nothing
+        where it is not running."""
         process, self.process = self.process, None
         RUNNING.discard(self)
         if process is None or process.poll() is not None:
             return
-        process.terminate()
+        process.terminate()  # the guard stops the server's group: SIGTERM, then SIGKILL after STOP_WAIT_S
         try:
-            process.wait(STOP_WAIT_S)
+            process.wait(2 * STOP_WAIT_S + 5)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
 
     @property
     def pid(self) -> int | None:
+        """The guard's: the process kvpipe started, whose group holds the server's."""
         return self.process.pid if self.process else None
+
+    def server_pids(self) -> list[int]:
+        """The server's processes: the guard's descendants (llama-server alone; vLLM's API server,
+        engine core and worker)."""
+        import psutil
+
+        if self.process is None:
+            return []
+        return [child.pid for child in psutil.Process(self.process.pid).children(recursive=True)]
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
@@ -148,9 +162,10 @@ def free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    """In the child, before it runs the server: the kernel sends it SIGKILL when its parent dies."""
+    """In the guard, before it runs: the kernel sends it SIGTERM when its parent dies, on which it
+    stops the server's whole group."""
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @atexit.register
