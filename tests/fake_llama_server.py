@@ -13,6 +13,8 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from fake_stream import event
+
 BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
@@ -59,14 +61,9 @@ def main() -> None:
             cached = len(body["prompt"]) // 2 if body.get("cache_prompt") else 0
             for index in range(body["n_predict"]):
                 time.sleep(token_s)
-                self._event({"content": "x", "tokens": [100 + index], "stop": False})
-            self._event({"content": "", "tokens": [], "stop": True, "timings": {"cache_n": cached}})
+                event(self.wfile, {"content": "x", "tokens": [100 + index], "stop": False})
+            event(self.wfile, {"content": "", "tokens": [], "stop": True, "timings": {"cache_n": cached}})
             self.wfile.write(b"0\r\n\r\n")
-
-        def _event(self, chunk):
-            data = f"data: {json.dumps(chunk)}\n\n".encode()
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            self.wfile.flush()
 
     ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
 

@@ -17,6 +17,8 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from fake_stream import event
+
 BYTES = {"auto": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # bfloat16 weights
 PER_TOKEN = 30 * 3 * 64 * 2  # SmolLM2-135M: 30 layers of 3 KV heads of 64, keys and values
 
@@ -64,17 +66,12 @@ def main() -> None:
             self.end_headers()
             for index in range(body["max_tokens"]):
                 time.sleep(token_s)
-                self._event({"choices": [{"index": 0, "text": "x", "token_ids": [100 + index]}]})
+                event(self.wfile, {"choices": [{"index": 0, "text": "x", "token_ids": [100 + index]}]})
             cached = len(body["prompt"]) // 2 if args.enable_prefix_caching else 0
             usage = {"prompt_tokens": len(body["prompt"]), "prompt_tokens_details": {"cached_tokens": cached}}
-            self._event({"choices": [], "usage": usage})
-            self._event("[DONE]")
+            event(self.wfile, {"choices": [], "usage": usage})
+            event(self.wfile, "[DONE]")
             self.wfile.write(b"0\r\n\r\n")
-
-        def _event(self, chunk):
-            data = f"data: {chunk if isinstance(chunk, str) else json.dumps(chunk)}\n\n".encode()
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            self.wfile.flush()
 
     ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
 

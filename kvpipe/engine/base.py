@@ -8,11 +8,12 @@ user would start the same server (its `use:` line)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from kvpipe.errors import ConfigError
+from kvpipe.errors import ConfigError, KvpipeError
 from kvpipe.registry import Registered, Registry
 
 
@@ -88,6 +89,18 @@ class Engine(Registered):
     def server_binary(self) -> Path:
         """The server's program, found or refused with the command that builds it."""
         raise NotImplementedError
+
+    def given_program(self, field: str, env: str, what: str) -> Path | None:
+        """The program the user names for the server, by engine.<field> or else $<env>, refused in one
+        line where it is not an executable file (`what` says what it should be); None where neither names one."""
+        setting = getattr(self.settings, field)
+        given = setting or os.environ.get(env)
+        if not given:
+            return None
+        path = Path(given).expanduser()
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise KvpipeError(f"{f'engine.{field}' if setting else f'${env}'}={given} is not {what}")
+        return path
 
     def command(self, plan: ServerPlan, port: int) -> list[str]:
         """The server's command line for a job (`plan`) on a loopback port."""

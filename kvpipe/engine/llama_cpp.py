@@ -10,7 +10,6 @@ log reports (`llama_kv_cache: size = ... MiB`), to its two decimals of a MiB."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from dataclasses import dataclass, replace
@@ -105,13 +104,9 @@ class LlamaCpp(Engine):
         return embedded_gguf()
 
     def server_binary(self) -> Path:
-        given = self.settings.server or os.environ.get(SERVER_ENV)
+        given = self.given_program("server", SERVER_ENV, "an executable llama-server")
         if given:
-            path = Path(given).expanduser()
-            if not (path.is_file() and os.access(path, os.X_OK)):
-                field = "engine.server" if self.settings.server else f"${SERVER_ENV}"
-                raise KvpipeError(f"{field}={given} is not an executable llama-server")
-            return path
+            return given
         for path in (built_server(), shutil.which("llama-server")):
             if path and Path(path).is_file():
                 return Path(path)

@@ -14,7 +14,6 @@ memory in bytes, its blocks and their size in tokens). Build its environment onc
 from __future__ import annotations
 
 import http.client
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,13 +103,9 @@ class Vllm(Engine):
         return folder
 
     def server_binary(self) -> Path:
-        given = self.settings.python or os.environ.get(PYTHON_ENV)
+        given = self.given_program("python", PYTHON_ENV, "the Python of an environment with vLLM")
         if given:
-            path = Path(given).expanduser()
-            if not (path.is_file() and os.access(path, os.X_OK)):
-                field = "engine.python" if self.settings.python else f"${PYTHON_ENV}"
-                raise KvpipeError(f"{field}={given} is not the Python of an environment with vLLM")
-            return path
+            return given
         if built_python().is_file():
             return built_python()
         raise KvpipeError(
