@@ -44,6 +44,9 @@ class Engine(Registered):
     completion_path: ClassVar[str] = "/completion"  # where a request's body (request()) is posted, streamed
     kv_settings: ClassVar[str] = ""  # the engine.* settings that choose its KV cache, as a refusal names them
     prefix_setting: ClassVar[str] = ""  # the engine.* setting that reuses a prompt's cached prefix (`=true`)
+    # engine.* settings its server does not compute with (where its program is, how long it may take to
+    # start): neither keyed nor logged
+    unread: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, engine_cfg):
         self.config = engine_cfg
@@ -57,8 +60,9 @@ class Engine(Registered):
         return engine_cfg
 
     def read_fields(self) -> tuple[str, ...]:
-        """The engine.* fields its measurement depends on (its key, its params)."""
-        return ("engine.name", *(f"engine.{f.name}" for f in dataclasses.fields(self.Settings)))
+        """The engine.* fields its measurement depends on (its key, its params): all but `unread`."""
+        fields = ("engine.name", *(f"engine.{f.name}" for f in dataclasses.fields(self.Settings)))
+        return tuple(field for field in fields if field not in self.unread)
 
     def check(self, spec) -> None:
         """What the engine refuses of a job, from its settings alone, before anything starts: a

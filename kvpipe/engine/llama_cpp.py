@@ -60,9 +60,9 @@ class LlamaCpp(Engine):
         server: Optional[str] = None  # the llama-server program; null: $KVPIPE_LLAMA_SERVER, make engines' build, PATH
         start_timeout_s: float = 180.0  # how long the server may take to load the model and answer /health
 
-    # what its server computes with: not where its program is, nor how long it may take to start, nor
+    # not what its server computes with: where its program is, how long it may take to start, and
     # cache_type, which resolved() has made both types
-    UNREAD = ("engine.cache_type", "engine.server", "engine.start_timeout_s")
+    unread = ("engine.cache_type", "engine.server", "engine.start_timeout_s")
 
     @classmethod
     def resolved(cls, engine_cfg):
@@ -72,9 +72,6 @@ class LlamaCpp(Engine):
         return replace(
             engine_cfg, cache_type_k=engine_cfg.cache_type, cache_type_v=engine_cfg.cache_type, cache_type=None
         )
-
-    def read_fields(self) -> tuple[str, ...]:
-        return tuple(f for f in super().read_fields() if f not in self.UNREAD)
 
     def check(self, spec) -> None:
         s = self.settings

@@ -13,7 +13,6 @@ memory in bytes, its blocks and their size in tokens). Build its environment onc
 
 from __future__ import annotations
 
-import http.client
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,11 +59,8 @@ class Vllm(Engine):
         python: Optional[str] = None  # vLLM's environment's Python; null: $KVPIPE_VLLM_PYTHON, then make engines' build
         start_timeout_s: float = 600.0  # how long the server may take to load the model and answer /health
 
-    # what its server computes with: not where its Python is, nor how long it may take to start
-    UNREAD = ("engine.python", "engine.start_timeout_s")
-
-    def read_fields(self) -> tuple[str, ...]:
-        return tuple(f for f in super().read_fields() if f not in self.UNREAD)
+    # not what its server computes with: where its Python is, how long it may take to start
+    unread = ("engine.python", "engine.start_timeout_s")
 
     def check(self, spec) -> None:
         s = self.settings
@@ -165,14 +161,10 @@ class Vllm(Engine):
 
     def kv_of(self, server) -> dict[str, float]:
         """Its KV cache as its /metrics report it: vllm:cache_config_info's memory and tokens."""
-        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
         try:
-            connection.request("GET", "/metrics")
-            text = connection.getresponse().read().decode(errors="replace")
+            _, text = server.get("/metrics")
         except OSError as exc:
             raise KvpipeError(f"vLLM's server did not answer /metrics ({exc}); its log: {server.log_path}") from exc
-        finally:
-            connection.close()
         return self.kv_report_metrics(text)
 
     @staticmethod

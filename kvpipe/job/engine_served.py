@@ -130,8 +130,12 @@ class EngineJob(ServedJob):
         )  # fmt: skip
 
     def server_plan(self) -> ServerPlan:
-        longest = max(len(request.ids) + request.new_tokens for request in self.requests)
-        return ServerPlan(self.engine.model_file(self.spec.model), self.cap, longest, threads_for(self.spec.model))
+        spec = self.spec
+        return ServerPlan(self.engine.model_file(spec.model), self.cap, self.longest_request(), threads_for(spec.model))
+
+    def longest_request(self) -> int:
+        """The most tokens one request holds in a slot: its prompt and its answer."""
+        return max(len(request.ids) + request.new_tokens for request in self.requests)
 
     def server_log(self) -> Path:
         """Beside the run: in the job's output folder where Hydra made one, else a new temporary folder."""
@@ -181,9 +185,8 @@ class EngineSessionsJob(EngineJob, SessionsJob):
     the session's history as one request, which the engine's prefix or prompt caching may serve
     from its cache (prefix_hit_rate)."""
 
-    def server_plan(self) -> ServerPlan:
-        longest = self.longest_turn + self.spec.workload.max_new_tokens  # a later turn holds the history
-        return ServerPlan(self.engine.model_file(self.spec.model), self.cap, longest, threads_for(self.spec.model))
+    def longest_request(self) -> int:
+        return self.longest_turn + self.spec.workload.max_new_tokens  # a later turn holds the history
 
 
 def serve_over_http(engine, port: int, workload_cfg, queue, cap: int, kv_bytes: int, stop=None) -> Outcome:

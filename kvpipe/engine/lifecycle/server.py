@@ -102,12 +102,18 @@ class EngineServer:
             time.sleep(0.1)
 
     def _answers(self) -> bool:
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
         try:
-            connection.request("GET", self.ready_path)
-            return connection.getresponse().status == 200
+            return self.get(self.ready_path, timeout_s=2)[0] == 200
         except OSError:
             return False
+
+    def get(self, path: str, timeout_s: float = 10) -> tuple[int, str]:
+        """GET `path` of the running server: its status and text (OSError where it does not answer)."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
+        try:
+            connection.request("GET", path)
+            response = connection.getresponse()
+            return response.status, response.read().decode(errors="replace")
         finally:
             connection.close()
 
