@@ -186,9 +186,7 @@ def test_requests_stream_their_tokens_and_times_under_the_loads_in_flight_limit(
     for cache_prompt, cached in ((False, 0), (True, sum(len(r.ids) // 2 for r in requests))):
         engine = llama(f"engine.server={FAKE}", f"engine.cache_prompt={str(cache_prompt).lower()}")
         with fake_server(tmp_path) as server:
-            outcome = serve_over_http(
-                engine, server.port, workload, Scheduled(requests, [0.0] * 4, 2, closed=True), 2, 99
-            )
+            outcome = serve_over_http(engine, server, workload, Scheduled(requests, [0.0] * 4, 2, closed=True), 2, 99)
         assert outcome.max_in_flight == 2 and outcome.kv_bytes == 99 and outcome.prefix_hit_tokens == cached
         for served in outcome.served:
             assert served.tokens == [100, 101, 102, 103]

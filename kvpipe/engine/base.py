@@ -27,7 +27,7 @@ class ServerPlan:
     """What one job's server is started for: the model file, how many requests it holds at once
     (its slots), the tokens each may hold (prompt and answer), and the CPU threads it may use."""
 
-    model_file: Path
+    model_file: Path | None  # None: a server the user runs, whose files kvpipe does not read
     slots: int
     context_tokens: int
     threads: int
@@ -47,6 +47,7 @@ class Engine(Registered):
     # engine.* settings its server does not compute with (where its program is, how long it may take to
     # start): neither keyed nor logged
     unread: ClassVar[tuple[str, ...]] = ()
+    reports_kv: ClassVar[bool] = True  # its server says what its KV cache holds (kv_of): a job without it fails
 
     def __init__(self, engine_cfg):
         self.config = engine_cfg
@@ -123,6 +124,32 @@ class Engine(Registered):
         answer is over, and the prompt tokens served from cache where the event says so (else None)."""
         raise NotImplementedError
 
+    def server_for(self, plan: ServerPlan, log_path: Path):
+        """The server a job sends its requests to, not yet started: by default one kvpipe starts for
+        the job on a loopback port and stops after it (kvpipe.engine.lifecycle.server)."""
+        from kvpipe.engine.lifecycle.server import EngineServer
+
+        return EngineServer(
+            self.name, lambda port: self.command(plan, port), log_path, self.ready_path,
+            self.settings.start_timeout_s, self.environment(plan),
+        )  # fmt: skip
+
+    def weights_bytes(self, plan: ServerPlan) -> int | None:
+        """The bytes of the weights its server loads: its model file's, or a folder's weight files."""
+        path = plan.model_file
+        if not path.is_dir():
+            return path.stat().st_size
+        return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin") for f in path.glob(pattern))
+
+    def started(self, tokenizer) -> None:
+        """What it learns once its server answers: the model's tokenizer (an engine whose answers
+        stream as text counts their tokens with it)."""
+
+    def untold(self, last_chunk: dict, counted: int) -> list[int]:
+        """The tokens an answer's last event says it had beyond the `counted` ones its events brought
+        (a stream of text carries none for the end-of-sequence token); none by default."""
+        return []
+
     def kv_report(self, log_text: str) -> dict[str, float]:
         """What the server's own log says of its KV cache (bytes, bytes per token, cells)."""
         return {}
@@ -148,6 +175,10 @@ class Engine(Registered):
         except Exception as exc:  # noqa: BLE001 - a KvpipeError saying how to build it
             return str(exc)
         return None
+
+    def notes(self) -> list[str]:
+        """What a run through it should say of its figures (what it could not measure, and why)."""
+        return []
 
     def label(self) -> str:
         """How tables and titles name its KV choice (`llama_cpp q8_0/q8_0`)."""

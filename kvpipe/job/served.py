@@ -107,12 +107,14 @@ class ServedJob(Job):
         if not self.load.closed:  # a closed loop's arrivals are its own answers' ends, not an offered load
             metrics.update(arrival_figures(self.arrivals))
         held = [o.kv_held_bytes for o in passes if o.kv_held_bytes is not None]
+        # what was measured of its memory: none of it where the server is not kvpipe's (engine=openai)
+        memory = dict(
+            peak_memory_bytes=[p.peak_bytes for p in self.peaks],
+            peak_over_baseline_bytes=[p.peak_over_baseline_bytes for p in self.peaks],
+            kv_cache_bytes=[o.kv_bytes for o in passes], kv_held_bytes=held, weights_bytes=[self.loaded.weights_bytes],
+        )  # fmt: skip
+        metrics.update({name: float(max(v)) for name, v in memory.items() if v and None not in v})
         metrics.update(
-            peak_memory_bytes=float(max(p.peak_bytes for p in self.peaks)),
-            peak_over_baseline_bytes=float(max(p.peak_over_baseline_bytes for p in self.peaks)),
-            kv_cache_bytes=float(max(o.kv_bytes for o in passes)),
-            **({"kv_held_bytes": float(max(held))} if held else {}),
-            weights_bytes=float(self.loaded.weights_bytes),
             measured_ms=metrics["serve_span_ms"] * len(passes),
             # the measured prompt length, as a batch job's: what compare weighs a run against a baseline at
             prompt_tokens=statistics.fmean(self.prompt_tokens()),

@@ -53,7 +53,7 @@ class Outcome:
 
     served: list[Served]
     max_in_flight: int
-    kv_bytes: int
+    kv_bytes: int | None  # None: not reported (a server the user runs)
     kv_held_bytes: int | None = None
     prefix_hit_tokens: int | None = None
     session_kv_held_bytes: int | None = None

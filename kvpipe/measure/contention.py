@@ -48,20 +48,39 @@ def sample() -> CpuSample:
     return CpuSample(time.monotonic(), busy, own_cpu_s(psutil.Process()))
 
 
+# Processes this one did not start whose work is the job's: a server on this machine that the user
+# runs and the job sends its requests to (engine=openai), with whatever that server started
+ADOPTED: set[int] = set()
+
+
 def own_cpu_s(process) -> float:
     """The CPU seconds of a process and everything it started: its live descendants (torch's compile
-    workers, kvpipe's tracking worker) and its reaped children are the job's own work, not rivals."""
+    workers, kvpipe's tracking worker) and its reaped children are the job's own work, not rivals;
+    so is an adopted process's (ADOPTED) and its descendants'."""
     import psutil
 
     times = process.cpu_times()
     total = times.user + times.system + times.children_user + times.children_system
-    for child in process.children(recursive=True):
+    for child in _with_adopted(process):
         try:
             child_times = child.cpu_times()
         except psutil.Error:  # it ended between the walk and the read; its parent will count it once reaped
             continue
         total += child_times.user + child_times.system
     return total
+
+
+def _with_adopted(process) -> list:
+    import psutil
+
+    found = process.children(recursive=True)
+    for pid in ADOPTED:
+        try:
+            adopted = psutil.Process(pid)
+            found += [adopted, *adopted.children(recursive=True)]
+        except psutil.Error:  # it ended: its time no longer moves
+            continue
+    return found
 
 
 def other_cores(before: CpuSample, after: CpuSample) -> float:

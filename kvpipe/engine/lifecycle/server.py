@@ -107,15 +107,17 @@ class EngineServer:
         except OSError:
             return False
 
+    headers: dict[str, str] = {}  # what each request adds: nothing, on loopback
+
+    def connection(self, timeout_s: float) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
+
+    def path(self, path: str) -> str:
+        return path  # its API at its root
+
     def get(self, path: str, timeout_s: float = 10) -> tuple[int, str]:
         """GET `path` of the running server: its status and text (OSError where it does not answer)."""
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
-        try:
-            connection.request("GET", path)
-            response = connection.getresponse()
-            return response.status, response.read().decode(errors="replace")
-        finally:
-            connection.close()
+        return http_get(self, path, timeout_s)
 
     def stop(self) -> None:
         """SIGTERM to its guard, which stops the server's group (SIGKILL after STOP_WAIT_S); nothing
@@ -159,6 +161,17 @@ class EngineServer:
 
     def log_tail(self, count: int = 15) -> str:
         return "\n".join(deque(self.log_text().splitlines(), maxlen=count))
+
+
+def http_get(server, path: str, timeout_s: float) -> tuple[int, str]:
+    """GET `path` of a server (this module's or kvpipe.engine.lifecycle.remote's): its status and text."""
+    connection = server.connection(timeout_s)
+    try:
+        connection.request("GET", server.path(path), headers=server.headers)
+        response = connection.getresponse()
+        return response.status, response.read().decode(errors="replace")
+    finally:
+        connection.close()
 
 
 def free_port() -> int:
