@@ -36,6 +36,9 @@ FILES_S: dict[str, float] = {
     # vLLM's real server on the embedded model (a labelled job with an fp8 cache: ~35 s, most of it the server's
     # start) and 16 tests against a stand-in (~9 s), 2026-12-07; 9 s where vLLM's environment is not built
     "test_vllm_engine.py": 50,
+    # a stand-in endpoint with an API key, and llama-server as the user's endpoint beside engine=llama_cpp
+    # (~18 s, 2026-12-07; 1 s where llama-server is not built)
+    "test_openai_engine.py": 25,
     "test_capacity.py": 41,
     "test_sliding_window.py": 39,
     "test_search.py": 37,

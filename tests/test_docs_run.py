@@ -65,7 +65,7 @@ AUTO_AT_MOST = "workload.max_repeats=2"
 # --requests keeps short, and its search stops where it converges (6 points on the tiny model)
 TRIALS = {"advise": 3}
 # Settings whose value is a file or store of the user's, which is not in this repository
-USERS_OWN = ("model.name_or_path", "workload.path", "workload.data_files", "tracking.uri")
+USERS_OWN = ("model.name_or_path", "workload.path", "workload.data_files", "tracking.uri", "engine.base_url")
 # The user's own files a page shows refused, written as the page describes them
 SHOWN_FILES = {
     "prompts.jsonl": '{"prompt": "Hello", "max_new_tokens": 4}\n',
