@@ -403,17 +403,31 @@ def test_a_conversation_through_an_engine_re_sends_each_history_and_counts_its_p
     assert metrics["ttft_first_turn_p50_ms"] > 0 and metrics["ttft_later_turns_p50_ms"] > 0
 
 
-@pytest.mark.slow  # a capacity search: a ceiling and a few rate points, each its own stand-in server
-def test_capacity_through_an_engine_searches_its_own_cache_and_names_it_in_the_engines_words(tmp_path, existing_store):
+def test_capacity_walks_an_engines_kv_settings_as_it_walks_kvpipes_caches():
+    from kvpipe.orchestrate.capacity.walker import split_arguments, swept
+
+    choices, fixed = split_arguments([*ENGINE, "engine.cache_type=f16,q8_0", "cache=dynamic"])
+    assert choices == ["engine.cache_type=f16", "engine.cache_type=q8_0"] and fixed == [*ENGINE, "cache=dynamic"]
+    assert swept(choices) == "engine.cache_type=f16,q8_0"
+    assert split_arguments(list(ENGINE)) == (["dynamic"], list(ENGINE))  # its one cache: its settings choose it
+    assert split_arguments(["cache=dynamic,paged"])[0] == ["dynamic", "paged"]
+    with pytest.raises(ConfigError, match=r"^engine.flash_attn=.*only one of cache=, engine= or an engine"):
+        split_arguments([*ENGINE, "engine.cache_type=f16,q8_0", "engine.flash_attn=on,off"])
+
+
+@pytest.mark.slow  # a capacity search: a ceiling and a few rate points per KV type, each its own stand-in server
+def test_capacity_through_an_engine_searches_each_of_its_kv_types_and_names_them_in_its_words(tmp_path, existing_store):
     from conftest import kvpipe_here
 
     existing_store(tmp_path)
-    words = ["capacity", *ENGINE, f"engine.server={FAKE}", "engine.cache_type=q8_0", "workload.max_new_tokens=2",
+    words = ["capacity", *ENGINE, f"engine.server={FAKE}", "engine.cache_type=f16,q8_0", "workload.max_new_tokens=2",
              "model.threads=1", "--max-ttft-ms", "5000", "--requests", "2", "--resolution", "0.5"]  # fmt: skip
     done = kvpipe_here(words, tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    assert "capacity: dynamic within" in done.stdout  # the engine's one cache: its settings choose it
+    assert "capacity: llama_cpp f16, llama_cpp q8_0 within" in done.stdout
     table = done.stdout[done.stdout.rindex("\ncache ") + 1 :]  # capacity's own, after the sweep's compare
-    assert table.splitlines()[1].startswith("llama_cpp q8_0 ") and "paged" not in table, table
-    assert "capacity: llama_cpp q8_0 carries the most" in done.stdout
-    assert "use: kvpipe engine=llama_cpp model=smollm2_135m" in done.stdout and "engine.cache_type=q8_0" in done.stdout
+    rows = sorted(line.split("  ")[0] for line in table.splitlines()[1:3])
+    assert rows == ["llama_cpp f16", "llama_cpp q8_0"] and "paged" not in table, table
+    best = done.stdout.split("capacity: llama_cpp ")[-1].split(" carries the most")[0]
+    assert "use: kvpipe engine=llama_cpp model=smollm2_135m" in done.stdout
+    assert f"engine.cache_type={best}" in done.stdout.split("use: ")[-1]

@@ -157,7 +157,7 @@ def _advise_service(args, limits, started: float) -> int:
     from kvpipe.commands.recommend import answer_for_service
     from kvpipe.jobspec import spec_from
     from kvpipe.orchestrate.capacity.launch import launch_capacity
-    from kvpipe.orchestrate.capacity.walker import split_arguments
+    from kvpipe.orchestrate.capacity.walker import as_override, shown, split_arguments, swept
     from kvpipe.orchestrate.search.launch import sweep_dir_of
     from kvpipe.record import auth
 
@@ -170,19 +170,19 @@ def _advise_service(args, limits, started: float) -> int:
             f"--trials {grid} or more, or fewer caches (cache=) or concurrencies (--concurrency)",
         )  # fmt: skip
     targets = [f"load.max_tpot_ms={args.max_tpot_ms}"] if args.max_tpot_ms is not None else []
-    spec = spec_from([*fixed, f"cache={caches[0]}", "load=concurrency", f"load.concurrency={levels[0]}", *targets])
+    spec = spec_from([*fixed, as_override(caches[0]), "load=concurrency", f"load.concurrency={levels[0]}", *targets])
     auth.check_credentials(spec.tracking, Path.cwd())
     sweep_dir = sweep_dir_of(args.overrides, "advise")
-    print(f"advise: the most {args.objective} within {limits.describe()}: at most {grid} jobs ({', '.join(caches)} "
+    print(f"advise: the most {args.objective} within {limits.describe()}: at most {grid} jobs ({', '.join(shown(c, fixed) for c in caches)} "
           f"at concurrency {', '.join(map(str, levels))}), each cache walked upward while it gains; trials in "
           f"{sweep_dir}", flush=True)  # fmt: skip
     limits_given = {name: getattr(args, name) for name in settings()}
-    parent, found = launch_capacity([*fixed, f"cache={','.join(caches)}"], sweep_dir, walk="concurrency",
+    parent, found = launch_capacity([*fixed, swept(caches)], sweep_dir, walk="concurrency",
                                     levels=levels, objective=args.objective, trials=grid, **limits_given)  # fmt: skip
     print(f"advise: the walk took {found['jobs']} jobs of the grid's {grid}: {found['jobs'] - found['reused']} "
           f"measured, {found['reused']} reused")  # fmt: skip
     for cache in found["caches"]:
-        print(f"  {cache['cache']}: concurrency {', '.join(map(str, cache['levels']))}"
+        print(f"  {shown(cache['cache'], fixed)}: concurrency {', '.join(map(str, cache['levels']))}"
               + (f"; stopped: {cache['stopped']}" if cache["stopped"] else ""))  # fmt: skip
     print()
     experiment, uri = _source(args)

@@ -14,6 +14,7 @@ usage error. A repeated (or killed) search reuses the points it measured (resume
     kvpipe capacity --max-ttft-ms 2000 --max-tpot-ms 150
     kvpipe capacity cache=dynamic,paged --max-tpot-ms 80 --percentile 99 --min-goodput 0.95
     kvpipe capacity workload=dataset workload.path=examples/questions.jsonl --max-tpot-ms 150 --min-accuracy 0.8
+    kvpipe capacity engine=llama_cpp engine.cache_type=f16,q8_0,q4_0 --max-ttft-ms 2000 --max-tpot-ms 150
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ HELP = "the highest request rate each cache carries within TTFT/TPOT targets, an
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides: the model and workload, fixed for every "
-                        "point; cache=a,b,c the caches (default dynamic,paged,quantized)")  # fmt: skip
+                        "point; cache=a,b,c the caches (default dynamic,paged,quantized), or through an engine one of its "
+                        "settings' values (engine.cache_type=f16,q8_0)")  # fmt: skip
     parser.add_argument("--max-ttft-ms", type=float, metavar="MS", help="time to first token target, from arrival")
     parser.add_argument("--max-tpot-ms", type=float, metavar="MS", help="time per output token target")
     parser.add_argument("--percentile", type=int, default=CapacitySettings.percentile,
@@ -79,22 +81,23 @@ def checked(args: argparse.Namespace) -> Targets:
 def run(args: argparse.Namespace) -> int:
     from kvpipe.jobspec import spec_from
     from kvpipe.orchestrate.capacity.launch import launch_capacity
-    from kvpipe.orchestrate.capacity.walker import split_arguments
+    from kvpipe.orchestrate.capacity.walker import as_override, shown, split_arguments, swept
     from kvpipe.orchestrate.search.launch import sweep_dir_of
     from kvpipe.record import auth
 
     started = time.monotonic()
     targets = checked(args)
     caches, fixed = split_arguments(args.overrides)
-    specs = [spec_from([*fixed, f"cache={cache}", "load=rate"]) for cache in caches]  # each checked: one line
+    specs = [spec_from([*fixed, as_override(cache), "load=rate"]) for cache in caches]  # each checked: one line
     spec = specs[0]
     check_accuracy_floor(targets, specs)
     auth.check_credentials(spec.tracking, Path.cwd())
     sweep_dir = sweep_dir_of(args.overrides, "capacity")
-    print(f"capacity: {', '.join(caches)} within {targets.describe()}; points in {sweep_dir}", flush=True)
+    names = ", ".join(shown(cache, fixed) for cache in caches)
+    print(f"capacity: {names} within {targets.describe()}; points in {sweep_dir}", flush=True)
     name = f"capacity within {targets.describe()}"
     parent, found = launch_capacity(
-        [*fixed, f"cache={','.join(caches)}", f"sweep_name={name!r}"], sweep_dir, trials=args.trials,
+        [*fixed, swept(caches), f"sweep_name={name!r}"], sweep_dir, trials=args.trials,
         max_ttft_ms=args.max_ttft_ms, max_tpot_ms=args.max_tpot_ms, percentile=args.percentile,
         min_goodput=args.min_goodput, min_accuracy=args.min_accuracy, max_accuracy_drop=args.max_accuracy_drop,
         resolution=args.resolution, requests=args.requests,
@@ -133,7 +136,9 @@ def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
     judged = targets.judges_accuracy  # the accuracy at the rate carried, beside its goodput
     rows = [("cache", "carries", "fails at", "binds", "goodput there", *(["accuracy there"] if judged else []),
              "max throughput", "plan's memory bound")]  # fmt: skip
-    named = {cache["cache"]: _name(cache["cache"], fixed) for cache in found["caches"]}
+    from kvpipe.orchestrate.capacity.walker import shown
+
+    named = {cache["cache"]: shown(cache["cache"], fixed) for cache in found["caches"]}
     for cache in found["caches"]:
         accuracy = cache.get("accuracy")
         rows.append((
@@ -165,21 +170,14 @@ def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
     return 0
 
 
-def _name(cache: str, fixed: list[str]) -> str:
-    """How a table names the cache: through an engine's server, the engine's own KV choice (`llama_cpp q8_0`)."""
-    from kvpipe.jobspec import spec_from
-
-    engine = spec_from([*fixed, f"cache={cache}", "load=rate"]).bound_engine
-    return engine.label() if engine is not None else cache
-
-
 def _again(best: dict, targets: Targets, fixed: list[str], requests: int) -> list[str]:
     """The overrides that measure the cache that carries the most at its rate: the user's, less the
     settings that cache does not read (a backend beside cache=dynamic) and the sweep's own."""
     from kvpipe.decide.recommend import reproducing
     from kvpipe.jobspec import spec_from
+    from kvpipe.orchestrate.capacity.walker import as_override
 
-    chosen = [*fixed, f"cache={best['cache']}"]
+    chosen = [*fixed, as_override(best["cache"])]
     again = reproducing(chosen, spec_from([*chosen, "load=rate"]).read_fields())
     again += ["load=rate", f"load.rate={best['rate']:g}", f"load.requests={requests}"]
     again += [f"load.{name}={value:g}" for name, value in (("max_ttft_ms", targets.max_ttft_ms),

@@ -33,32 +33,62 @@ WALK_SETS = ("load", "load.kind", "load.rate", "load.concurrency", "load.request
 
 
 def split_arguments(arguments: list[str]) -> tuple[list[str], list[str]]:
-    """(the caches of cache=, default dynamic, paged and quantized, or through an engine's server
-    its own cache alone (cache=dynamic: the engine's settings choose it); every other override, fixed
-    for every point). Only cache= may list several values."""
+    """(the choices walked: caches by name (`dynamic`), any other choice as its override (through an
+    engine's server, the values of the one engine setting listed, `engine.cache_type=q8_0`, or of
+    engine= itself); through an engine with none listed, its own cache alone (`dynamic`: its settings
+    choose it); every other override, fixed for every point). Only one of cache=, engine= or an
+    engine.* setting may list several values. Without one, dynamic, paged and quantized."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from kvpipe.cache import DEFAULT_BASELINE
 
     parsed = OverridesParser.create().parse_overrides(arguments)
     served_by_engine = any(
-        o.get_key_element() == "engine" and not o.is_sweep_override() and o.get_value_element_as_str() != "transformers"
+        o.get_key_element() == "engine" and (o.is_sweep_override() or o.get_value_element_as_str() != "transformers")
         for o in parsed
     )
-    caches, fixed = [str(DEFAULT_BASELINE)] if served_by_engine else SERVED.split(","), []
+    choices, fixed, walked, one_cache = [], [], None, None
     for override in parsed:
         key = override.get_key_element()
-        if key == "cache":
-            caches = [str(v) for v in override.sweep_string_iterator()] if override.is_sweep_override() else [
-                override.get_value_element_as_str()]  # fmt: skip
-        elif key in WALK_SETS:
+        if key in WALK_SETS:
             raise ConfigError(key, override.input_line.split("=", 1)[-1], "the walk sets the load of each point "
                               "itself; leave it out (the targets are --max-ttft-ms and --max-tpot-ms)")  # fmt: skip
-        elif override.is_sweep_override():
-            raise ConfigError(key, override.input_line.split("=", 1)[-1], "only cache= may list several values")
-        else:
-            fixed.append(override.input_line)
-    return caches, fixed
+        if not override.is_sweep_override():
+            one_cache = override.input_line if key == "cache" else one_cache
+            fixed += [] if key == "cache" else [override.input_line]
+            continue
+        if not (key in ("cache", "engine") or key.startswith("engine.")) or walked:
+            raise ConfigError(key, override.input_line.split("=", 1)[-1], "only one of cache=, engine= or an "
+                              "engine.* setting may list several values")  # fmt: skip
+        walked = key
+        choices = [value if key == "cache" else f"{key}={value}" for value in override.sweep_string_iterator()]
+    if choices:
+        fixed += [one_cache] if one_cache else []  # cache=dynamic beside an engine setting's values
+    elif one_cache:
+        choices = [one_cache.split("=", 1)[1]]
+    else:
+        choices = [str(DEFAULT_BASELINE)] if served_by_engine else SERVED.split(",")
+    return choices, fixed
+
+
+def as_override(choice: str) -> str:
+    """A choice as the override that sets it: a cache's name is cache=<name>."""
+    return choice if "=" in choice else f"cache={choice}"
+
+
+def swept(choices: list[str]) -> str:
+    """The choices as one sweep override again (`cache=dynamic,paged`), for the sweeper to split."""
+    key = as_override(choices[0]).split("=", 1)[0]
+    return f"{key}={','.join(as_override(choice).split('=', 1)[1] for choice in choices)}"
+
+
+def shown(choice: str, fixed: list[str]) -> str:
+    """How progress and tables name a choice: a cache by its name (`paged`); through an engine's
+    server, the engine's own KV choice (`llama_cpp q8_0`)."""
+    from kvpipe.jobspec import spec_from
+
+    engine = spec_from([*fixed, as_override(choice), "load=rate"]).bound_engine
+    return engine.label() if engine is not None else choice
 
 
 class Walker:
@@ -69,6 +99,7 @@ class Walker:
         self.settings, self.caches, self.fixed, self.spec, self.walks = settings, caches, fixed, spec, walks
         self.sweep_dir, self.launch_dir = sweep_dir, launch_dir
         self.jobs_run_here = jobs_run_here  # the launcher runs every job in this process
+        self.names = {cache: shown(cache, fixed) for cache in caches}  # how progress names each choice
         self.warm: set[str] = set()  # the caches a job of this process has served (not reused from a store)
         self.started = time.monotonic()
         self.launched = self.reused = 0
@@ -82,7 +113,7 @@ class Walker:
         if settings.walk not in WALKS:
             raise ConfigError("hydra.sweeper.walk", settings.walk, f"expected one of {', '.join(WALKS)}")
         caches, fixed = split_arguments(arguments)
-        spec = spec_from([*fixed, f"cache={caches[0]}", "load=rate"])
+        spec = spec_from([*fixed, as_override(caches[0]), "load=rate"])
         if settings.walk == "concurrency":
             figure = "goodput_requests_per_s" if settings.objective == "goodput" else "output_tokens_per_s"
             limits = limits_of(settings)
@@ -146,9 +177,9 @@ class Walker:
                 self._say(f"stopped: the next batch would pass the budget of {self.settings.trials} jobs")
                 break
             batch_number += 1
-            shown = ", ".join(f"{cache} at {what}" for cache, what, _ in batch)
-            self._say(f"batch {batch_number}: {shown} · {duration_text(time.monotonic() - self.started)} elapsed")
-            jobs = [[*self.fixed, f"cache={cache}", *load, *self.point_overrides(cache, load), "resume=true"]
+            points = ", ".join(f"{self.names[cache]} at {what}" for cache, what, _ in batch)
+            self._say(f"batch {batch_number}: {points} · {duration_text(time.monotonic() - self.started)} elapsed")
+            jobs = [[*self.fixed, as_override(cache), *load, *self.point_overrides(cache, load), "resume=true"]
                     for cache, _, load in batch]  # fmt: skip
             results = launch(jobs, job_index)
             job_index += len(jobs)
@@ -200,17 +231,17 @@ class Walker:
 
     def _say_point(self, cache: str, what: str, figures: Figures, point: Point | None) -> None:
         if figures.metrics is None:
-            self._say(f"{cache} at {what} failed ({figures.where}): {figures.failure}")
+            self._say(f"{self.names[cache]} at {what} failed ({figures.where}): {figures.failure}")
             return
-        metrics = figures.metrics
+        metrics, name = figures.metrics, self.names[cache]
         if self.settings.walk == "concurrency":
             stopped = self.walks[cache].stopped
-            self._say(f"{cache} at {what}: {metrics.get('output_tokens_per_s', float('nan')):.1f} tok/s, "
+            self._say(f"{name} at {what}: {metrics.get('output_tokens_per_s', float('nan')):.1f} tok/s, "
                       f"TPOT {metrics.get('tpot_ms', float('nan')):.1f} ms ({figures.where})"
                       + (f"; its walk stops: {stopped}" if stopped else ""))  # fmt: skip
             return
         if point is None:
-            self._say(f"{cache} serves {metrics.get('requests_per_s', float('nan')):.3g} requests/s with every "
+            self._say(f"{name} serves {metrics.get('requests_per_s', float('nan')):.3g} requests/s with every "
                       f"request at once ({figures.where}): the search's ceiling")  # fmt: skip
             return
         p = self.settings.percentile
@@ -218,7 +249,7 @@ class Walker:
                     f"TPOT p{p} {metrics.get(f'tpot_p{p}_ms', float('nan')):.1f} ms, "
                     f"{metrics.get('within_targets', float('nan')):.0%} within targets")  # fmt: skip
         outcome = "meets" if point.meets else "misses " + "; ".join(m.text() for m in point.misses)
-        self._say(f"{cache} at {what}: {outcome} ({measured}; {figures.where})")
+        self._say(f"{name} at {what}: {outcome} ({measured}; {figures.where})")
 
     def _save(self) -> None:
         """capacity.json: the walks' findings, for `kvpipe capacity` and `kvpipe advise` to print."""
@@ -258,7 +289,7 @@ def memory_bounds(spec, fixed: list[str], caches: list[str], budget: str | None)
     context = longest_prompt_of(batches, new_tokens) + new_tokens
     bounds = {}
     for cache in caches:
-        one = spec_from([*fixed, f"cache={cache}", "load=rate"])
+        one = spec_from([*fixed, as_override(cache), "load=rate"])
         bounds[cache] = requests_in_flight(one, one.strategy, device, dtype, context, memory).requests
     return bounds
 
