@@ -31,6 +31,9 @@ def vllm(*overrides: str) -> Vllm:
     "overrides, field, says",
     [
         (["cache=static"], "cache", "engine.kv_cache_dtype"),
+        (["cache=quantized", "backend=quanto"], "cache", "cache=quantized backend=fp8 (engine.kv_cache_dtype=fp8)"),
+        (["cache=quantized", "backend=fp8", "engine.kv_cache_dtype=auto"], "engine.kv_cache_dtype", "give one of them"),
+        (["cache=paged", "cache.block_size=16", "load=concurrency"], "engine.block_size", "a multiple of 32"),
         (["press=snapkv"], "press", "press=none"),
         (["engine.kv_cache_dtype=int8"], "engine.kv_cache_dtype", "auto, fp8, fp8_e4m3, fp8_e5m2"),
         (["engine.dtype=float64"], "engine.dtype", "bfloat16"),
@@ -51,6 +54,25 @@ def test_what_vllm_cannot_do_is_refused_in_one_line_before_anything_starts(overr
         spec_from([*ENGINE, *overrides])
     message = str(refused.value)
     assert message.startswith(f"{field}=") and says in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "kvpipes, vllms",
+    [
+        (["cache=quantized", "backend=fp8"], ["engine.kv_cache_dtype=fp8"]),
+        (["cache=paged", "load=concurrency"], ["engine.prefix_caching=true", "engine.block_size=32", "load=concurrency"]),
+        (["cache=paged", "cache.allow_block_sharing=false", "cache.block_size=64", "load=concurrency"],
+         ["engine.block_size=64", "load=concurrency"]),
+    ],
+)  # fmt: skip
+def test_kvpipes_cache_choices_that_mean_vllms_settings_run_as_them_and_say_so(kvpipes, vllms):
+    mapped, own = spec_from([*ENGINE, *kvpipes]), spec_from([*ENGINE, *vllms])
+    assert mapped.measurement_key() == own.measurement_key() and mapped.engine == own.engine
+    assert mapped.params() == own.params() and mapped.cache.strategy == "dynamic"
+    given = " ".join(w for w in kvpipes if w.split("=")[0].split(".")[0] in ("cache", "backend"))
+    (note,) = mapped.warnings  # nothing said of ignored settings: what it was given as runs
+    assert note.startswith(f"{given} runs as vllm's own ")
+    assert all(w in note for w in vllms if w.startswith("engine."))
 
 
 def test_kv_settings_become_vllms_own_flags_and_environment():

@@ -65,6 +65,14 @@ class Engine(Registered):
         fields = ("engine.name", *(f"engine.{f.name}" for f in dataclasses.fields(self.Settings)))
         return tuple(field for field in fields if field not in self.unread)
 
+    @classmethod
+    def mapped_cache(cls, cache_cfg, backend_cfg) -> dict[str, object] | None:
+        """The engine settings that mean what kvpipe's cache choice means (cache=quantized backend=fp8:
+        vLLM's engine.kv_cache_dtype=fp8), or None where none does: that choice is refused."""
+        return None
+
+    maps: ClassVar[str] = ""  # kvpipe's cache choices that mapped_cache takes, as a refusal names them
+
     def check(self, spec) -> None:
         """What the engine refuses of a job, from its settings alone, before anything starts: a
         one-line ConfigError naming the field and what would work (kvpipe's own caches and presses

@@ -63,6 +63,19 @@ class Vllm(Engine):
     # not what its server computes with: where its Python is, how long it may take to start
     unread = ("engine.python", "engine.start_timeout_s")
 
+    maps = "cache=quantized backend=fp8 (engine.kv_cache_dtype=fp8) and cache=paged (engine.prefix_caching as cache.allow_block_sharing, engine.block_size as cache.block_size)"  # fmt: skip
+
+    @classmethod
+    def mapped_cache(cls, cache_cfg, backend_cfg) -> dict[str, object] | None:
+        """kvpipe's fp8 cache is vLLM's fp8 one (e4m3; kvpipe's scales are measured per tensor, vLLM's
+        CPU build uses the checkpoint's or 1.0); kvpipe's paged cache with block sharing is vLLM's
+        paged cache with prefix caching, in blocks of the same size."""
+        if cache_cfg.strategy == "quantized" and backend_cfg.name == "fp8":
+            return {"kv_cache_dtype": "fp8"}
+        if cache_cfg.strategy == "paged":
+            return {"prefix_caching": bool(cache_cfg.allow_block_sharing), "block_size": cache_cfg.block_size}
+        return None
+
     def check(self, spec) -> None:
         s = self.settings
         if s.kv_cache_dtype not in KV_CACHE_DTYPES:

@@ -188,6 +188,7 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
     for index, strategy in enumerate(typed.fallback):
         require_choice(f"fallback[{index}]", strategy, cache_strategies.names())
         require_choice(f"fallback[{index}]", strategy, batch_caches)  # it retries one batch: no continuous one
+    mapping = _engine_cache(typed, overrides)  # kvpipe's cache choice as the engine's own settings, where one is
     # press.rolling as the protocol means it, so that the spec, its key and its params say what runs
     press_class = presses.get(typed.press.name)
     typed.press = replace(typed.press, rolling=press_class.resolved_rolling(typed.press.protocol, typed.press.rolling))
@@ -210,13 +211,15 @@ def make_spec(cfg: DictConfig | schema.KvpipeConfig, overrides: list[str] = ()) 
     _check_serving(spec)
     _check_stop_when_missed(spec)
     # the groups and the settings the user named: a warning about a setting only where it was given
-    overridden = frozenset(override_group(o) for o in overrides) | frozenset(override_key(o) for o in overrides)
+    # (a cache choice that runs as an engine's own settings says so in its note, not as ignored settings)
+    said = [o for o in overrides if not (mapping and override_group(o) in ("cache", "backend", "axis"))]
+    overridden = frozenset(override_group(o) for o in said) | frozenset(override_key(o) for o in said)
     warnings = options.ignored_warnings("cache", chosen["cache"]) + spec.strategy.check(overridden)
     for group in [g for g in chosen if g != "cache"]:
         warnings += options.ignored_warnings(group, chosen[group])
     naming = tuple(kind.name for kind in workloads.registered() if kind.names_question)
     warnings += press_class.check_protocol(typed.press.protocol, spec.bound_workload, naming)
-    warnings += spec.bound_workload.notes()
+    warnings += spec.bound_workload.notes() + mapping
     _check_questions_after_context(spec)
     _check_sessions(spec)
     return replace(spec, warnings=tuple(warnings), overrides=tuple(overrides))
@@ -407,6 +410,31 @@ def _check_sessions(spec: Spec) -> None:
         )  # fmt: skip
 
 
+def _engine_cache(typed, overrides: Sequence[str]) -> list[str]:
+    """Through an engine's server, a kvpipe cache choice that means one of the engine's own settings
+    (Engine.mapped_cache) runs as that setting, on the engine's one cache (`typed` changed in place):
+    the spec, its key and its params say what runs, and its note says what it was given as. A setting
+    given both ways, differently, is refused in one line."""
+    engine = engines.get(typed.engine.name)
+    if engine.in_process or typed.cache.strategy == cache_strategies.DEFAULT_BASELINE:
+        return []
+    mapped = engine.mapped_cache(typed.cache, typed.backend)
+    if not mapped:
+        return []  # refused by _check_engine, naming what maps
+    given = {override_key(o): o.split("=", 1)[1] for o in overrides}
+    for name, value in mapped.items():
+        if f"engine.{name}" in given and getattr(typed.engine, name) != value:
+            raise ConfigError(
+                f"engine.{name}", getattr(typed.engine, name),
+                f"cache={typed.cache.strategy} means engine.{name}={param_text(value)} on engine={engine.name}: give one of them",
+            )  # fmt: skip
+    chosen = " ".join(w for w in overrides if override_group(w) in ("cache", "backend"))
+    typed.engine = replace(typed.engine, **mapped)
+    typed.cache = schema.option_schema(cache_strategies.get(cache_strategies.DEFAULT_BASELINE))()
+    settings = " ".join(f"engine.{name}={param_text(value)}" for name, value in mapped.items())
+    return [f"{chosen} runs as {engine.name}'s own {settings}"]
+
+
 def _check_engine(spec: Spec) -> None:
     """An engine with a server of its own keeps its own KV cache: kvpipe's caches and presses are
     refused, and what the engine itself cannot do, before anything starts."""
@@ -417,7 +445,7 @@ def _check_engine(spec: Spec) -> None:
         raise ConfigError(
             "cache", spec.cache.strategy,
             f"engine={engine.name} keeps its own KV cache: leave cache={cache_strategies.DEFAULT_BASELINE} and "
-            f"choose it with {engine.kv_settings}",
+            f"choose it with {engine.kv_settings}" + (f"; {engine.maps} map to them" if engine.maps else ""),
         )  # fmt: skip
     if spec.press is not None:
         raise ConfigError("press", spec.press.name, f"engine={engine.name} evicts nothing: expected press=none")
