@@ -3,7 +3,11 @@ search on the tiny model that answers per cache, then reuses its points when ask
 
 from __future__ import annotations
 
+import json
+
 import pytest
+
+from kvpipe.record.result import Result
 
 from conftest import REPO, TINY, run_cli
 
@@ -74,6 +78,18 @@ def test_capacity_within_targets_the_tiny_model_meets_names_the_cache_that_carri
     use = said.stdout.split("use: kvpipe ")[1].splitlines()[0]
     assert "load=rate load.rate=" in use and "load.max_ttft_ms=60000" in use
     assert "carries the most:" in said.stdout
+    found = json.loads(next(tmp_path.glob("outputs/capacity/*/*/capacity.json")).read_text())
+    for cache in found["caches"]:  # the cache's peak at the rate carried, over the requests in flight there
+        points = tmp_path.glob("outputs/capacity/*/*/*/result.json")
+        carried = Result.load(next(p for p in points if _carried(p, cache))).metrics
+        held = carried.get("kv_held_bytes", carried["kv_cache_bytes"])
+        assert cache["kv_bytes_per_request"] == pytest.approx(held / carried["max_in_flight"])
+
+
+def _carried(result_json, cache: dict) -> bool:
+    """Whether a point's result is the cache's at the rate it carries."""
+    overrides = json.loads(result_json.read_text())["overrides"]
+    return f"cache={cache['cache']}" in overrides and f"load.rate={cache['rate']:g}" in overrides
 
 
 @pytest.mark.parametrize("command", ["capacity", "advise", "plan"])

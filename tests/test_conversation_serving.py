@@ -58,10 +58,15 @@ def test_each_turn_re_sends_the_previous_answer_and_arrives_no_sooner_than_it_pl
 @pytest.mark.slow  # two paged jobs (~3 s)
 def test_a_paged_pool_serves_part_of_each_later_turn_from_shared_blocks_only_with_block_sharing():
     overrides = ("cache=paged", "load=offline", "cache.block_size=16")
-    shared = served_job(*overrides, "cache.allow_block_sharing=true").result({}).metrics
-    unshared = served_job(*overrides, "cache.allow_block_sharing=false").result({}).metrics
+    sharing, not_sharing = (served_job(*overrides, f"cache.allow_block_sharing={on}") for on in ("true", "false"))
+    shared, unshared = sharing.result({}).metrics, not_sharing.result({}).metrics
     assert 0 < shared["prefix_hit_rate"] < 1 and unshared["prefix_hit_rate"] == 0
     assert shared["kv_held_bytes"] > 0
+    # each request's own count, in its row: they add up to the job's
+    hits = [row["prefix_hit_tokens"] for row in sharing.request_rows]
+    prompts = sum(row["prompt_tokens"] for row in sharing.request_rows)
+    assert sum(hits) / prompts == pytest.approx(shared["prefix_hit_rate"]) and hits[0] == 0  # a first turn's: none
+    assert {row["prefix_hit_tokens"] for row in not_sharing.request_rows} == {0}
 
 
 @pytest.mark.slow  # two served jobs (~3 s)
@@ -75,6 +80,10 @@ def test_a_kept_session_cache_gives_the_same_greedy_tokens_as_recomputing_the_hi
     first_turns = sum(len(session[0][0].ids) for session in by_session(kept).values())
     assert 0 < metrics["prefix_hit_rate"] < (prompts - first_turns) / prompts + 1e-9  # never a first turn's
     assert metrics["session_kv_held_bytes"] > 0
+    hits = [row["prefix_hit_tokens"] for row in kept.request_rows]
+    assert sum(hits) / prompts == pytest.approx(metrics["prefix_hit_rate"])
+    recomputed.result({})
+    assert {row["prefix_hit_tokens"] for row in recomputed.request_rows} == {None}  # nothing to count
 
 
 @pytest.mark.slow  # the model, loaded, and three generate() calls

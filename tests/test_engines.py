@@ -428,6 +428,9 @@ def test_capacity_through_an_engine_searches_each_of_its_kv_types_and_names_them
     table = done.stdout[done.stdout.rindex("\ncache ") + 1 :]  # capacity's own, after the sweep's compare
     rows = sorted(line.split("  ")[0] for line in table.splitlines()[1:3])
     assert rows == ["llama_cpp f16", "llama_cpp q8_0"] and "paged" not in table, table
+    # what each request was given of the server's cache; plan's memory bound is kvpipe's caches', not the engine's
+    assert "KV per request" in table.splitlines()[0] and "MiB" in table.splitlines()[1]
+    assert all(line.rstrip().endswith("–") for line in table.splitlines()[1:3])
     best = done.stdout.split("capacity: llama_cpp ")[-1].split(" carries the most")[0]
     assert "use: kvpipe engine=llama_cpp model=smollm2_135m" in done.stdout
     assert f"engine.cache_type={best}" in done.stdout.split("use: ")[-1]

@@ -158,6 +158,7 @@ def test_the_labelled_questions_through_an_openai_endpoint_answer_as_through_the
     assert through["metrics"]["task_accuracy"] == own["metrics"]["task_accuracy"]
     # its own prompt cache served the shared system prompt; nothing kvpipe could not read is reported
     assert through["metrics"]["prefix_hit_rate"] > 0
+    assert sum(r["prefix_hit_tokens"] for r in through["requests"]) == through["metrics"]["prefix_hit_tokens"]
     for unmeasured in ("peak_memory_bytes", "kv_cache_bytes", "weights_bytes", "kv_bytes_per_token", "server_start_ms"):
         assert unmeasured not in through["metrics"] and unmeasured in own["metrics"]
     assert any("not measured" in note and "-ctk f16 -ctv f16" in note for note in through["notes"])

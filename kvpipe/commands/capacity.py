@@ -28,7 +28,7 @@ from pathlib import Path
 from kvpipe.decide.capacity import PERCENTILES, THROUGHPUT, Targets
 from kvpipe.errors import ConfigError
 from kvpipe.orchestrate.capacity.sweeper import CapacitySettings
-from kvpipe.units import duration_text, parse_bytes
+from kvpipe.units import duration_text, human_bytes, parse_bytes
 
 HELP = "the highest request rate each cache carries within TTFT/TPOT targets, and what binds"
 
@@ -135,7 +135,7 @@ def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
     an answer, 1 with none."""
     judged = targets.judges_accuracy  # the accuracy at the rate carried, beside its goodput
     rows = [("cache", "carries", "fails at", "binds", "goodput there", *(["accuracy there"] if judged else []),
-             "max throughput", "plan's memory bound")]  # fmt: skip
+             "KV per request", "max throughput", "plan's memory bound")]  # fmt: skip
     from kvpipe.orchestrate.capacity.walker import shown
 
     named = {cache["cache"]: shown(cache["cache"], fixed) for cache in found["caches"]}
@@ -147,7 +147,8 @@ def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
             _rate(cache["failing_rate"]) if cache["binds"] != THROUGHPUT else "(its ceiling)",
             cache["binds"],
             _rate(cache["goodput_requests_per_s"]),
-            *([f"{accuracy:.0%}" if accuracy is not None else "–"] if judged else []),
+            *([_accuracy(accuracy, cache.get("accuracy_interval"))] if judged else []),
+            human_bytes(cache["kv_bytes_per_request"]) if cache.get("kv_bytes_per_request") else "–",
             _rate(cache["max_throughput"]),
             f"{cache['memory_requests']:,} requests" if cache["memory_requests"] is not None else "–",
         ))  # fmt: skip
@@ -157,7 +158,8 @@ def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
     for cache in found["caches"]:
         print(f"  {named[cache['cache']]}: {cache['binds']} binds: {cache['why']}")
     print(f"  carries: the arrival rate sent · goodput there: requests within both targets a second, over "
-          f"the {requests} requests' first arrival to their last answer")  # fmt: skip
+          f"the {requests} requests' first arrival to their last answer · KV per request: the cache's peak bytes "
+          "there over the most requests in flight (an engine's: what it allocated)")  # fmt: skip
     carrying = [c for c in found["caches"] if c["rate"]]
     if not carrying:
         print(f"\ncapacity: no cache meets {targets.describe()} at any rate tried")
@@ -183,6 +185,13 @@ def _again(best: dict, targets: Targets, fixed: list[str], requests: int) -> lis
     again += [f"load.{name}={value:g}" for name, value in (("max_ttft_ms", targets.max_ttft_ms),
               ("max_tpot_ms", targets.max_tpot_ms)) if value is not None]  # fmt: skip
     return again
+
+
+def _accuracy(value: float | None, interval: list[float] | None) -> str:
+    """'89% (73–96%)': the accuracy at the rate carried and its 95% interval, where measured."""
+    if value is None:
+        return "–"
+    return f"{value:.0%}" + (f" ({interval[0]:.0%}–{interval[1]:.0%})" if interval else "")
 
 
 def _rate(value: float | None) -> str:

@@ -216,14 +216,33 @@ class Verdict:
             "cache": self.cache, "rate": self.rate, "max_throughput": self.max_throughput,
             "failing_rate": self.failing.rate if self.failing else None, "binds": self.binds, "why": self.why,
             "goodput_requests_per_s": goodput(self.carried), "memory_requests": self.memory_requests,
-            "accuracy": self.accuracy,
+            "accuracy": self.accuracy, "accuracy_interval": self.accuracy_interval,
+            "kv_bytes_per_request": self.kv_bytes_per_request,
         }  # fmt: skip
+
+    @property
+    def kv_bytes_per_request(self) -> float | None:
+        """At the rate carried, the KV cache's peak bytes over the most requests in flight then: what a
+        request in flight held (a paged cache's blocks; kvpipe's other caches their tensors) or was
+        given (an engine's cache, allocated whole at start); None where not measured."""
+        metrics = self.carried.metrics if self.carried and self.carried.metrics else {}
+        held = metrics.get("kv_held_bytes", metrics.get("kv_cache_bytes"))
+        in_flight = metrics.get("max_in_flight")
+        if held is None or held != held or not in_flight:
+            return None
+        return held / in_flight
 
     @property
     def accuracy(self) -> float | None:
         """The workload's own accuracy at the rate carried, where it judged answers there."""
         value = accuracy_of(self.carried.metrics)[0] if self.carried and self.carried.metrics else math.nan
         return None if value != value else value
+
+    @property
+    def accuracy_interval(self) -> list[float] | None:
+        """Its 95% interval, where the workload gives one."""
+        interval = accuracy_of(self.carried.metrics)[1] if self.carried and self.carried.metrics else None
+        return list(interval) if interval else None
 
 
 def goodput(point: Point | None) -> float | None:

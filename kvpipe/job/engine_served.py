@@ -224,6 +224,7 @@ def serve_over_http(engine, server, workload_cfg, queue, cap: int, kv_bytes: int
                 served[arrival.index] = Served(
                     arrival_s=arrival.arrival_s, started_s=answer.sent_s, token_s=answer.token_s,
                     finished_s=answer.finished_s, prompt_tokens=len(arrival.request.ids), tokens=answer.tokens,
+                    prefix_hit_tokens=answer.cached_tokens,
                 )  # fmt: skip
                 hits += answer.cached_tokens
                 queue.answered(arrival.index, answer.finished_s, answer.tokens)

@@ -94,6 +94,7 @@ def serve_static_batches(spec, loaded, setup, queue, cap: int, kept=None, stop=N
         rows = [arrival.request for arrival in taken]
         batch = padded_batch(loaded.tokenizer, [request.ids for request in rows], loaded.device)
         longest = max(request.new_tokens for request in rows)
+        reused_before = None if kept is None else kept.reused_tokens
         cache = setup.make_cache() if kept is None else kept.resume(rows[0], setup.make_cache)
         clock = TokenClock(sync_cuda=loaded.device == "cuda")
         torch.manual_seed(workload.seed)
@@ -111,6 +112,8 @@ def serve_static_batches(spec, loaded, setup, queue, cap: int, kept=None, stop=N
                 finished_s=finished,
                 prompt_tokens=len(arrival.request.ids),
                 tokens=output[row, prompt : prompt + wanted].tolist(),
+                # a session's turn resumed from its kept cache: what it did not prefill
+                prefix_hit_tokens=None if kept is None else kept.reused_tokens - reused_before,
             )
         if kept is not None:
             kept.keep(rows[0], cache, served[taken[0].index].tokens)
@@ -169,6 +172,7 @@ def serve_continuously(spec, loaded, queue, cap: int, stop=None) -> Outcome:
                 finished_s=answer.lifespan[1],
                 prompt_tokens=len(arrival.request.ids),
                 tokens=list(answer.generated_tokens),
+                prefix_hit_tokens=matches.get(answer.request_id, 0),  # 0 with block sharing off
             )
             queue.answered(arrival.index, time.perf_counter(), served[arrival.index].tokens)
             if stop is not None and not stopped and queue.untaken:

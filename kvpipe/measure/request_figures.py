@@ -28,6 +28,7 @@ class Served:
     finished_s: float = 0.0  # when its answer was whole (a static batch holds it to its longest row)
     prompt_tokens: int = 0
     tokens: list[int] = field(default_factory=list)
+    prefix_hit_tokens: int | None = None  # its prompt tokens served from cache, where its server counts them
 
     @property
     def ttft_ms(self) -> float:
@@ -148,7 +149,8 @@ def request_rows(passes: list[list[Served]], verdicts: list[list[bool]] | None, 
                  max_tpot_ms: float | None) -> list[dict]:  # fmt: skip
     """Every request of every pass as it was served, compact enough for result.json: its times in ms
     from its pass's first arrival (arrival, admission by the server, first token, end), its figures,
-    its tokens and the gaps between them, whether it met the latency targets (None: none set) and
+    its tokens and the gaps between them, its prompt tokens served from cache (None where its server
+    does not count them), whether it met the latency targets (None: none set) and
     whether its answer was right (None: the workload judges no answers). Any percentile of the run
     can be read back from these rows."""
     rows = []
@@ -163,7 +165,7 @@ def request_rows(passes: list[list[Served]], verdicts: list[list[bool]] | None, 
                 "first_token_ms": _ms(s.token_s[0] - zero), "end_ms": _ms(s.finished_s - zero),
                 "ttft_ms": _ms(s.ttft_ms / 1e3), "tpot_ms": None if s.tpot_ms is None else _ms(s.tpot_ms / 1e3),
                 "e2e_ms": _ms(s.e2e_ms / 1e3), "queue_ms": _ms(s.queue_ms / 1e3),
-                "prompt_tokens": s.prompt_tokens, "output_tokens": len(s.tokens),
+                "prompt_tokens": s.prompt_tokens, "output_tokens": len(s.tokens), "prefix_hit_tokens": s.prefix_hit_tokens,
                 "itl_ms": [_ms(gap / 1e3) for gap in s.itl_ms()],
                 "within_targets": targets, "correct": right,
             })  # fmt: skip

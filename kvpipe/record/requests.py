@@ -20,7 +20,15 @@ TRACE_FILE, TIMELINE_FILE = "requests.trace.json", "requests_timeline.png"
 # each request's three phases: (name, from, to) in its row's ms, and the timeline's colour
 PHASES = (("wait", "arrival_ms", "admitted_ms", "#c9c9c9"), ("prefill", "admitted_ms", "first_token_ms", "#f0a04b"),
           ("decode", "first_token_ms", "end_ms", "#4c78a8"))  # fmt: skip
-ARGS = ("prompt_tokens", "output_tokens", "ttft_ms", "tpot_ms", "correct", "within_targets")  # a trace event's
+ARGS = (
+    "prompt_tokens",
+    "prefix_hit_tokens",
+    "output_tokens",
+    "ttft_ms",
+    "tpot_ms",
+    "correct",
+    "within_targets",
+)  # a trace event's
 SHOWN_PASSES = 3  # the timeline's panels; the trace and the table keep every pass
 
 

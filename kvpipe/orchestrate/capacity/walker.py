@@ -273,7 +273,8 @@ def targets_of(settings) -> Targets:
 
 def memory_bounds(spec, fixed: list[str], caches: list[str], budget: str | None) -> dict[str, int | None]:
     """Per cache, plan's memory-bound capacity (kvpipe.predict.in_flight): the most requests of the
-    workload's longest context that fit `budget` (default: the device's whole memory) beside the weights."""
+    workload's longest context that fit `budget` (default: the device's whole memory) beside the weights;
+    none through an engine's server, whose cache plan does not predict."""
     from kvpipe import model
     from kvpipe.jobspec import spec_from
     from kvpipe.predict.hardware import device_memory
@@ -281,6 +282,8 @@ def memory_bounds(spec, fixed: list[str], caches: list[str], budget: str | None)
     from kvpipe.units import parse_bytes
     from kvpipe.workload import longest_prompt_of
 
+    if spec.bound_engine is not None:  # an engine's server sizes its own cache: plan predicts kvpipe's
+        return dict.fromkeys(caches)
     device = model.resolve_device(spec.model.device)
     dtype = model.dtype_name(spec.model.dtype, device)
     memory = parse_bytes(budget, "--memory-budget") if budget is not None else device_memory(device)[0]
