@@ -91,6 +91,27 @@ def test_the_rate_search_runs_in_batches_and_finds_each_caches_rate(tmp_path):
     assert all(j["workload.warmup"] == "0" and j["load.stop_when_missed_at"] == "90" for b in batches[1:] for j in b)
 
 
+def test_a_rate_search_whose_answers_miss_at_two_rates_in_a_row_stops_there_and_says_the_answers_bind(tmp_path):
+    # the quantized cache's answers miss the floor whatever the rate; dynamic's miss only at the ceiling's
+    # rate (one batch of everything at once answers differently), and it searches on
+    targets = Targets(max_ttft_ms=1000, min_accuracy=0.8)
+    walks = {c: RateWalk(c, targets, 0.1, 16, None) for c in ("quantized", "dynamic")}
+
+    def figures_of(job):
+        if job["load"] == "offline":
+            return {"requests_per_s": 8.0}
+        rate = float(job["load.rate"])
+        right = 0.3 if job["cache"] == "quantized" or rate >= 8.0 else 0.9
+        return {"ttft_p90_ms": 500.0 if rate <= 2.0 else 1500.0, "task_accuracy": right, "within_targets": 1.0}
+
+    found, _ = walked(tmp_path, CapacitySettings(max_ttft_ms=1000, min_accuracy=0.8), walks, figures_of)
+    quantized, dynamic = found["caches"]
+    # 8/s and 4/s missed TTFT too; 2/s and 1/s met it and missed on accuracy alone: no lower rate
+    assert quantized["rates"] == [8.0, 4.0, 2.0, 1.0] and quantized["rate"] == 0 and quantized["binds"] == "accuracy"
+    assert "the answers, not the traffic, bind" in quantized["why"]
+    assert dynamic["rates"][:3] == [8.0, 4.0, 2.0] and dynamic["rate"] > 0 and dynamic["binds"] == "TTFT"
+
+
 def test_the_rate_search_stops_at_its_job_budget(tmp_path):
     walks = {"dynamic": RateWalk("dynamic", Targets(max_ttft_ms=1000), 0.01, 16, None)}
     found, batches = walked(tmp_path, CapacitySettings(max_ttft_ms=1000, trials=3), walks,

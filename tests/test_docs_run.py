@@ -5,7 +5,8 @@ same way (`shrunk`): the tiny model (an engine's server: the embedded model's ow
 one thread, no warm-up call and eight tokens of one window scored for quality unless it sets them; at
 most two new tokens and one prompt per cell (RULER's samples, passkey's trials; four rows of a
 dataset) even where it or its workload sets more (RULER's examples ask 64 tokens of two samples); two
-rounds at most on repeats=auto; three advise trials, two requests per capacity point; at most six
+rounds at most on repeats=auto; three advise trials, two requests per capacity point and a search's
+resolution of 50%; at most six
 requests per load and a ramp of 2 s, a conversation's user thinking 0.05 s between turns (what waits
 in real time); what it says stays. A command shown with its `kvpipe: error:` must fail with that
 error; every other one must exit 0 and warn of no setting it did not give. A command shown again,
@@ -53,6 +54,9 @@ AT_MOST = {
     "workload.samples": 1,
     "workload.trials": 1,
 }
+# A search's resolution, at least this coarse: a capacity search at 10% visits a rate point per step
+# near its answer, and through vLLM each point is a server's start (~30 s); at 50% it still finds a rate
+AT_LEAST = {"--resolution": 0.5}
 # Prompts per cell, where a workload draws several (RULER's samples per task and length, passkey's
 # trials per length and depth): one, whether the command sets them or its workload's defaults do; a
 # file of the user's rows: a seeded sample of four (examples/questions.jsonl holds 28)
@@ -97,6 +101,8 @@ def shrunk(words: list[str]) -> list[str]:
         flag, _, value = word.partition("=")
         if word in at_most and index + 1 < len(out):
             out[index + 1] = str(min(int(out[index + 1]), at_most[word]))
+        elif word in AT_LEAST and index + 1 < len(out):
+            out[index + 1] = str(max(float(out[index + 1]), AT_LEAST[word]))
         elif flag in at_most and value.isdigit():
             out[index] = f"{flag}={min(int(value), at_most[flag])}"
     given = {override_key(w) for w in out}
@@ -113,6 +119,7 @@ def shrunk(words: list[str]) -> list[str]:
         importlib.import_module(f"kvpipe.commands.{subcommand}").add_arguments(parser)
         flags = {option for action in parser._actions for option in action.option_strings}
         added += [w for flag, n in at_most.items() if flag in flags and flag not in out for w in (flag, str(n))]
+        added += [w for flag, n in AT_LEAST.items() if flag in flags and flag not in out for w in (flag, str(n))]
     return out + added
 
 

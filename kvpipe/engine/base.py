@@ -1,6 +1,7 @@
 """What an engine is: one class per way of generating, registered by subclassing. The default,
 transformers, runs in kvpipe's own process and builds kvpipe's caches (kvpipe.cache); any other is a
-server of its own (kvpipe.engine.lifecycle.server) whose KV cache is the engine's, chosen by its own settings
+server of its own (kvpipe.engine.lifecycle.server; or, engine=openai, one the user runs:
+kvpipe.engine.lifecycle.remote) whose KV cache is the engine's, chosen by its own settings
 (engine.*), and whose answers come back over HTTP. An engine says how to start its server for a
 job, what it refuses before anything starts, what its own reports say of its KV cache, and how a
 user would start the same server (its `use:` line)."""

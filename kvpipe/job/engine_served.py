@@ -1,5 +1,6 @@
-"""A job served by an engine's own server (engine=llama_cpp): kvpipe starts the server for the job
-(kvpipe.engine.lifecycle.server), sends the workload's prompts to it as token ids over HTTP, as the load picks
+"""A job served by an engine's own server (engine=llama_cpp, vllm): kvpipe starts the server for the
+job (kvpipe.engine.lifecycle.server), or reaches one the user runs (engine=openai,
+kvpipe.engine.lifecycle.remote), sends the workload's prompts to it as token ids over HTTP, as the load picks
 and times them, and reads each answer's tokens as they stream back: when each arrived is its TTFT and
 inter-token gaps, as a client of that server would see them. Everything above the engine is a served
 job's (kvpipe.job.served): the load, the figures, the workload's scoring of every answer.
@@ -116,7 +117,7 @@ class EngineJob(ServedJob):
         self.server = self.engine.server_for(plan, self.server_log())
         self.server.start()
         # a server the user runs on this machine works for the job: its CPU is not a neighbour's
-        self.adopted = self.server.local_pids() if hasattr(self.server, "local_pids") else []
+        self.adopted = self.server.local_pids()
         contention.ADOPTED.update(self.adopted)
         self.kv = self.engine.kv_of(self.server)
         if self.engine.reports_kv and "kv_cache_bytes" not in self.kv:

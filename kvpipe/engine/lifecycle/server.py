@@ -147,6 +147,10 @@ class EngineServer:
             return []
         return [child.pid for child in psutil.Process(self.process.pid).children(recursive=True)]
 
+    def local_pids(self) -> list[int]:
+        """Processes beside kvpipe's own that work for its jobs: none, its server is kvpipe's descendant."""
+        return []
+
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
 

@@ -5,6 +5,8 @@ throughput grows and the limits hold). Each says its next point as load override
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass
 
@@ -26,6 +28,9 @@ class Figures:
     where: str = ""
 
 
+ANSWERS_BIND = 2  # rates in a row missed on accuracy alone, every latency target met: no lower rate is searched
+
+
 class RateWalk:
     """The highest request rate a cache carries within the targets (kvpipe.orchestrate.capacity.rates)."""
 
@@ -37,6 +42,9 @@ class RateWalk:
         self.points: list[Point] = []
         self.met = self.missed = None
         self.near = False  # the lowest rate that missed missed by less than NEAR (rates.py)
+        # rates in a row, from the ceiling down, that missed on accuracy alone: at ANSWERS_BIND the
+        # answers, not the traffic, bind, and a lower rate is not searched
+        self.accuracy_misses = 0
 
     def next_load(self) -> tuple[str, list[str]] | None:
         """(what the point is, its load overrides), or None when the search is done."""
@@ -44,6 +52,8 @@ class RateWalk:
             return None
         if self.ceiling is None:
             return "every request at once", ["load=offline", f"load.requests={self.requests}"]
+        if self.accuracy_misses >= ANSWERS_BIND:
+            return None
         rate = next_rate(self.met, self.missed, self.ceiling, self.resolution, self.near)
         if rate is None:
             return None
@@ -66,6 +76,8 @@ class RateWalk:
         else:
             self.missed = rate
             self.near = near_miss(point)
+        answers_alone = not point.meets and point.misses and all(m.unit == "accuracy" for m in point.misses)
+        self.accuracy_misses = self.accuracy_misses + 1 if answers_alone and self.met is None else 0
         return point
 
     def verdict(self) -> Verdict:
@@ -74,7 +86,11 @@ class RateWalk:
             return Verdict(
                 self.cache, None, None, None, binds, f"with every request at once: {why}", self.memory_requests
             )
-        return verdict(self.cache, self.points, self.ceiling, self.memory_requests)
+        found = verdict(self.cache, self.points, self.ceiling, self.memory_requests)
+        if self.accuracy_misses >= ANSWERS_BIND:
+            why = f"{found.why}; it missed on accuracy alone at {ANSWERS_BIND} rates in a row: the answers, not the traffic, bind, and lower rates were not searched"  # fmt: skip
+            return dataclasses.replace(found, why=why)
+        return found
 
     def as_dict(self) -> dict:
         return {**self.verdict().as_dict(), "rates": [p.rate for p in self.points],
