@@ -6,7 +6,6 @@ throughput grows and the limits hold). Each says its next point as load override
 from __future__ import annotations
 
 import dataclasses
-
 import math
 from dataclasses import dataclass
 
