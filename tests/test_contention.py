@@ -150,3 +150,32 @@ def test_a_live_child_process_counts_as_the_jobs_while_it_runs():
     child_s = child_after - child_before
     # /proc counts CPU in clock ticks (10 ms), read at two moments a few microseconds apart: a tick's slack
     assert child_s >= 0.3 and after.own_s - before.own_s >= child_s - TICK_SLACK_S
+
+
+def test_a_process_the_job_adopted_counts_as_its_own_work_until_every_job_that_adopted_it_releases_it():
+    # a server the user runs on this machine (engine=openai) is no descendant of kvpipe's: started
+    # here by a shell that exits at once, so that its process is nobody's child here; it spins until
+    # it has used a second of CPU and is then stopped, so that what it used stays put while we read
+    shell = subprocess.run(
+        ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"], capture_output=True, text=True
+    )  # fmt: skip
+    spinner = psutil.Process(int(shell.stdout))
+    try:
+        me = psutil.Process()
+        assert spinner.pid not in {child.pid for child in me.children(recursive=True)}
+        deadline = time.monotonic() + 60
+        while sum(spinner.cpu_times()[:2]) < 1.0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        spinner.suspend()
+        used = sum(spinner.cpu_times()[:2])
+        assert used >= 1.0
+        base = contention.own_cpu_s(me)
+        contention.adopt([spinner.pid])
+        contention.adopt([spinner.pid])  # a second job of a sweep on the same server
+        assert used <= contention.own_cpu_s(me) - base < used + 0.5
+        contention.release([spinner.pid])
+        assert contention.own_cpu_s(me) - base >= used  # the other job still holds it
+        contention.release([spinner.pid])
+        assert contention.own_cpu_s(me) - base < 0.5 and spinner.pid not in contention.ADOPTED
+    finally:
+        spinner.kill()

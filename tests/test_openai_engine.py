@@ -145,14 +145,15 @@ def test_the_labelled_questions_through_an_openai_endpoint_answer_as_through_the
     with LLAMA.server_for(plan, tmp_path / "users-server.log") as users:
         url = f"http://127.0.0.1:{users.port}/v1"
         asked = kvpipe_here(["engine=openai", f"engine.base_url={url}", f"engine.model={embedded_gguf()}",
-                             "engine.kv_cache='-ctk f16 -ctv f16'", *QUICK], tmp_path)  # fmt: skip
+                             "engine.kv_cache='-ctk f16 -ctv f16'", *QUICK, "hydra.run.dir=outputs/through"], tmp_path)  # fmt: skip
         assert asked.returncode == 0, asked.stderr[-2000:]
         assert users.process.poll() is None, "the user's server is left running"
         wrong = kvpipe_here(["engine=openai", f"engine.base_url={url}", "engine.model=gpt-4", *QUICK], tmp_path)
         assert wrong.returncode == 2 and "engine.model=gpt-4 is not served at" in wrong.stderr
-    started = kvpipe_here(["engine=llama_cpp", *QUICK], tmp_path)
+    # each in a folder of its own: two runs that start within one second share Hydra's default one
+    started = kvpipe_here(["engine=llama_cpp", *QUICK, "hydra.run.dir=outputs/own"], tmp_path)
     assert started.returncode == 0, started.stderr[-2000:]
-    through, own = (json.loads(p.read_text()) for p in sorted(tmp_path.glob("outputs/runs/*/*/result.json")))
+    through, own = (json.loads((tmp_path / "outputs" / run / "result.json").read_text()) for run in ("through", "own"))
     assert [a["answer"] for a in through["answers"]] == [a["answer"] for a in own["answers"]]
     assert [r["output_tokens"] for r in through["requests"]] == [r["output_tokens"] for r in own["requests"]]
     assert through["metrics"]["task_accuracy"] == own["metrics"]["task_accuracy"]

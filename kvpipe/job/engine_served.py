@@ -118,7 +118,7 @@ class EngineJob(ServedJob):
         self.server.start()
         # a server the user runs on this machine works for the job: its CPU is not a neighbour's
         self.adopted = self.server.local_pids()
-        contention.ADOPTED.update(self.adopted)
+        contention.adopt(self.adopted)
         self.kv = self.engine.kv_of(self.server)
         if self.engine.reports_kv and "kv_cache_bytes" not in self.kv:
             raise KvpipeError(f"{self.engine.name}'s server reported no KV cache size in {self.server.log_path}")
@@ -185,7 +185,7 @@ class EngineJob(ServedJob):
         return metrics, notes, tags
 
     def close(self) -> None:
-        contention.ADOPTED.difference_update(self.adopted)
+        contention.release(self.adopted)
         if self.server is not None:
             self.server.stop()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 SLACK_CORES = 0.5  # daemons, the shell, a terminal: what an idle machine runs beside the job
@@ -49,8 +50,19 @@ def sample() -> CpuSample:
 
 
 # Processes this one did not start whose work is the job's: a server on this machine that the user
-# runs and the job sends its requests to (engine=openai), with whatever that server started
-ADOPTED: set[int] = set()
+# runs and the job sends its requests to (engine=openai), with whatever that server started; counted
+# per job that adopted it, so that two jobs of a sweep on one server each release their own
+ADOPTED: Counter[int] = Counter()
+
+
+def adopt(pids: list[int]) -> None:
+    ADOPTED.update(pids)
+
+
+def release(pids: list[int]) -> None:
+    ADOPTED.subtract(pids)
+    for pid in [pid for pid, held in ADOPTED.items() if held <= 0]:
+        del ADOPTED[pid]
 
 
 def own_cpu_s(process) -> float:
