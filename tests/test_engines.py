@@ -7,6 +7,7 @@ where it is (`make engines`), the last tests run the real one on the embedded mo
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -429,7 +430,7 @@ def test_capacity_through_an_engine_searches_each_of_its_kv_types_and_names_them
     rows = sorted(line.split("  ")[0] for line in table.splitlines()[1:3])
     assert rows == ["llama_cpp f16", "llama_cpp q8_0"] and "paged" not in table, table
     # what each request was given of the server's cache; plan's memory bound is kvpipe's caches', not the engine's
-    assert "KV per request" in table.splitlines()[0] and "MiB" in table.splitlines()[1]
+    assert "KV per request" in table.splitlines()[0] and re.search(r"\d (KiB|MiB) ", table.splitlines()[1])
     assert all(line.rstrip().endswith("–") for line in table.splitlines()[1:3])
     best = done.stdout.split("capacity: llama_cpp ")[-1].split(" carries the most")[0]
     assert "use: kvpipe engine=llama_cpp model=smollm2_135m" in done.stdout
