@@ -226,11 +226,9 @@ class Verdict:
         request in flight held (a paged cache's blocks; kvpipe's other caches their tensors) or was
         given (an engine's cache, allocated whole at start); None where not measured."""
         metrics = self.carried.metrics if self.carried and self.carried.metrics else {}
-        held = metrics.get("kv_held_bytes", metrics.get("kv_cache_bytes"))
+        held = next((v for v in (metrics.get("kv_held_bytes"), metrics.get("kv_cache_bytes")) if v == v and v), None)
         in_flight = metrics.get("max_in_flight")
-        if held is None or held != held or not in_flight:
-            return None
-        return held / in_flight
+        return held / in_flight if held and in_flight else None
 
     @property
     def accuracy(self) -> float | None:

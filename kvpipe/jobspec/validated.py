@@ -421,7 +421,7 @@ def _engine_cache(typed, overrides: Sequence[str]) -> list[str]:
     mapped = engine.mapped_cache(typed.cache, typed.backend)
     if not mapped:
         return []  # refused by _check_engine, naming what maps
-    given = {override_key(o): o.split("=", 1)[1] for o in overrides}
+    given = {override_key(o) for o in overrides}
     for name, value in mapped.items():
         if f"engine.{name}" in given and getattr(typed.engine, name) != value:
             raise ConfigError(
