@@ -83,8 +83,9 @@ def test_a_bad_setting_is_one_line_naming_the_field(overrides, says):
     assert says in str(refused.value) and "\n" not in str(refused.value)
 
 
-def walker(jobs_run_here: bool, *fixed: str) -> Walker:
-    settings = SimpleNamespace(walk="rate", percentile=90, max_ttft_ms=2000.0, max_tpot_ms=None)
+def walker(jobs_run_here: bool, *fixed: str, max_accuracy_drop: float | None = None) -> Walker:
+    settings = SimpleNamespace(walk="rate", percentile=90, max_ttft_ms=2000.0, max_tpot_ms=None,
+                               max_accuracy_drop=max_accuracy_drop)  # fmt: skip
     spec = spec_for(*TINY, *fixed, "load=rate")
     return Walker(settings, ["dynamic"], list(fixed), spec, {}, None, None, jobs_run_here)
 
@@ -101,3 +102,15 @@ def test_a_rate_point_stops_once_missed_and_skips_the_warm_up_after_its_caches_c
     theirs = walker(True, "workload.warmup=2", "workload.repeats=3")
     theirs.warm.add("dynamic")
     assert not {"workload.warmup=0", "load.stop_when_missed_at=90"} & set(theirs.point_overrides("dynamic", rate))
+
+
+def test_only_a_search_that_needs_full_precisions_accuracy_runs_the_quality_pass_on_its_ceilings():
+    ceiling, rate = ["load=offline"], ["load=rate"]
+    latency_only = walker(True)
+    assert "quality=off" in latency_only.point_overrides("dynamic", ceiling)
+    assert "quality=off" in latency_only.point_overrides("dynamic", rate)
+    against_full_precision = walker(True, max_accuracy_drop=0.1)  # its reference: the ceilings' quality pass
+    assert "quality=off" not in against_full_precision.point_overrides("dynamic", ceiling)
+    assert "quality=off" in against_full_precision.point_overrides("dynamic", rate)
+    asked = walker(True, "quality.windows=2")  # the user's quality settings stand
+    assert "quality=off" not in asked.point_overrides("dynamic", ceiling) + asked.point_overrides("dynamic", rate)
