@@ -4,6 +4,8 @@ the model loads."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from test_dataset import dataset_spec, write_jsonl
 
@@ -325,6 +327,11 @@ def test_a_served_run_keeps_every_request_judged_and_counts_goodput_of_right_ans
     assert percentile(ttft, 0.9) == pytest.approx(result.metrics["ttft_p90_ms"], abs=1e-3)
     # beside result.json, and in the run's MLflow artifacts
     assert (run_dir / "requests.trace.json").is_file() and (run_dir / "requests_timeline.png").is_file()
+    trace = json.loads((run_dir / "requests.trace.json").read_text())  # each pass named with the load it met
+    passes = [e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"]
+    assert len(passes) == 2 and all(
+        p.endswith(f" · {result.tags['load']} · pass {i + 1}") for i, p in enumerate(passes)
+    )
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     logged = {a.path for a in mlflow.MlflowClient().list_artifacts(result.mlflow_run_id, "requests")}
     assert logged == {"requests/requests.json", "requests/requests.trace.json", "requests/requests_timeline.png"}

@@ -30,8 +30,9 @@ def record(spec, result: Result, run_dir: Path, launch_dir: Path, parent_run_id:
     if result.answers:  # the workload's own files (passkey: its heatmap)
         for written in write_files(result.scored(), run_dir, tracking.run_name(result)):
             log.info("wrote %s", written)
-    if result.requests:  # a served run's requests: its trace and timeline
-        for written in requests.write_files(result.requests, run_dir, tracking.run_name(result)):
+    if result.requests:  # a served run's requests: its trace and timeline, titled with the load they met
+        title = " · ".join(filter(None, [tracking.run_name(result), result.tags.get("load")]))
+        for written in requests.write_files(result.requests, run_dir, title):
             log.info("wrote %s", written)
     if spec.tracking.enabled:
         upload(spec, result, run_dir, launch_dir, parent_run_id)

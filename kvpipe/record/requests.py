@@ -32,9 +32,9 @@ ARGS = (
 SHOWN_PASSES = 3  # the timeline's panels; the trace and the table keep every pass
 
 
-def chrome_trace(rows: list[dict]) -> dict:
+def chrome_trace(rows: list[dict], title: str = "") -> dict:
     """The Chrome trace format's JSON object: a complete event ("X", microseconds) per phase of each
-    request, its figures and verdict as the event's args."""
+    request, its figures and verdict as the event's args; a process per pass, named with `title`."""
     events = []
     for row in rows:
         args = {key: row[key] for key in ARGS}
@@ -44,7 +44,12 @@ def chrome_trace(rows: list[dict]) -> dict:
                 "ts": round(row[start] * 1e3, 1), "dur": round(max(row[end] - row[start], 0.0) * 1e3, 1), "args": args,
             })  # fmt: skip
     names = [
-        {"name": "process_name", "ph": "M", "pid": p, "args": {"name": f"pass {p + 1}"}}
+        {
+            "name": "process_name",
+            "ph": "M",
+            "pid": p,
+            "args": {"name": f"{title} · pass {p + 1}" if title else f"pass {p + 1}"},
+        }
         for p in sorted({row["pass"] for row in rows})
     ]
     return {"traceEvents": names + events, "displayTimeUnit": "ms"}
@@ -53,7 +58,7 @@ def chrome_trace(rows: list[dict]) -> dict:
 def write_files(rows: list[dict], run_dir: Path, title: str) -> list[Path]:
     """The trace and the timeline beside result.json; the paths written."""
     trace = run_dir / TRACE_FILE
-    trace.write_text(json.dumps(chrome_trace(rows)))
+    trace.write_text(json.dumps(chrome_trace(rows, title)))
     timeline = run_dir / TIMELINE_FILE
     draw_timeline(rows, timeline, title)
     return [trace, timeline]
