@@ -52,7 +52,8 @@ CONFIGS = [
     ("model=tiny_random", "cache=paged", "load=concurrency", "load.concurrency=2"),
     ("model=tiny_random", "cache=paged", "load=rate", "cache.block_size=16"),
     ("model=tiny_random", "cache=paged"),  # refused: it needs a load
-    ("model=tiny_random", "press=snapkv", "load=offline"),  # refused: no press under a load
+    ("model=tiny_random", "press=snapkv", "load=offline"),  # one request per call
+    ("model=tiny_random", "press=snapkv", "load=offline", "press.protocol=query_agnostic"),  # refused: under a load
 ]  # fmt: skip
 
 

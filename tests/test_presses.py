@@ -340,7 +340,8 @@ def test_a_press_is_named_in_the_label_and_the_command_that_measures_it_again():
         (("press=knorm", "cache=static"), "press.name", "cache=dynamic or cache=quantized"),
         (("press=streaming", "cache=quantized"), "press.name", "expected cache=dynamic"),
         (("press=knorm", "cache=offloaded"), "press.name", "evicting would free nothing"),
-        (("press=knorm", "load=concurrency"), "press.name", "load=null"),
+        (("press=knorm", "load=concurrency", "press.protocol=query_agnostic"), "press.protocol", "load=null"),
+        (("press=knorm", "cache=paged", "load=concurrency"), "press.name", "expected cache=dynamic"),
         (("press.name=no_such_press",), "press.name", "knorm"),
     ],
 )

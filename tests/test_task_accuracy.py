@@ -295,6 +295,37 @@ def test_answers_served_under_a_load_are_scored_as_a_batch_jobs_are(tmp_path, ca
     assert result.metrics["task_accuracy"] == pytest.approx(right / 6) and result.metrics["task_answers"] == 6
 
 
+@pytest.mark.slow  # a batch job and a served one on the tiny model: ~4 s
+def test_a_pressed_cache_under_a_load_serves_one_request_per_call_and_answers_as_batch_by_batch(tmp_path):
+    from kvpipe.job.runner import run_job
+    from kvpipe.record.result import Result
+
+    path = write_jsonl(tmp_path / "q.jsonl", LABELLED)
+    press = ("press=snapkv", "press.ratio=0.5", "press.window=4", "quality=off", "workload.max_new_tokens=6")
+    alone = Result.finished(spec := dataset_spec(path, *press), run_job(spec))
+    load = ("load=concurrency", "load.concurrency=3", "load.requests=3")  # all three could be in flight
+    served = Result.finished(spec := dataset_spec(path, *press, *load), run_job(spec))
+    # each prompt pressed alone, as a batch job presses it: the same answers, one request in flight
+    assert [row["answer"] for row in served.answers] == [row["answer"] for row in alone.answers]
+    assert served.metrics["max_in_flight"] == 1 and served.metrics["task_answers"] == 3
+    assert any("served one request per call" in note for note in served.notes)
+
+
+@pytest.mark.parametrize(
+    "overrides, field, says",
+    [
+        (("press.protocol=query_agnostic",), "press.protocol", "each request's prompt is pressed whole"),
+        (("workload=conversation",), "press.name", "which a press would compress again"),
+    ],
+)
+def test_what_a_press_cannot_do_under_a_load_is_one_line_naming_the_field(overrides, field, says):
+    from conftest import TINY, spec_for
+
+    with pytest.raises(ConfigError, match=field) as refused:
+        spec_for(*TINY, "press=snapkv", "load=concurrency", *overrides)
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
 @pytest.mark.slow  # a served job on the tiny model, recorded in MLflow: ~10 s
 def test_a_served_run_keeps_every_request_judged_and_counts_goodput_of_right_answers(tmp_path, existing_store):
     import mlflow

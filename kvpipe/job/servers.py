@@ -75,8 +75,10 @@ def serve_static_batches(spec, loaded, setup, queue, cap: int, kept=None, stop=N
     """Static batches of up to `cap` arrived requests (from `queue`: kvpipe.job.arrivals), each one
     generate() call held to its longest. With `kept` (kvpipe.job.kept_caches), a session's turn
     continues from the cache its previous turn left, one request per call: caches of different
-    lengths do not batch. `stop(answered)`: why to let no more requests in (the pass has missed its
-    targets whatever the rest do), or None."""
+    lengths do not batch. A pressed cache serves one request per call too: a left-padded row would
+    hand the press its pad positions as tokens (streaming would keep them as its sinks), and what
+    each row keeps differs in length. `stop(answered)`: why to let no more requests in (the pass
+    has missed its targets whatever the rest do), or None."""
     import torch
 
     from kvpipe.workload.base import padded_batch
@@ -87,7 +89,7 @@ def serve_static_batches(spec, loaded, setup, queue, cap: int, kept=None, stop=N
     queue.begin(start)
     while queue.untaken and not stopped:
         now = time.perf_counter()
-        taken = queue.take(now, 1 if kept is not None else cap)
+        taken = queue.take(now, 1 if kept is not None or spec.press is not None else cap)
         if not taken:  # nothing in flight here between calls: the next arrival is known
             time.sleep(max(queue.next_s() - now, 0.0))
             continue

@@ -485,11 +485,15 @@ def _check_serving(spec: Spec) -> None:
             + ", ".join(f"load={load.name}" for load in loads.registered() if load.any_workload),
         )
     if spec.press is not None and spec.load is not None:
-        raise ConfigError(
-            "press.name", spec.press.name,
-            f"a press is measured batch by batch, and load={spec.load.kind} batches requests of different lengths; "
-            "expected load=null, or press=none under a load",
-        )  # fmt: skip
+        # under a load a pressed cache serves one request per call (kvpipe.job.servers): each prompt
+        # is pressed whole and alone, so the question cannot come after the compressed context, and a
+        # session's kept cache would be pressed again at every turn
+        if spec.strategy.press.question_after_context:
+            raise ConfigError("press.protocol", spec.press.protocol, f"under load={spec.load.kind} each "
+                              "request's prompt is pressed whole; expected press.protocol=query_aware, or load=null")  # fmt: skip
+        if spec.bound_workload.in_sessions:
+            raise ConfigError("press.name", spec.press.name, f"workload={spec.workload.kind}'s turns resume the "
+                              "cache their last turn left, which a press would compress again; expected press=none")  # fmt: skip
     attention = spec.model.attn_implementation
     reason = strategy.attention_refusal(attention) or spec.strategy.press.attention_refusal(attention)
     if reason:
