@@ -136,3 +136,24 @@ def test_an_accuracy_floor_binds_where_the_answers_are_wrong_at_every_rate(tmp_p
     assert " none " in row and " accuracy " in row
     assert "dynamic: accuracy binds: misses even at " in said.stdout and "accuracy 0% (" in said.stdout
     assert "no cache meets TTFT p90 ≤ 60000 ms · TPOT p90 ≤ 60000 ms · accuracy ≥ 50% at any rate" in said.stdout
+
+
+def test_where_answers_are_judged_the_verdict_gives_goodput_of_right_answers_beside_latencys(tmp_path, existing_store):
+    existing_store(tmp_path)
+    # "." is right for any answer but an empty one, "^$" for an empty one only: one right, one wrong
+    (tmp_path / "q.jsonl").write_text(
+        '{"prompt": "Say something.", "answer": "."}\n{"prompt": "Hush.", "answer": "^$"}\n'
+    )
+    labelled = ["workload=dataset", "workload.path=q.jsonl", "workload.scorer=regex", "workload.max_new_tokens=3"]
+    said = run_cli(["capacity", *JOB, *labelled, "cache=dynamic", "--max-ttft-ms", "60000", "--max-tpot-ms", "60000",
+                    "--min-accuracy", "0.2", "--requests", "4", "--resolution", "0.5"], cwd=tmp_path)  # fmt: skip
+    assert said.returncode == 0, said.stderr[-3000:]
+    header = next(line for line in said.stdout.splitlines() if line.startswith("cache "))
+    assert "goodput there" in header and "right answers' goodput" in header and "accuracy there" in header
+    (found,) = json.loads(next((tmp_path / "outputs" / "capacity").glob("*/*/capacity.json")).read_text())["caches"]
+    # every request met the targets; half of them answered right
+    assert found["goodput_correct_requests_per_s"] == pytest.approx(found["goodput_requests_per_s"] / 2)
+    row = next(line for line in said.stdout.splitlines() if line.startswith("dynamic "))
+    assert (
+        f"{found['goodput_correct_requests_per_s']:.3g} req/s" in row and "right answers' goodput: those" in said.stdout
+    )

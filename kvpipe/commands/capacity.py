@@ -134,8 +134,10 @@ def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
     """The table of what each cache carries, the one that carries the most and its command; 0 with
     an answer, 1 with none."""
     judged = targets.judges_accuracy  # the accuracy at the rate carried, beside its goodput
-    rows = [("cache", "carries", "fails at", "binds", "goodput there", *(["accuracy there"] if judged else []),
-             "KV per request", "max throughput", "plan's memory bound")]  # fmt: skip
+    # where the points judged answers: goodput of right answers, beside latency's alone
+    right = any(cache.get("goodput_correct_requests_per_s") is not None for cache in found["caches"])
+    rows = [("cache", "carries", "fails at", "binds", "goodput there", *(["right answers' goodput"] if right else []),
+             *(["accuracy there"] if judged else []), "KV per request", "max throughput", "plan's memory bound")]  # fmt: skip
     from kvpipe.orchestrate.capacity.walker import shown
 
     named = {cache["cache"]: shown(cache["cache"], fixed) for cache in found["caches"]}
@@ -147,6 +149,7 @@ def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
             _rate(cache["failing_rate"]) if cache["binds"] != THROUGHPUT else "(its ceiling)",
             cache["binds"],
             _rate(cache["goodput_requests_per_s"]),
+            *([_rate(cache.get("goodput_correct_requests_per_s"))] if right else []),
             *([_accuracy(accuracy, cache.get("accuracy_interval"))] if judged else []),
             human_bytes(cache["kv_bytes_per_request"]) if cache.get("kv_bytes_per_request") else "–",
             _rate(cache["max_throughput"]),
@@ -158,8 +161,10 @@ def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
     for cache in found["caches"]:
         print(f"  {named[cache['cache']]}: {cache['binds']} binds: {cache['why']}")
     print(f"  carries: the arrival rate sent · goodput there: requests within both targets a second, over "
-          f"the {requests} requests' first arrival to their last answer · KV per request: the cache's peak bytes "
-          "there over the most requests in flight (an engine's: what it allocated)")  # fmt: skip
+          f"the {requests} requests' first arrival to their last answer"
+          + (" · right answers' goodput: those of them that answered right" if right else "")
+          + " · KV per request: the cache's peak bytes there over the most requests in flight (an engine's: "
+          "what it allocated)")  # fmt: skip
     carrying = [c for c in found["caches"] if c["rate"]]
     if not carrying:
         print(f"\ncapacity: no cache meets {targets.describe()} at any rate tried")

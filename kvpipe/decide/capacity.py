@@ -216,6 +216,7 @@ class Verdict:
             "cache": self.cache, "rate": self.rate, "max_throughput": self.max_throughput,
             "failing_rate": self.failing.rate if self.failing else None, "binds": self.binds, "why": self.why,
             "goodput_requests_per_s": goodput(self.carried), "memory_requests": self.memory_requests,
+            "goodput_correct_requests_per_s": goodput(self.carried, "goodput_correct_requests_per_s"),
             "accuracy": self.accuracy, "accuracy_interval": self.accuracy_interval,
             "kv_bytes_per_request": self.kv_bytes_per_request,
         }  # fmt: skip
@@ -243,11 +244,12 @@ class Verdict:
         return list(interval) if interval else None
 
 
-def goodput(point: Point | None) -> float | None:
-    """The requests per second within both targets at a point, where measured."""
+def goodput(point: Point | None, metric: str = "goodput_requests_per_s") -> float | None:
+    """The requests per second within both targets at a point (with goodput_correct_requests_per_s,
+    those that answered right too), where measured."""
     if point is None or point.metrics is None:
         return None
-    value = point.metrics.get("goodput_requests_per_s")
+    value = point.metrics.get(metric)
     return None if value is None or value != value else value
 
 
