@@ -148,11 +148,12 @@ def kvpipe_here(args: list[str], cwd: Path, env: dict | None = None) -> subproce
     )
     loggers = [logging.getLogger(), *(logging.getLogger(n) for n in ("kvpipe", "hydra"))]
     saved_logging = [(lg, lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
-    if env is not None:
+    if env is not None:  # the environment given, as the user's: its MLFLOW_TRACKING_URI is their store
         os.environ.clear()
         os.environ.update(env)
+    else:  # one a test's mlflow.set_tracking_uri exported into this process, not the user's
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
     os.environ.pop("HYDRA_FULL_ERROR", None)
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
     sys.argv = ["kvpipe", *args]
     returncode = 0
     try:

@@ -1,8 +1,12 @@
 """advise and capacity find their sweep wherever hydra.sweep.dir puts it, name that folder, and answer;
-a second identical service advise measures nothing; every use: line carries only what its cache reads."""
+they record every job and their parent run in the store the user names (tracking.uri=, or the
+environment's MLFLOW_TRACKING_URI), none in ./outputs; a second identical service advise measures
+nothing; every use: line carries only what its cache reads."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from pathlib import Path
 
@@ -52,25 +56,41 @@ def test_service_advise_in_a_given_folder_answers_and_asked_again_measures_nothi
     assert asked.returncode == 0 and _use(asked.stdout) == _use(first.stdout)
 
 
+def runs_in(db: Path) -> list:
+    import mlflow
+
+    return mlflow.MlflowClient(f"sqlite:///{db}").search_runs(
+        [e.experiment_id for e in mlflow.MlflowClient(f"sqlite:///{db}").search_experiments()]
+    )
+
+
 @pytest.mark.slow  # a search of two trials (dynamic, static) on tiny_random
-def test_advise_search_in_a_given_folder_answers(tmp_path, existing_store):
-    existing_store(tmp_path)
+def test_advise_search_in_a_given_folder_answers_into_the_store_the_environment_names(tmp_path, existing_store):
+    from conftest import kvpipe_here
+
+    mine = existing_store(tmp_path, "stores/mine.db")  # the user's store, named by MLFLOW_TRACKING_URI
     folder = tmp_path / "search"
-    said = run_cli(["advise", "--trials", "2", *[o for o in JOB if o != "quality=off"], "quality.windows=1",
-                    "quality.scored_tokens=16", "cache=dynamic,static", f"hydra.sweep.dir={folder}"], cwd=tmp_path)  # fmt: skip
+    args = ["advise", "--trials", "2", *[o for o in JOB if o != "quality=off"], "quality.windows=1",
+            "quality.scored_tokens=16", "cache=dynamic,static", f"hydra.sweep.dir={folder}"]  # fmt: skip
+    said = kvpipe_here(args, tmp_path, env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{mine}"})
     assert said.returncode == 0, said.stderr[-3000:]
     assert f"trials in {folder}" in said.stdout and (folder / "multirun.yaml").is_file()
     assert "recommend: " in said.stdout and "has no MLflow parent run" not in said.stderr
+    # every trial and their parent in the user's store, nothing in ./outputs
+    assert len(runs_in(mine)) == 3 and not (tmp_path / "outputs" / "mlflow.db").exists()
 
 
 @pytest.mark.slow  # capacity of dynamic on tiny_random within generous targets
-def test_capacity_in_a_given_folder_answers_with_a_use_line_of_what_its_cache_reads(tmp_path, existing_store):
-    existing_store(tmp_path)
+def test_capacity_in_a_given_folder_and_store_answers_with_a_use_line_of_what_its_cache_reads(tmp_path, existing_store):
+    mine = existing_store(tmp_path, "stores/mine.db")  # the user's store, named by tracking.uri
     folder = tmp_path / "capacity"
     said = run_cli(["capacity", *JOB, "cache=dynamic", *BACKEND, "--max-ttft-ms", "60000", "--max-tpot-ms", "60000",
-                    "--requests", "4", f"hydra.sweep.dir={folder}"], cwd=tmp_path)  # fmt: skip
+                    "--requests", "4", f"hydra.sweep.dir={folder}", f"tracking.uri=sqlite:///{mine}"], cwd=tmp_path)  # fmt: skip
     assert said.returncode == 0, said.stderr[-3000:]
     assert f"points in {folder}" in said.stdout and (folder / "capacity.json").is_file()
+    # every point and their parent in the user's store, nothing in ./outputs
+    jobs = json.loads((folder / "capacity.json").read_text())["jobs"]
+    assert len(runs_in(mine)) == jobs + 1 and not (tmp_path / "outputs" / "mlflow.db").exists()
     use = _use(said.stdout)
     assert "cache=dynamic load=rate load.rate=" in use and "backend" not in use and "hydra." not in use
 
