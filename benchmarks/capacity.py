@@ -36,19 +36,26 @@ def kvpipe(args: list[str], launch: Path, threads: int) -> tuple[float, subproce
     return time.monotonic() - started, done
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def search_arguments(name: str, threads: int, requests: int, resolution: float) -> argparse.ArgumentParser:
+    """The options a capacity benchmark takes (the model, its threads, the latency targets, a point's
+    requests, the resolution, where results go), with its own defaults."""
+    parser = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__.splitlines()[0])
     parser.add_argument(
         "--model", default="smollm2_135m", help="a conf/model option: the embedded SmolLM2-135M-Instruct"
     )
-    parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS and model.threads")
+    parser.add_argument("--threads", type=int, default=threads, help="OMP_NUM_THREADS and model.threads")
     parser.add_argument("--max-ttft-ms", type=float, default=2000)
     parser.add_argument("--max-tpot-ms", type=float, default=150)
-    parser.add_argument("--requests", type=int, default=8, help="requests per rate point")
+    parser.add_argument("--requests", type=int, default=requests, help="requests per rate point")
+    parser.add_argument("--resolution", type=float, default=resolution)
+    parser.add_argument("--out", type=Path, default=Path("outputs/benchmarks") / name)
+    return parser
+
+
+def main() -> int:
+    parser = search_arguments("capacity", threads=2, requests=8, resolution=0.2)
     parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--resolution", type=float, default=0.2)
     parser.add_argument("--grid", action="store_true", help="measure the visited rates as a grid too")
-    parser.add_argument("--out", type=Path, default=Path("outputs/benchmarks/capacity"))
     args = parser.parse_args()
 
     fixed = [f"model={args.model}", f"model.threads={args.threads}", f"workload.max_new_tokens={args.new_tokens}",

@@ -17,13 +17,12 @@ in --out.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-from capacity import kvpipe
+from capacity import kvpipe, search_arguments
 
 # (what the table calls it, the overrides that choose it): one search per entry, caches= walked within
 SEARCHES = {
@@ -59,17 +58,9 @@ def row(name: str, found: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--model", default="smollm2_135m", help="a conf/model option: the embedded SmolLM2-135M-Instruct"
-    )
-    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS and model.threads")
-    parser.add_argument("--max-ttft-ms", type=float, default=2000)
-    parser.add_argument("--max-tpot-ms", type=float, default=150)
+    # capacity's own defaults: 16 requests a point, a resolution of 10%
+    parser = search_arguments("capacity_answers", threads=1, requests=16, resolution=0.1)
     parser.add_argument("--max-accuracy-drop", type=float, default=0.1)
-    parser.add_argument("--requests", type=int, default=16, help="requests per rate point (capacity's default)")
-    parser.add_argument("--resolution", type=float, default=0.1, help="capacity's default")
-    parser.add_argument("--out", type=Path, default=Path("outputs/benchmarks/capacity_answers"))
     args = parser.parse_args()
 
     fixed = [f"model={args.model}", f"model.threads={args.threads}", *WORKLOAD]
