@@ -24,6 +24,8 @@ from pathlib import Path
 
 from capacity import kvpipe, search_arguments
 
+from kvpipe.commands.capacity import verdict_cells, verdict_columns
+
 # (what the table calls it, the overrides that choose it): one search per entry, caches= walked within
 SEARCHES = {
     "dynamic, paged": ["cache=dynamic,paged"],
@@ -35,26 +37,9 @@ SEARCHES = {
 WORKLOAD = ["workload=dataset", f"workload.path={Path(__file__).resolve().parents[1] / 'examples' / 'questions.jsonl'}"]
 
 
-def percent(value) -> str:
-    return "–" if value is None else f"{value:.0%}"
-
-
 def row(name: str, found: dict) -> str:
-    """One cache's verdict as a markdown row."""
-    interval = found.get("accuracy_interval") or [None, None]
-    accuracy = f"{percent(found.get('accuracy'))} ({percent(interval[0])}–{percent(interval[1])})"
-    carries = f"{found['rate']:.3g} req/s" if found["rate"] else "none"
-    fails = "(its ceiling)" if found["failing_rate"] is None else f"{found['failing_rate']:.3g} req/s"
-    goodput, right = found.get("goodput_requests_per_s"), found.get("goodput_correct_requests_per_s")
-    kv = found.get("kv_bytes_per_request")
-    return " | ".join([
-        f"| {name}", carries, fails, f"{found['binds']}: {found['why']}",
-        accuracy if found.get("accuracy") is not None else "–",
-        "–" if goodput is None else f"{goodput:.3g} req/s",
-        "–" if right is None else f"{right:.3g} req/s",
-        "–" if kv is None else f"{kv / 2**10:,.0f} KiB",
-        f"{found['max_throughput']:.3g} req/s |" if found.get("max_throughput") else "– |",
-    ])  # fmt: skip
+    """One cache's verdict as a markdown row: the cells `kvpipe capacity` prints, and why it binds."""
+    return "| " + " | ".join([name, *verdict_cells(found, right=True, judged=True), found["why"]]) + " |"
 
 
 def main() -> int:
@@ -67,8 +52,8 @@ def main() -> int:
     flags = ["--max-ttft-ms", f"{args.max_ttft_ms:g}", "--max-tpot-ms", f"{args.max_tpot_ms:g}",
              "--max-accuracy-drop", f"{args.max_accuracy_drop:g}", "--requests", str(args.requests),
              "--resolution", f"{args.resolution:g}"]  # fmt: skip
-    header = ("| cache | carries | fails at | binds | accuracy there | goodput there | right answers' goodput | "
-              "KV per request | max throughput |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+    columns = ["cache", *verdict_columns(right=True, judged=True), "why"]
+    header = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns)
     rows, results, started = [], {"searches": {}, "flags": flags, "fixed": fixed}, time.monotonic()
     for index, (name, chosen) in enumerate(SEARCHES.items()):
         command = ["capacity", *fixed, *chosen, *flags]

@@ -136,25 +136,11 @@ def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
     judged = targets.judges_accuracy  # the accuracy at the rate carried, beside its goodput
     # where the points judged answers: goodput of right answers, beside latency's alone
     right = any(cache.get("goodput_correct_requests_per_s") is not None for cache in found["caches"])
-    rows = [("cache", "carries", "fails at", "binds", "goodput there", *(["right answers' goodput"] if right else []),
-             *(["accuracy there"] if judged else []), "KV per request", "max throughput", "plan's memory bound")]  # fmt: skip
     from kvpipe.orchestrate.capacity.walker import shown
 
     named = {cache["cache"]: shown(cache["cache"], fixed) for cache in found["caches"]}
-    for cache in found["caches"]:
-        accuracy = cache.get("accuracy")
-        rows.append((
-            named[cache["cache"]],
-            f"{cache['rate']:.3g} req/s" if cache["rate"] else "none",
-            _rate(cache["failing_rate"]) if cache["binds"] != THROUGHPUT else "(its ceiling)",
-            cache["binds"],
-            _rate(cache["goodput_requests_per_s"]),
-            *([_rate(cache.get("goodput_correct_requests_per_s"))] if right else []),
-            *([_accuracy(accuracy, cache.get("accuracy_interval"))] if judged else []),
-            human_bytes(cache["kv_bytes_per_request"]) if cache.get("kv_bytes_per_request") else "–",
-            _rate(cache["max_throughput"]),
-            f"{cache['memory_requests']:,} requests" if cache["memory_requests"] is not None else "–",
-        ))  # fmt: skip
+    rows = [("cache", *verdict_columns(right, judged))]
+    rows += [(named[cache["cache"]], *verdict_cells(cache, right, judged)) for cache in found["caches"]]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
@@ -175,6 +161,28 @@ def show(found: dict, targets: Targets, fixed: list[str], requests: int) -> int:
     )
     print(f"  use: kvpipe {shlex.join(_again(best, targets, fixed, requests))}")
     return 0
+
+
+def verdict_columns(right: bool, judged: bool) -> list[str]:
+    """The verdict table's columns after the cache's name: right answers' goodput where the points
+    judged answers, the accuracy there where a floor judged it."""
+    return ["carries", "fails at", "binds", "goodput there", *(["right answers' goodput"] if right else []),
+            *(["accuracy there"] if judged else []), "KV per request", "max throughput", "plan's memory bound"]  # fmt: skip
+
+
+def verdict_cells(cache: dict, right: bool, judged: bool) -> list[str]:
+    """One cache's verdict (capacity.json's) as the cells of verdict_columns."""
+    return [
+        f"{cache['rate']:.3g} req/s" if cache["rate"] else "none",
+        _rate(cache["failing_rate"]) if cache["binds"] != THROUGHPUT else "(its ceiling)",
+        cache["binds"],
+        _rate(cache["goodput_requests_per_s"]),
+        *([_rate(cache.get("goodput_correct_requests_per_s"))] if right else []),
+        *([_accuracy(cache.get("accuracy"), cache.get("accuracy_interval"))] if judged else []),
+        human_bytes(cache["kv_bytes_per_request"]) if cache.get("kv_bytes_per_request") else "–",
+        _rate(cache["max_throughput"]),
+        f"{cache['memory_requests']:,} requests" if cache["memory_requests"] is not None else "–",
+    ]
 
 
 def _again(best: dict, targets: Targets, fixed: list[str], requests: int) -> list[str]:

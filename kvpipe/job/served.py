@@ -130,7 +130,7 @@ class ServedJob(Job):
             f"stopped after {len(o.served)} of its {len(self.requests)} requests (load.stop_when_missed_at): {o.stopped}"
             for o in passes if o.stopped
         ]  # fmt: skip
-        if self.spec.press is not None and self.setup is not None:
+        if self.spec.press is not None:  # kvpipe.job.servers serves a pressed cache one request per call
             notes.append(f"press={self.spec.press.name} served one request per call: each prompt is pressed alone "
                          "(a left-padded batch would hand the press its pad positions as tokens)")  # fmt: skip
         return metrics, notes, tags
